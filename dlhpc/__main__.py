@@ -1,0 +1,5 @@
+"""``python -m dlhpc`` is the ``dlhpc`` command."""
+
+from dlhpc.cli.main import main
+
+main()

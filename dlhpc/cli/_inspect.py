@@ -1,0 +1,107 @@
+"""Commands that look: status, logs."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+from rich.console import Group
+from rich.live import Live
+
+from dlhpc.cli._common import console, echo_json, open_store, site_option
+from dlhpc.cli._views import experiment_view, experiments_table
+from dlhpc.errors import NotFoundError
+from dlhpc.report.status import status_data
+from dlhpc.store import Attempt, Submission, Trial
+
+__all__ = ["COMMANDS"]
+
+
+@click.command()
+@click.argument("experiment_id", type=int, required=False)
+@site_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--watch", is_flag=True, help="Refresh in place every few seconds.")
+@click.option("--interval", default=5.0, show_default=True)
+def status(
+    experiment_id: int | None, site: str | None, as_json: bool, watch: bool, interval: float
+) -> None:
+    """Experiments (newest first) and the newest one's trials, or EXPERIMENT_ID's trials."""
+    store = open_store(site)
+
+    def render() -> Group:
+        with store.read() as s:
+            data = status_data(s, experiment_id)
+        if experiment_id is not None:
+            return Group(experiment_view(data["experiments"][0]))
+        if not data["experiments"]:
+            return Group("no experiments yet: dlhpc launch EXPERIMENT.yaml")
+        # the list, then the newest experiment's trials (what one usually wants to see)
+        return Group(experiments_table(data), experiment_view(data["experiments"][0]))
+
+    if as_json:
+        with store.read() as s:
+            echo_json(status_data(s, experiment_id))
+        return
+    if not watch:
+        console.print(render())
+        return
+    with Live(render(), console=console, refresh_per_second=1) as live:
+        while True:
+            time.sleep(interval)
+            live.update(render())
+
+
+@click.command()
+@click.argument("trial_id", type=int)
+@site_option
+@click.option("-f", "--follow", is_flag=True, help="Keep printing as the log grows.")
+@click.option("--stderr/--stdout", "use_err", default=False, help="Which stream (default stdout).")
+def logs(trial_id: int, site: str | None, follow: bool, use_err: bool) -> None:
+    """Print the log of TRIAL_ID's latest attempt."""
+    store = open_store(site)
+    with store.read() as s:
+        trial = s.get(Trial, trial_id)
+        if trial is None:
+            raise NotFoundError(f"no trial {trial_id}")
+        attempt = (
+            s.query(Attempt)
+            .filter(Attempt.trial_id == trial_id)
+            .order_by(Attempt.id.desc())
+            .first()
+        )
+        if attempt is None:
+            raise NotFoundError(f"trial {trial_id} has not been submitted yet")
+        folder = None
+        if attempt.submission_id is not None:
+            sub = s.get(Submission, attempt.submission_id)
+            folder = Path(sub.folder) if sub else None
+    path = Path(attempt.log_path)
+    if use_err:
+        path = path.with_name(path.name.replace(".out", ".err"))
+    if folder is not None and not path.exists():
+        click.echo(f"(no log yet at {path}; job {attempt.job_id} may not have started)", err=True)
+        if not follow:
+            return
+    _print_file(path, follow)
+
+
+def _print_file(path: Path, follow: bool) -> None:
+    pos = 0
+    while True:
+        try:
+            with path.open("r", encoding="utf-8", errors="replace") as f:
+                f.seek(pos)
+                chunk = f.read()
+                pos = f.tell()
+        except FileNotFoundError:
+            chunk = ""
+        if chunk:
+            click.echo(chunk, nl=False)
+        if not follow:
+            return
+        time.sleep(1.0)
+
+
+COMMANDS = [status, logs]

@@ -1,0 +1,131 @@
+"""Commands that act: launch, tick, kill."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+from rich.live import Live
+
+from dlhpc.cli._common import console, echo_json, open_store, pool_for, site_option
+from dlhpc.cli._views import experiment_view
+from dlhpc.config import load_experiment
+from dlhpc.errors import LeaseHeldError
+from dlhpc.orchestrator import TickReport, kill_experiment, kill_trial, plan_launch
+from dlhpc.orchestrator import launch as do_launch
+from dlhpc.orchestrator import tick as do_tick
+from dlhpc.orchestrator.common import SchedulerPool
+from dlhpc.orchestrator.states import ExperimentState
+from dlhpc.report.status import status_data
+from dlhpc.store import Store, default_home
+
+__all__ = ["COMMANDS"]
+
+
+@click.command()
+@click.argument("experiment", type=click.Path(dir_okay=False, path_type=Path))
+@site_option
+@click.option("--dry-run", is_flag=True, help="Print the exact sbatch script(s); submit nothing.")
+@click.option("--follow", is_flag=True, help="Keep ticking with a live view until it ends.")
+@click.option("--json", "as_json", is_flag=True, help="Print {experiment_id, slurm_job_ids}.")
+@click.option(
+    "--interval", default=10.0, show_default=True, help="Seconds between ticks (--follow)."
+)
+def launch(
+    experiment: Path, site: str | None, dry_run: bool, follow: bool, as_json: bool, interval: float
+) -> None:
+    """Launch EXPERIMENT (a YAML file) as Slurm job arrays."""
+    cfg = load_experiment(experiment, site=site)
+    home = default_home(cfg.site.state_dir)
+    if dry_run:
+        plan = plan_launch(cfg, home, SchedulerPool(local_root=home / "local"))
+        if as_json:
+            echo_json({"experiment_id": plan.experiment_id, "scripts": plan.scripts})
+        else:
+            click.echo(plan.render())
+        return
+    store = Store(home, journal_mode=cfg.site.journal_mode)
+    pool = pool_for(store)
+    result = do_launch(cfg, store, pool)
+    if as_json:
+        echo_json({"experiment_id": result.experiment_id, "slurm_job_ids": result.job_ids})
+    else:
+        jobs = sorted({j.split("_")[0] for j in result.job_ids})
+        click.echo(
+            f"experiment {result.experiment_id} launched: {len(result.job_ids)} trial(s)"
+            f" in job(s) {', '.join(jobs) or '-'}"
+        )
+    if follow:
+        _follow(store, result.experiment_id, interval)
+
+
+def _follow(store: Store, exp_id: int, interval: float) -> None:
+    pool = pool_for(store)
+    with Live(console=console, refresh_per_second=2, transient=False) as live:
+        while True:
+            report = do_tick(store, pool)
+            with store.read() as s:
+                data = status_data(s, exp_id)["experiments"][0]
+            live.update(experiment_view(data, note=_tick_line(report)))
+            if ExperimentState(data["state"]).is_terminal:
+                return
+            time.sleep(interval)
+
+
+def _tick_line(r: TickReport) -> str:
+    calls = ", ".join(f"{k}={v}" for k, v in sorted(r.scheduler_calls.items())) or "none"
+    return (
+        f"tick: {r.experiments} active, {r.polled_jobs} jobs polled, "
+        f"{r.ingested_files} files / {r.metrics} metrics ingested, "
+        f"{r.submitted} submitted, scheduler calls: {calls}, {r.duration_s:.2f} s"
+    )
+
+
+@click.command()
+@site_option
+@click.option("--json", "as_json", is_flag=True, help="Print the tick report as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="Print only problems (for cron).")
+@click.option("--loop", "loop_s", type=float, default=None, help="Repeat every N seconds.")
+def tick(site: str | None, as_json: bool, quiet: bool, loop_s: float | None) -> None:
+    """One idempotent reconciliation pass over all active experiments (what cron runs)."""
+    store = open_store(site)
+    pool = pool_for(store)
+    while True:
+        report = do_tick(store, pool)
+        if as_json:
+            echo_json(report.__dict__)
+        elif report.lease_held_elsewhere:
+            if not quiet:
+                click.echo("tick: another reconciler holds the lease; nothing to do")
+        else:
+            for err in report.errors:
+                click.echo(f"warning: {err}", err=True)
+            if not quiet:
+                click.echo(_tick_line(report))
+        if loop_s is None:
+            return
+        time.sleep(loop_s)
+
+
+@click.command()
+@click.argument("ident", type=int)
+@click.option("--trial", "-t", "is_trial", is_flag=True, help="IDENT is a trial id.")
+@site_option
+def kill(ident: int, is_trial: bool, site: str | None) -> None:
+    """Kill experiment IDENT (or trial IDENT with -t): cancel its jobs, mark it KILLED."""
+    store = open_store(site)
+    pool = pool_for(store)
+    for _ in range(30):
+        try:
+            n = kill_trial(store, pool, ident) if is_trial else kill_experiment(store, pool, ident)
+            break
+        except LeaseHeldError:
+            time.sleep(1)
+    else:
+        raise LeaseHeldError("a reconciler has held the lease for 30 s; try again")
+    what = "trial" if is_trial else "experiment"
+    click.echo(f"{what} {ident} killed ({n} job(s) cancelled)")
+
+
+COMMANDS = [launch, tick, kill]

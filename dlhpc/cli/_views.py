@@ -1,0 +1,97 @@
+"""Rich renderings of the status model."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+__all__ = ["experiment_view", "experiments_table"]
+
+_STATE_STYLE = {
+    "COMPLETED": "green",
+    "RUNNING": "cyan",
+    "ACTIVE": "cyan",
+    "PENDING": "yellow",
+    "PAUSED": "yellow",
+    "FAILED": "red",
+    "KILLED": "magenta",
+    "STOPPED_EARLY": "blue",
+}
+
+
+def _state(state: str) -> Text:
+    return Text(state, style=_STATE_STYLE.get(state, ""))
+
+
+def _metric(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _bar(done: int, total: int, width: int = 12) -> str:
+    total = max(total, 1)
+    filled = min(width, round(width * min(done, total) / total))
+    return f"{'█' * filled}{'░' * (width - filled)} {done}/{total}"
+
+
+def _best(exp: dict[str, Any]) -> dict[str, Any] | None:
+    scored = [t for t in exp["trials"] if t["best_metric"] is not None]
+    if not scored:
+        return None
+    pick = min if exp["smaller_is_better"] else max
+    return pick(scored, key=lambda t: t["best_metric"])
+
+
+def experiments_table(data: dict[str, Any]) -> Table:
+    table = Table(title="experiments", title_justify="left")
+    for col in ("id", "name", "state", "searcher", "trials", "best", "created (UTC)"):
+        table.add_column(col)
+    for e in data["experiments"]:
+        states = [t["state"] for t in e["trials"]]
+        done = sum(s == "COMPLETED" for s in states)
+        best = _best(e)
+        table.add_row(
+            str(e["id"]),
+            Text(e["name"]),
+            _state(e["state"]),
+            e["searcher"],
+            f"{done}/{len(states)} done",
+            f"{e['metric']}={_metric(best['best_metric'])}" if best else "-",
+            e["created_at"][:16].replace("T", " "),
+        )
+    return table
+
+
+def experiment_view(exp: dict[str, Any], note: str = "") -> RenderableType:
+    direction = "min" if exp["smaller_is_better"] else "max"
+    table = Table(
+        title=f"experiment {exp['id']} {exp['name']} [{exp['state']}]  "
+        f"metric: {exp['metric']} ({direction})",
+        title_justify="left",
+    )
+    for col in ("trial", "state", "progress", "best", "latest", "restarts", "jobs", "hparams"):
+        table.add_column(col, overflow="fold")
+    best = _best(exp)
+    for t in exp["trials"]:
+        style = "bold" if best is not None and t["id"] == best["id"] else ""
+        table.add_row(
+            str(t["id"]),
+            _state(t["state"]),
+            _bar(t["steps_completed"], t["max_length"]),
+            _metric(t["best_metric"]),
+            _metric(t["latest_metric"]),
+            str(t["restarts"]),
+            ",".join(t["slurm_job_ids"][-2:]),
+            Text(json.dumps(t["hparams"], sort_keys=True)),
+            style=style,
+        )
+    parts: list[RenderableType] = [table]
+    failed = [t for t in exp["trials"] if t["state"] == "FAILED" and t["error"]]
+    for t in failed[:5]:
+        parts.append(Text(f"trial {t['id']} failed: {t['error']}", style="red"))
+    if note:
+        parts.append(Text(note, style="dim"))
+    return Group(*parts)

@@ -1,0 +1,52 @@
+"""Experiment and site configuration: loading, validation, resolution (schema v1).
+
+Public API:
+
+* :func:`load_experiment` -- an experiment YAML -> :class:`ExperimentConfig`
+  (site defaults applied, paths expanded, ``backend`` resolved);
+* :func:`load_site` / :func:`site_search_path` / :func:`list_sites` -- site files;
+* :func:`parse_slurm_time` / :func:`parse_duration_s` -- Slurm time limits and
+  short durations (raise :class:`ValueError`).
+
+Loading has no side effects and raises only :class:`~dlhpc.errors.ConfigError`
+(exit code 2), which lists every problem as ``file:line: field: message``.
+"""
+
+from dlhpc.config._experiment import load_experiment
+from dlhpc.config._site import list_sites, load_site, site_search_path
+from dlhpc.config._units import parse_duration_s, parse_slurm_time
+from dlhpc.config.model import (
+    SCHEMA_VERSION,
+    CheckpointConfig,
+    DeepSpeedConfig,
+    Environment,
+    ExperimentConfig,
+    HParam,
+    PartitionInfo,
+    PreemptionConfig,
+    ReproducibilityConfig,
+    Resources,
+    SearcherConfig,
+    SiteConfig,
+)
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "CheckpointConfig",
+    "DeepSpeedConfig",
+    "Environment",
+    "ExperimentConfig",
+    "HParam",
+    "PartitionInfo",
+    "PreemptionConfig",
+    "ReproducibilityConfig",
+    "Resources",
+    "SearcherConfig",
+    "SiteConfig",
+    "list_sites",
+    "load_experiment",
+    "load_site",
+    "parse_duration_s",
+    "parse_slurm_time",
+    "site_search_path",
+]

@@ -1,0 +1,379 @@
+"""Loading an experiment file (schema v1) into an :class:`ExperimentConfig`.
+
+Contract of :func:`load_experiment`: reads the YAML and the site (and a
+DeepSpeed config file when one is named), writes nothing, and either returns
+a fully resolved config or raises :class:`~dlhpc.errors.ConfigError` holding
+every problem found, experiment problems first (in file order), then the
+site's. Errors name the file as the caller gave it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from dlhpc.config import _fields as F
+from dlhpc.config._hparams import read_hyperparameters, read_searcher
+from dlhpc.config._paths import absolute
+from dlhpc.config._site import SiteRef, load_site, load_site_ref, not_listed, resolve_backend
+from dlhpc.config._units import format_minutes
+from dlhpc.config._validate import (
+    Field,
+    Invalid,
+    Issues,
+    boolean,
+    describe,
+    integer,
+    read_section,
+    string,
+    string_list,
+)
+from dlhpc.config._yaml import parse_yaml_text, read_text
+from dlhpc.config.model import (
+    CheckpointConfig,
+    DeepSpeedConfig,
+    Environment,
+    ExperimentConfig,
+    PreemptionConfig,
+    ReproducibilityConfig,
+    Resources,
+    SiteConfig,
+)
+from dlhpc.errors import ConfigError, ConfigIssue
+
+__all__ = ["load_experiment"]
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_MEM = re.compile(r"[0-9]{1,12}[KMGT]?")
+_SBATCH_ARG = re.compile(r"--?[A-Za-z][A-Za-z0-9-]*(=.*)?", re.DOTALL)
+# Options dlhpc writes itself (long name -> short letter).
+_OWNED = {
+    "array": "a",
+    "output": "o",
+    "error": "e",
+    "job-name": "J",
+    "signal": "",
+    "open-mode": "",
+    "requeue": "",
+    "no-requeue": "",
+}
+_OWNED_SHORT = {short: long for long, short in _OWNED.items() if short}
+
+
+def _passthrough(value: Any) -> Any:
+    return value
+
+
+def _mem(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**12:
+        return str(value)
+    if isinstance(value, str) and _MEM.fullmatch(value):
+        return value
+    raise Invalid(
+        f"must be megabytes (an integer) or like '4G' (digits + K/M/G/T), got {describe(value)}"
+    )
+
+
+def _sbatch_arg(value: Any) -> str:
+    if (
+        not isinstance(value, str)
+        or not _SBATCH_ARG.fullmatch(value)
+        or any(c in value for c in "\n\r\0")
+    ):
+        raise Invalid(
+            "must be one sbatch option token like '--key=value' or '--flag' "
+            f"(write '--partition=gpu', not '-p gpu'), got {describe(value)}"
+        )
+    option = value.split("=", 1)[0]
+    if option.startswith("--"):
+        given = option[2:]
+        for long in _OWNED:
+            if long.startswith(given):
+                what = f"--{long}" if long == given else f"--{given} (short for --{long})"
+                raise Invalid(f"{what} is set by dlhpc itself; remove it")
+    elif option[1] in _OWNED_SHORT:
+        raise Invalid(
+            f"-{option[1]} (--{_OWNED_SHORT[option[1]]}) is set by dlhpc itself; remove it"
+        )
+    return value
+
+
+_TOP = {
+    "name": Field(
+        string(
+            pattern=_NAME,
+            what="must be 1-64 characters of letters, digits, "
+            "_ . - starting with a letter or digit",
+        ),
+        required=True,
+    ),
+    "description": Field(string(), default=""),
+    "entrypoint": Field(string(nonempty=True), required=True),
+    "workdir": Field(_passthrough, nullable=True),
+    "site": Field(string(nonempty=True, single_line=True), nullable=True),
+    "resources": Field(_passthrough),
+    "environment": Field(_passthrough),
+    "hyperparameters": Field(_passthrough),
+    "searcher": Field(_passthrough),
+    "checkpoint": Field(_passthrough),
+    "max_restarts": Field(integer(min=0), default=5),
+    "preemption": Field(_passthrough),
+    "reproducibility": Field(_passthrough),
+    "deepspeed": Field(_passthrough),
+}
+_RESOURCES = {
+    "nodes": Field(integer(min=1), default=1),
+    "gpus_per_node": Field(integer(min=0), default=0),
+    "tasks_per_node": Field(integer(min=1), nullable=True),
+    "cpus_per_task": Field(integer(min=1), default=1),
+    "mem": Field(_mem, default="4G"),
+    "time": Field(F.slurm_time(allow_unlimited=False), default=("01:00:00", 60)),
+    "partition": Field(F.TOKEN, nullable=True),
+    "account": Field(F.TOKEN, nullable=True),
+    "qos": Field(F.TOKEN, nullable=True),
+    "constraint": Field(F.TOKEN, nullable=True),
+    "sbatch_args": Field(string_list(_sbatch_arg), default=()),
+}
+_ENVIRONMENT = {"setup": Field(string(), default=""), "vars": Field(F.env_vars, default={})}
+_PREEMPTION = {
+    "signal": Field(F.signal, nullable=True),
+    "lead_time": Field(F.lead_time, nullable=True),
+}
+_REPRODUCIBILITY = {
+    "seed": Field(integer(min=0, max=2**32 - 1), nullable=True),
+    "deterministic": Field(boolean, default=False),
+}
+
+
+def load_experiment(
+    path: str | Path, site: str | None = None, environ: Mapping[str, str] | None = None
+) -> ExperimentConfig:
+    """Load, validate and resolve the experiment file ``path``.
+
+    The site is ``site`` (a name or path), else the file's ``site:`` key (a
+    path relative to the file's folder), else ``$DLHPC_SITE``, else auto.
+    ``environ`` (default ``os.environ``) is used for ``~``, ``${VAR}``,
+    ``$DLHPC_*`` and finding ``sbatch``.
+    """
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    label = str(path)
+    cwd = Path.cwd()
+    source = absolute(Path(path), cwd)
+    doc = parse_yaml_text(read_text(Path(path), label), label)
+    base = source.parent
+    issues = Issues(label, doc.lines)
+    top = read_section(issues, doc.data, (), _TOP)
+    site_cfg, site_issues = _site(issues, site, top["site"], base, env)
+    site_ok = site_cfg is not None
+    cfg_site = site_cfg if site_cfg is not None else SiteConfig("unknown", None)
+
+    resources = _resources(issues, top["resources"], cfg_site, site_ok)
+    e = read_section(issues, top["environment"], ("environment",), _ENVIRONMENT)
+    space = read_hyperparameters(issues, top["hyperparameters"])
+    searcher = read_searcher(issues, top["searcher"], space)
+    path_check = F.path(base, env)
+    ckpt_fields = {
+        "dir": Field(path_check, nullable=True),
+        "keep_best": Field(integer(min=0), default=1),
+        "keep_latest": Field(integer(min=1), default=1),
+    }
+    c = read_section(issues, top["checkpoint"], ("checkpoint",), ckpt_fields)
+    preemption = _preemption(issues, top["preemption"], cfg_site, site_ok, resources)
+    r = read_section(issues, top["reproducibility"], ("reproducibility",), _REPRODUCIBILITY)
+    deepspeed = _deepspeed(issues, top["deepspeed"], base, env)
+    workdir = base
+    if top["workdir"] is not None:
+        try:
+            workdir = path_check(top["workdir"])
+            if not workdir.is_dir():
+                issues.add(("workdir",), f"must be an existing directory, got {workdir}")
+        except Invalid as exc:
+            issues.add(("workdir",), str(exc))
+        except OSError as exc:
+            issues.add(("workdir",), f"cannot access {workdir}: {exc.strerror}")
+
+    # The experiment's problems in file order, then those of other files
+    # (a DeepSpeed config, the site) as they came.
+    problems = sorted(
+        issues.issues + site_issues,
+        key=lambda i: (i.file != label, i.line is not None, i.line or 0),
+    )
+    if problems or site_cfg is None:
+        raise ConfigError(problems)
+    return ExperimentConfig(
+        name=top["name"],
+        entrypoint=top["entrypoint"],
+        workdir=workdir,
+        source=source,
+        site=site_cfg,
+        description=top["description"],
+        resources=resources,
+        environment=Environment(setup=e["setup"], vars=e["vars"]),
+        hyperparameters=space,
+        searcher=searcher,
+        checkpoint=CheckpointConfig(
+            dir=c["dir"] if c["dir"] is not None else site_cfg.scratch / "checkpoints",
+            keep_best=c["keep_best"],
+            keep_latest=c["keep_latest"],
+        ),
+        max_restarts=top["max_restarts"],
+        preemption=preemption,
+        reproducibility=ReproducibilityConfig(
+            seed=r["seed"] if r["seed"] is not None else searcher.seed,
+            deterministic=r["deterministic"],
+        ),
+        deepspeed=deepspeed,
+        backend=resolve_backend(site_cfg.backend, env),
+        raw=copy.deepcopy(doc.data),
+    )
+
+
+def _site(
+    issues: Issues, arg: str | None, key: str | None, base: Path, env: Mapping[str, str]
+) -> tuple[SiteConfig | None, list[ConfigIssue]]:
+    """The site (argument > ``site:`` key > ``$DLHPC_SITE`` > auto) and its problems."""
+    try:
+        if arg is not None:
+            return load_site_ref(arg, SiteRef("site"), Path.cwd(), env), []
+        if key is not None:
+            ref = SiteRef(issues.file, issues.line(("site",)), "site")
+            return load_site_ref(key, ref, base, env), []
+        if not issues.ok(("site",)):
+            return None, []  # the key's problem is already reported
+        return load_site(None, env), []
+    except ConfigError as exc:
+        return None, exc.issues
+
+
+def _resources(issues: Issues, value: Any, site: SiteConfig, site_ok: bool) -> Resources:
+    path = ("resources",)
+    s = read_section(issues, value, path, _RESOURCES)
+    partition = s["partition"] if s["partition"] is not None else site.partition
+    time_text, minutes = s["time"]
+    gpus = s["gpus_per_node"]
+    if site_ok and site.partitions and partition is not None and issues.ok((*path, "partition")):
+        for part in partition.split(","):
+            info = site.partitions.get(part)
+            if info is None:
+                issues.add((*path, "partition"), not_listed(part, site.partitions, site.name))
+                continue
+            if gpus > info.gpus_per_node and issues.ok((*path, "gpus_per_node")):
+                issues.add(
+                    (*path, "gpus_per_node"),
+                    f"partition {part!r} has {info.gpus_per_node} GPU(s) per node, got {gpus}",
+                )
+            limit = info.max_time_minutes
+            if limit is not None and minutes > limit and issues.ok((*path, "time")):
+                issues.add(
+                    (*path, "time"),
+                    f"exceeds partition {part!r}'s max_time {format_minutes(limit)}, "
+                    f"got {describe(time_text)} ({format_minutes(minutes)})",
+                )
+    tasks = s["tasks_per_node"]
+    return Resources(
+        nodes=s["nodes"],
+        gpus_per_node=gpus,
+        tasks_per_node=tasks if tasks is not None else max(1, gpus),
+        cpus_per_task=s["cpus_per_task"],
+        mem=s["mem"],
+        time=time_text,
+        time_minutes=minutes,
+        partition=partition,
+        account=s["account"] if s["account"] is not None else site.account,
+        qos=s["qos"] if s["qos"] is not None else site.qos,
+        constraint=s["constraint"],
+        sbatch_args=s["sbatch_args"],
+    )
+
+
+def _preemption(
+    issues: Issues, value: Any, site: SiteConfig, site_ok: bool, resources: Resources
+) -> PreemptionConfig:
+    path = ("preemption",)
+    s = read_section(issues, value, path, _PREEMPTION)
+    lead = s["lead_time"] if s["lead_time"] is not None else site.lead_time_s
+    walltime = resources.time_minutes * 60
+    checkable = site_ok or "lead_time" in s.given
+    if lead >= walltime and checkable and issues.ok((*path, "lead_time"), ("resources", "time")):
+        if "lead_time" in s.given:
+            issues.add(
+                (*path, "lead_time"),
+                f"must be shorter than resources.time ({walltime}s), got {lead}s",
+            )
+        else:
+            issues.add(
+                ("resources", "time"),
+                f"must be longer than the site's preemption "
+                f"lead_time ({lead}s), got {resources.time_minutes * 60}s",
+            )
+    return PreemptionConfig(
+        signal=s["signal"] if s["signal"] is not None else site.signal, lead_time_s=lead
+    )
+
+
+def _deepspeed(
+    issues: Issues, value: Any, base: Path, env: Mapping[str, str]
+) -> DeepSpeedConfig | None:
+    path = ("deepspeed",)
+    if value is None:
+        return None
+    s = read_section(issues, value, path, {"config": Field(_passthrough, required=True)})
+    config = s["config"]
+    here = (*path, "config")
+    if config is None:
+        return None  # missing: already reported
+    if isinstance(config, dict):
+        try:
+            return DeepSpeedConfig(config=F.json_value(config))
+        except Invalid as exc:
+            issues.add(here, str(exc))
+            return None
+    try:
+        file = F.path(base, env)(config)
+    except Invalid as exc:
+        issues.add(here, f"must be a mapping or a path to a JSON/YAML file: {exc}")
+        return None
+    try:
+        data = _load_mapping(file, str(file))
+        return DeepSpeedConfig(config=F.json_value(data), path=file)
+    except Invalid as exc:
+        issues.add(here, f"{file}: {exc}")
+    except ConfigError as exc:
+        issues.add(here, f"cannot use {file} (see below)")
+        issues.issues.extend(exc.issues)
+    return None
+
+
+def _load_mapping(file: Path, label: str) -> dict[str, Any]:
+    """A JSON (``.json``) or YAML file whose top level is a mapping."""
+    text = read_text(file, label)
+    if file.suffix.lower() != ".json":
+        data: Any = parse_yaml_text(text, label).data
+        return dict(data)
+
+    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, val in pairs:
+            if key in out:
+                raise ValueError(f"duplicate key {key!r}")
+            out[key] = val
+        return out
+
+    try:
+        data = json.loads(text, object_pairs_hook=no_duplicates)
+    except json.JSONDecodeError as exc:
+        issue = ConfigIssue(label, exc.lineno, "", f"invalid JSON: {exc.msg}")
+        raise ConfigError([issue]) from None
+    except (ValueError, RecursionError) as exc:
+        message = str(exc) if isinstance(exc, ValueError) else "nested too deeply"
+        raise ConfigError([ConfigIssue(label, None, "", f"invalid JSON: {message}")]) from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [ConfigIssue(label, 1, "", f"top level must be a mapping, got {describe(data)}")]
+        )
+    return data

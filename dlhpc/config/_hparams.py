@@ -1,0 +1,186 @@
+"""The ``hyperparameters`` and ``searcher`` sections of an experiment.
+
+A hyperparameter is a constant (any JSON-compatible value, including a
+mapping without a ``type`` key) or a mapping with ``type`` ``const`` (``val``),
+``int``/``double``/``log`` (``minval`` <= ``maxval``, optional grid ``count``;
+``log`` bounds are exponents of ``base`` > 1, as in Determined) or
+``categorical`` (non-empty ``vals``). The ``grid`` searcher needs ``count``
+on every range.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, cast, get_args
+
+from dlhpc.config._fields import json_value
+from dlhpc.config._validate import (
+    Field,
+    Invalid,
+    Issues,
+    Section,
+    boolean,
+    choice,
+    describe,
+    integer,
+    number,
+    read_section,
+    string,
+)
+from dlhpc.config.model import HParam, HParamType, SearcherConfig, SearcherName
+
+__all__ = ["read_hyperparameters", "read_searcher"]
+
+_HP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+_TYPES: tuple[str, ...] = get_args(HParamType)
+_SEARCHERS: tuple[str, ...] = get_args(SearcherName)
+_EXACT_INT = 2**53  # int bounds are used as floats by the searchers
+_MAX_GRID = 100_000  # the grid searcher's own limit
+
+
+def _vals(value: Any) -> tuple[Any, ...]:
+    if not isinstance(value, list) or not value:
+        raise Invalid(f"must be a non-empty list of values, got {describe(value)}")
+    return tuple(json_value(v) for v in value)
+
+
+def _base(value: Any) -> float:
+    result = cast(float, number()(value))
+    if result <= 1:
+        raise Invalid(f"must be a number > 1, got {describe(value)}")
+    return result
+
+
+_TYPE = Field(choice(*_TYPES), required=True)
+_COUNT = Field(integer(min=1, max=_MAX_GRID), nullable=True)
+_INT_BOUND = Field(integer(min=-_EXACT_INT, max=_EXACT_INT), required=True)
+_NUM_BOUND = Field(number(), required=True)
+_HP_FIELDS: dict[str, dict[str, Field]] = {
+    "const": {"type": _TYPE, "val": Field(json_value, required=True)},
+    "int": {"type": _TYPE, "minval": _INT_BOUND, "maxval": _INT_BOUND, "count": _COUNT},
+    "double": {"type": _TYPE, "minval": _NUM_BOUND, "maxval": _NUM_BOUND, "count": _COUNT},
+    "log": {
+        "type": _TYPE,
+        "minval": _NUM_BOUND,
+        "maxval": _NUM_BOUND,
+        "base": Field(_base, default=10.0),
+        "count": _COUNT,
+    },
+    "categorical": {"type": _TYPE, "vals": Field(_vals, required=True)},
+}
+
+
+def read_hyperparameters(issues: Issues, value: Any) -> dict[str, HParam]:
+    """Validate ``hyperparameters``; problems go to ``issues``, bad entries are left out."""
+    path = ("hyperparameters",)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        issues.add(
+            path, f"must be a mapping of name: value or name: {{type: ...}}, got {describe(value)}"
+        )
+        return {}
+    out: dict[str, HParam] = {}
+    for name, spec in value.items():
+        here = (*path, name)
+        if not _HP_NAME.fullmatch(name):
+            issues.add(
+                here,
+                "not a valid hyperparameter name (letters, digits, _ . -; "
+                "starting with a letter or _)",
+            )
+            continue
+        if not isinstance(spec, dict) or "type" not in spec:
+            try:
+                out[name] = HParam(name, "const", value=json_value(spec))
+            except Invalid as exc:
+                issues.add(here, str(exc))
+            continue
+        kind = spec["type"]
+        if kind not in _TYPES:
+            issues.add(
+                (*here, "type"),
+                f"must be one of {', '.join(_TYPES)}, got {describe(kind)} (for a constant "
+                "mapping that has a 'type' key, write {type: const, val: {...}})",
+            )
+            continue
+        s = read_section(issues, spec, here, _HP_FIELDS[kind])
+        if issues.ok(here):
+            hparam = _build(issues, here, name, kind, s)
+            if hparam is not None:
+                out[name] = hparam
+    return out
+
+
+def _build(
+    issues: Issues, here: tuple[str, ...], name: str, kind: str, s: Section
+) -> HParam | None:
+    if kind == "const":
+        return HParam(name, "const", value=s["val"])
+    if kind == "categorical":
+        return HParam(name, "categorical", vals=s["vals"])
+    lo, hi = s["minval"], s["maxval"]
+    if lo > hi:
+        issues.add((*here, "minval"), f"must be <= maxval ({describe(hi)}), got {describe(lo)}")
+        return None
+    if kind == "log":
+        for key, exp in (("minval", lo), ("maxval", hi)):
+            try:
+                s["base"] ** exp
+            except OverflowError:
+                issues.add((*here, key), f"base ** {key} overflows a float, got {describe(exp)}")
+                return None
+    typed = cast(HParamType, kind)
+    return HParam(name, typed, minval=lo, maxval=hi, base=s.get("base", 10.0), count=s["count"])
+
+
+_SEARCHER_FIELDS = {
+    "name": Field(choice(*_SEARCHERS), default="single"),
+    "metric": Field(string(nonempty=True, single_line=True), default="val_loss"),
+    "smaller_is_better": Field(boolean, default=True),
+    "max_trials": Field(integer(min=1), default=1),
+    "max_concurrent_trials": Field(integer(min=0), default=0),
+    "max_length": Field(integer(min=1), nullable=True),
+    "divisor": Field(integer(min=2), default=3),
+    "max_rungs": Field(integer(min=1), default=5),
+    "seed": Field(integer(min=0, max=2**32 - 1), default=0),
+    "mode": Field(choice("aggressive", "standard", "conservative"), nullable=True),
+}
+
+
+def read_searcher(issues: Issues, value: Any, space: Mapping[str, HParam]) -> SearcherConfig:
+    """Validate ``searcher`` (``space``: the valid hyperparameters, for ``grid``)."""
+    path = ("searcher",)
+    s = read_section(issues, value, path, _SEARCHER_FIELDS)
+    name = s["name"]
+    max_length = s["max_length"]
+    if max_length is None:
+        if name in ("single", "grid", "random"):
+            max_length = 1
+        elif issues.ok((*path, "name")):
+            issues.add((*path, "max_length"), f"required for searcher {name!r}")
+    mode = s["mode"]
+    if mode is not None and name != "hyperband" and issues.ok((*path, "name")):
+        issues.add((*path, "mode"), f"only applies to searcher 'hyperband', not {name!r}")
+    if mode is None and name == "hyperband":
+        mode = "standard"
+    if name == "grid":
+        for hp in space.values():
+            if hp.type in ("int", "double", "log") and hp.count is None:
+                issues.add(
+                    ("hyperparameters", hp.name),
+                    "searcher 'grid' needs 'count' (the number of grid points) here",
+                )
+    return SearcherConfig(
+        name=name,
+        metric=s["metric"],
+        smaller_is_better=s["smaller_is_better"],
+        max_trials=s["max_trials"],
+        max_concurrent_trials=s["max_concurrent_trials"],
+        max_length=max_length if max_length is not None else 1,
+        divisor=s["divisor"],
+        max_rungs=s["max_rungs"],
+        seed=s["seed"],
+        mode=mode,
+    )

@@ -1,0 +1,283 @@
+"""Site files (``site-configs/*.yaml``): finding, loading and validating them.
+
+A site is named (``dev-cluster`` -> ``dev-cluster.yaml`` on the search path)
+or given as a path (the value contains ``/`` or ends in ``.yaml``/``.yml``).
+Without one, ``$DLHPC_SITE`` is used, else ``generic`` when ``sbatch`` is on
+``$PATH`` and ``local`` otherwise (a built-in equivalent when that file is
+not on the search path). Errors in a site file name the site file and line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Literal
+
+import dlhpc
+from dlhpc.config import _fields as F
+from dlhpc.config._paths import absolute, expand_path, home
+from dlhpc.config._validate import (
+    Check,
+    Field,
+    Invalid,
+    Issues,
+    boolean,
+    choice,
+    describe,
+    did_you_mean,
+    integer,
+    read_section,
+    string,
+    string_list,
+)
+from dlhpc.config._yaml import read_yaml_file
+from dlhpc.config.model import BackendName, PartitionInfo, SiteConfig
+from dlhpc.errors import ConfigError, ConfigIssue
+
+__all__ = [
+    "SiteRef",
+    "auto_site_name",
+    "list_sites",
+    "load_site",
+    "load_site_ref",
+    "not_listed",
+    "resolve_backend",
+    "site_search_path",
+]
+
+_SITE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+REPO_SITES = Path(dlhpc.__file__).resolve().parent.parent / "site-configs"
+
+_PARTITION_FIELDS = {
+    "gpus_per_node": Field(integer(min=0, max=1024), default=0),
+    "gpu_type": Field(F.TOKEN, nullable=True),
+    "max_time": Field(F.slurm_time(allow_unlimited=True), nullable=True),
+    "preemptible": Field(boolean, default=False),
+}
+
+
+def _env(environ: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if environ is None else environ
+
+
+def site_search_path(environ: Mapping[str, str] | None = None) -> list[Path]:
+    """Folders searched for ``NAME.yaml``, first match wins.
+
+    ``$DLHPC_SITE_PATH`` (colon-separated, ``~`` expanded, empty entries
+    skipped), then ``~/.config/dlhpc/sites``, then the repository's ``site-configs/``.
+    """
+    env = _env(environ)
+    cwd = Path.cwd()
+    out: list[Path] = []
+    for entry in env.get("DLHPC_SITE_PATH", "").split(":"):
+        if entry.strip():
+            try:
+                out.append(expand_path(entry, cwd, env))
+            except ValueError as exc:
+                raise ConfigError([ConfigIssue("$DLHPC_SITE_PATH", None, "", str(exc))]) from None
+    with contextlib.suppress(ValueError):  # no home folder known: nothing to search there
+        out.append(Path(home(env)) / ".config" / "dlhpc" / "sites")
+    out.append(REPO_SITES)
+    return out
+
+
+def list_sites(environ: Mapping[str, str] | None = None) -> dict[str, Path]:
+    """Site names on the search path -> their file (the first of each name)."""
+    found: dict[str, Path] = {}
+    for folder in site_search_path(environ):
+        try:
+            files = sorted(folder.glob("*.yaml"))
+        except OSError:
+            continue  # unreadable folder: nothing found there
+        for file in files:
+            found.setdefault(file.stem, file)
+    return found
+
+
+def auto_site_name(environ: Mapping[str, str] | None = None) -> str:
+    """``generic`` when ``sbatch`` is on ``$PATH``, else ``local``."""
+    return "generic" if resolve_backend("auto", environ) == "slurm" else "local"
+
+
+def resolve_backend(
+    backend: BackendName | Literal["auto"], environ: Mapping[str, str] | None = None
+) -> BackendName:
+    """``auto`` -> ``slurm`` when ``sbatch`` is on the environment's ``PATH``, else ``local``."""
+    if backend != "auto":
+        return backend
+    path = _env(environ).get("PATH", os.defpath)
+    return "slurm" if shutil.which("sbatch", path=path) else "local"
+
+
+class SiteRef:
+    """Where a site choice came from, for error messages: file, line and field."""
+
+    def __init__(self, file: str, line: int | None = None, field: str = "") -> None:
+        self.file, self.line, self.field = file, line, field
+
+    def error(self, message: str) -> ConfigError:
+        return ConfigError([ConfigIssue(self.file, self.line, self.field, message)])
+
+
+def load_site(
+    name_or_path: str | None = None, environ: Mapping[str, str] | None = None
+) -> SiteConfig:
+    """Load a site by name or path; ``None``: ``$DLHPC_SITE``, else auto (see module doc)."""
+    env = _env(environ)
+    if name_or_path is not None:
+        return load_site_ref(name_or_path, SiteRef("site"), Path.cwd(), env)
+    if env.get("DLHPC_SITE"):
+        return load_site_ref(env["DLHPC_SITE"], SiteRef("$DLHPC_SITE"), Path.cwd(), env)
+    name = auto_site_name(env)
+    file = list_sites(env).get(name)
+    if file is None:  # a built-in equivalent of the shipped file
+        backend: BackendName = "slurm" if name == "generic" else "local"
+        return _finish(SiteConfig(name, None, backend=backend), env)
+    return load_site_file(file, str(file), env)
+
+
+def load_site_ref(spec: str, ref: SiteRef, base: Path, environ: Mapping[str, str]) -> SiteConfig:
+    """Load the site ``spec`` (a name or a path relative to ``base``) chosen at ``ref``."""
+    if spec.endswith((".yaml", ".yml")) or "/" in spec:
+        try:
+            file = expand_path(spec, base, environ)
+        except ValueError as exc:
+            raise ref.error(str(exc)) from None
+        return load_site_file(file, spec, environ)
+    sites = list_sites(environ)
+    if not _SITE_NAME.fullmatch(spec) or spec not in sites:
+        names = ", ".join(sorted(sites)) or "none"
+        where = ", ".join(str(p) for p in site_search_path(environ))
+        raise ref.error(
+            f"unknown site {describe(spec)}; {did_you_mean(spec, sites)}"
+            f"(available: {names}; searched {where})"
+        )
+    return load_site_file(sites[spec], str(sites[spec]), environ)
+
+
+def load_site_file(file: Path, label: str, environ: Mapping[str, str]) -> SiteConfig:
+    """Load and validate one site file; ``label`` names it in errors."""
+    doc = read_yaml_file(file, label)
+    base = absolute(file, Path.cwd()).parent
+    issues = Issues(label, doc.lines)
+    path = F.path(base, environ)
+    fields = {
+        "name": Field(string(pattern=_SITE_NAME, what="must be a site name"), default=file.stem),
+        "backend": Field(choice("auto", "slurm", "local"), default="auto"),
+        "partition": Field(F.TOKEN, nullable=True),
+        "account": Field(F.TOKEN, nullable=True),
+        "qos": Field(F.TOKEN, nullable=True),
+        "partitions": Field(_partitions_check(issues), default={}),
+        "scratch": Field(path, nullable=True),
+        "state_dir": Field(path, nullable=True),
+        "signal": Field(F.signal, default="USR2"),
+        "lead_time": Field(F.lead_time, default=120),
+        "modules": Field(string_list(string(single_line=True)), default=()),
+        "max_array_size": Field(integer(min=1, max=10_000_000), nullable=True),
+        "env": Field(F.env_vars, default={}),
+        "journal_mode": Field(choice("delete", "wal"), default="delete"),
+        "local_max_parallel": Field(integer(min=1, max=100_000), nullable=True),
+    }
+    s = read_section(issues, doc.data, (), fields)
+    partitions: dict[str, PartitionInfo] = s["partitions"]
+    if partitions and s["partition"] is not None and issues.ok(("partition",), ("partitions",)):
+        for part in s["partition"].split(","):
+            if part not in partitions:
+                issues.add(("partition",), not_listed(part, partitions, s["name"]))
+    if issues.issues:
+        raise ConfigError(sorted(issues.issues, key=lambda i: (i.line is not None, i.line or 0)))
+    site = SiteConfig(
+        name=s["name"],
+        source=absolute(file, Path.cwd()),
+        backend=s["backend"],
+        partition=s["partition"],
+        account=s["account"],
+        qos=s["qos"],
+        partitions=partitions,
+        scratch=s["scratch"] if s["scratch"] is not None else Path("."),  # set by _finish
+        state_dir=s["state_dir"] if s["state_dir"] is not None else Path("."),
+        signal=s["signal"],
+        lead_time_s=s["lead_time"],
+        modules=s["modules"],
+        max_array_size=s["max_array_size"],
+        env=s["env"],
+        journal_mode=s["journal_mode"],
+        local_max_parallel=s["local_max_parallel"],
+    )
+    given = s.given
+    return _finish(
+        site, environ, scratch_given="scratch" in given, state_given="state_dir" in given
+    )
+
+
+def not_listed(part: str, partitions: Mapping[str, Any], site: str) -> str:
+    """Message for a partition the site does not list."""
+    return (
+        f"partition {part!r} is not listed by site {site!r}; "
+        f"{did_you_mean(part, partitions)}(valid: {', '.join(sorted(partitions))})"
+    )
+
+
+def _partitions_check(issues: Issues) -> Check:
+    def check(value: Any) -> dict[str, PartitionInfo]:
+        if not isinstance(value, dict):
+            raise Invalid(f"must be a mapping of partition name: settings, got {describe(value)}")
+        out: dict[str, PartitionInfo] = {}
+        for name, spec in value.items():
+            here = ("partitions", name)
+            if not _SITE_NAME.fullmatch(name):
+                issues.add(here, f"not a valid partition name: {describe(name)}")
+                continue
+            p = read_section(issues, spec, here, _PARTITION_FIELDS)
+            max_time = p["max_time"][1] if p["max_time"] is not None else None
+            out[name] = PartitionInfo(
+                name, p["gpus_per_node"], p["gpu_type"], max_time, p["preemptible"]
+            )
+        return out
+
+    return check
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # honours cgroup/cpuset limits (Linux)
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _finish(
+    site: SiteConfig,
+    environ: Mapping[str, str],
+    *,
+    scratch_given: bool = False,
+    state_given: bool = False,
+) -> SiteConfig:
+    """Fill the defaults that depend on the environment.
+
+    ``state_dir``: ``$DLHPC_HOME`` when set, else the file's, else ``~/.dlhpc``;
+    ``scratch``: the file's, else ``<state_dir>/scratch``;
+    ``local_max_parallel``: the usable CPUs when not given.
+    """
+    cwd = Path.cwd()
+    label = str(site.source) if site.source else site.name
+    try:
+        if environ.get("DLHPC_HOME"):
+            state_dir = expand_path(environ["DLHPC_HOME"], cwd, environ)
+        elif state_given:
+            state_dir = site.state_dir
+        else:
+            state_dir = Path(home(environ)) / ".dlhpc"
+    except ValueError as exc:
+        field = "$DLHPC_HOME" if environ.get("DLHPC_HOME") else "state_dir"
+        raise ConfigError([ConfigIssue(label, None, field, str(exc))]) from None
+    return replace(
+        site,
+        state_dir=state_dir,
+        scratch=site.scratch if scratch_given else state_dir / "scratch",
+        local_max_parallel=site.local_max_parallel or _cpus(),
+    )

@@ -1,0 +1,5 @@
+"""In-job side: the API training scripts call, and the worker that runs them."""
+
+from dlhpc.harness.context import TrialContext, init
+
+__all__ = ["TrialContext", "init"]

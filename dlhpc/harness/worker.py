@@ -1,0 +1,125 @@
+"""The in-job worker: runs one trial's entrypoint and records the attempt.
+
+Called on the compute node, by submitit (``run_trial``) on Slurm or as
+``python -m dlhpc.harness.worker TRIAL_DIR`` by the local backend. It never
+opens the database: it publishes ``start`` and ``exit`` records into the
+attempt's folder (see :mod:`dlhpc.protocol`) and runs ``entry.sh`` (site
+modules, ``environment.setup``, the entrypoint) in the code snapshot, with the
+trial's facts in ``DLHPC_*`` variables. Hyperparameters reach the script only
+through ``trial.json``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from types import FrameType
+
+from dlhpc.errors import DlhpcError
+from dlhpc.harness.context import ENV_ATTEMPT_DIR, ENV_TRIAL_DIR
+from dlhpc.protocol import EventWriter, TrialSpec, attempt_key
+
+__all__ = ["TrialFailed", "job_identity", "run_trial"]
+
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+class TrialFailed(DlhpcError):
+    """The entrypoint exited non-zero (raised so that Slurm marks the job FAILED)."""
+
+
+def job_identity(environ: dict[str, str] | os._Environ[str]) -> tuple[str, int, int]:
+    """(job id, restart count, rank) of this process, from Slurm's or dlhpc's variables."""
+    if environ.get("SLURM_ARRAY_JOB_ID") and environ.get("SLURM_ARRAY_TASK_ID"):
+        job_id = f"{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}"
+    elif environ.get("SLURM_JOB_ID"):
+        job_id = environ["SLURM_JOB_ID"]
+    elif environ.get("DLHPC_JOB_ID"):
+        job_id = environ["DLHPC_JOB_ID"]
+    else:
+        raise DlhpcError("worker: no SLURM_JOB_ID or DLHPC_JOB_ID; not started by a scheduler")
+    restart = int(environ.get("SLURM_RESTART_COUNT") or environ.get("DLHPC_RESTART") or 0)
+    rank = int(environ.get("SLURM_PROCID") or 0)
+    return job_id, restart, rank
+
+
+def _child_env(spec: TrialSpec, trial_dir: Path, attempt_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(spec.env)
+    # `python` in the entrypoint means the interpreter that has dlhpc, unless the
+    # user's environment.setup activates another environment (it runs later).
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.setdefault("OMP_NUM_THREADS", env.get("SLURM_CPUS_PER_TASK", "1"))
+    env["PYTHONUNBUFFERED"] = "1"
+    env[ENV_TRIAL_DIR] = str(trial_dir)
+    env[ENV_ATTEMPT_DIR] = str(attempt_dir)
+    env["DLHPC_EXPERIMENT_ID"] = str(spec.experiment_id)
+    env["DLHPC_TRIAL_ID"] = str(spec.trial_id)
+    return env
+
+
+def run_entrypoint(trial_dir: Path) -> int:
+    """Run the trial once; returns the entrypoint's exit code (signals as 128+n)."""
+    spec = TrialSpec.read(trial_dir / "trial.json")
+    job_id, restart, rank = job_identity(os.environ)
+    attempt_dir = trial_dir / "attempts" / attempt_key(job_id, restart)
+    events = EventWriter(attempt_dir, f"worker-r{rank}")
+    events.add(
+        "start",
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        job_id=job_id,
+        restart=restart,
+        rank=rank,
+        nodes=os.environ.get("SLURM_JOB_NODELIST", socket.gethostname()),
+    )
+    events.flush()
+
+    proc = subprocess.Popen(
+        ["bash", spec.entry_script],
+        cwd=spec.code_dir,
+        env=_child_env(spec, trial_dir, attempt_dir),
+    )
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in _FORWARDED}
+    try:
+        code = proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if code < 0:
+        code = 128 - code
+    events.add("exit", code=code, reason="completed" if code == 0 else "error")
+    events.flush()
+    return code
+
+
+def run_trial(trial_dir: str) -> None:
+    """submitit entry point: run the trial, raise TrialFailed on a non-zero exit."""
+    code = run_entrypoint(Path(trial_dir))
+    if code != 0:
+        raise TrialFailed(f"entrypoint exited with code {code}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m dlhpc.harness.worker TRIAL_DIR", file=sys.stderr)
+        return 2
+    try:
+        return run_entrypoint(Path(args[0]))
+    except DlhpcError as err:
+        print(f"dlhpc worker: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

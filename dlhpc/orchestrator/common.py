@@ -1,0 +1,184 @@
+"""Shared pieces of launch and tick: schedulers per backend, configs, searchers, submission."""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from dlhpc.config.model import ExperimentConfig
+from dlhpc.config.serde import from_jsonable
+from dlhpc.errors import SchedulerError
+from dlhpc.orchestrator.runfiles import trial_spec, write_trial_spec
+from dlhpc.orchestrator.states import TrialState
+from dlhpc.scheduler import BaseScheduler, JobRequest, SubmittedTask, make_scheduler
+from dlhpc.search import BaseSearcher, make_searcher
+from dlhpc.store import Attempt, Event, Experiment, Store, Submission, Trial, utcnow
+
+__all__ = [
+    "SchedulerPool",
+    "config_of",
+    "log_event",
+    "searcher_of",
+    "submit_pending",
+    "trial_seed",
+]
+
+
+@dataclass
+class SchedulerPool:
+    """One scheduler instance per backend for the life of a command."""
+
+    local_root: Path
+    _by_name: dict[str, BaseScheduler] = field(default_factory=dict)
+
+    def get(self, backend: str) -> BaseScheduler:
+        if backend not in self._by_name:
+            self._by_name[backend] = make_scheduler(backend, local_root=self.local_root)
+        return self._by_name[backend]
+
+    def calls(self) -> Counter[str]:
+        """External scheduler commands run so far, by command name."""
+        total: Counter[str] = Counter()
+        for sched in self._by_name.values():
+            total.update(getattr(sched, "calls", Counter()))
+        return total
+
+
+def config_of(exp: Experiment) -> ExperimentConfig:
+    return from_jsonable(ExperimentConfig, json.loads(exp.config_json))
+
+
+def searcher_of(cfg: ExperimentConfig, state_json: str) -> BaseSearcher:
+    searcher = make_searcher(cfg.hyperparameters, cfg.searcher)
+    state = json.loads(state_json or "{}")
+    if state:
+        searcher.load_state_dict(state)
+    return searcher
+
+
+def trial_seed(experiment_seed: int, request_id: int) -> int:
+    """A per-trial seed derived from the experiment seed (stable across versions)."""
+    return (experiment_seed * 1_000_003 + request_id * 7_919 + 12_345) % (2**31 - 1)
+
+
+def log_event(
+    session: Session, kind: str, message: str, exp_id: int | None, trial_id: int | None = None
+) -> None:
+    session.add(
+        Event(experiment_id=exp_id, trial_id=trial_id, time=utcnow(), kind=kind, message=message)
+    )
+
+
+def _unsubmitted(session: Session, exp_id: int) -> list[Trial]:
+    in_flight: set[int] = set()
+    for ids in session.scalars(
+        select(Submission.trial_ids_json).where(
+            Submission.experiment_id == exp_id, Submission.state == "SUBMITTING"
+        )
+    ):
+        in_flight.update(json.loads(ids))
+    trials = session.scalars(
+        select(Trial)
+        .where(Trial.experiment_id == exp_id, Trial.state == TrialState.PENDING.value)
+        .order_by(Trial.id)
+    ).all()
+    with_attempts = set(
+        session.scalars(
+            select(Attempt.trial_id).where(Attempt.trial_id.in_([t.id for t in trials]))
+        )
+    )
+    return [t for t in trials if t.id not in with_attempts and t.id not in in_flight]
+
+
+def submit_pending(store: Store, pool: SchedulerPool, exp_id: int) -> list[SubmittedTask]:
+    """Submit every PENDING trial of the experiment that has no job yet, as one request.
+
+    The submission row (with its unique job name) is committed before ``sbatch``
+    runs and the attempt rows right after, so a crash in between leaves a
+    SUBMITTING row whose jobs a later tick can find by name.
+    """
+    with store.write() as session:
+        exp = session.get(Experiment, exp_id)
+        if exp is None:
+            return []
+        cfg = config_of(exp)
+        trials = _unsubmitted(session, exp_id)
+        if not trials:
+            return []
+        sub = Submission(
+            experiment_id=exp_id,
+            name=f"dlhpc-e{exp_id}-{uuid.uuid4().hex[:8]}",
+            state="SUBMITTING",
+            trial_ids_json=json.dumps([t.id for t in trials]),
+            folder=str(Path(exp.run_dir) / "jobs"),
+            created_at=utcnow(),
+        )
+        session.add(sub)
+        specs = [
+            trial_spec(
+                cfg, store.runs_root, exp_id, t.id, json.loads(t.hparams_json), t.max_length, t.seed
+            )
+            for t in trials
+        ]
+    dirs = [write_trial_spec(spec, store.runs_root) for spec in specs]
+    request = JobRequest(
+        experiment_id=exp_id,
+        name=sub.name,
+        folder=Path(sub.folder),
+        trial_dirs=dirs,
+        resources=cfg.resources,
+        preemption=cfg.preemption,
+        site=cfg.site,
+        max_concurrent=cfg.searcher.max_concurrent_trials,
+        python=sys.executable,
+    )
+    scheduler = pool.get(cfg.backend)
+    try:
+        tasks = scheduler.submit(request)
+        error = ""
+    except SchedulerError as err:
+        tasks = [t for t in err.submitted if isinstance(t, SubmittedTask)]
+        error = str(err)
+    _record_tasks(store, sub.id, trials, tasks, error)
+    if error:
+        raise SchedulerError(error, submitted=tasks)
+    return tasks
+
+
+def _record_tasks(
+    store: Store, sub_id: int, trials: list[Trial], tasks: list[SubmittedTask], error: str
+) -> None:
+    now = utcnow()
+    with store.write() as session:
+        sub = session.get(Submission, sub_id)
+        assert sub is not None  # committed by the caller before submitting
+        sub.state = "FAILED" if error and not tasks else "SUBMITTED"
+        sub.error = error
+        for trial, task in zip(trials, tasks, strict=False):  # tasks may be a prefix
+            index = task.job_id.rsplit("_", 1)[1] if "_" in task.job_id else None
+            session.add(
+                Attempt(
+                    trial_id=trial.id,
+                    submission_id=sub_id,
+                    attempt_key=f"{task.job_id}.r0",
+                    job_id=task.job_id,
+                    array_index=int(index) if index and index.isdigit() else None,
+                    state="PENDING",
+                    log_path=str(task.stdout),
+                    created_at=now,
+                )
+            )
+        ids = ", ".join(t.job_id for t in tasks[:3]) + (" ..." if len(tasks) > 3 else "")
+        log_event(
+            session,
+            "submit" if not error else "submit.error",
+            f"{len(tasks)}/{len(trials)} trials submitted ({ids}){': ' + error if error else ''}",
+            sub.experiment_id,
+        )

@@ -1,0 +1,169 @@
+"""``dlhpc launch``: dry-run (render) and schedule (record + submit)."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dlhpc.config.model import ExperimentConfig
+from dlhpc.config.serde import to_jsonable
+from dlhpc.errors import SchedulerError
+from dlhpc.orchestrator.common import (
+    SchedulerPool,
+    log_event,
+    searcher_of,
+    submit_pending,
+    trial_seed,
+)
+from dlhpc.orchestrator.runfiles import publish_staging, stage_run_folder
+from dlhpc.orchestrator.states import ExperimentState, TrialState
+from dlhpc.protocol import experiment_dir, trial_dir
+from dlhpc.scheduler import JobRequest
+from dlhpc.search import Create
+from dlhpc.store import Experiment, Store, Trial, utcnow
+from dlhpc.store.store import DB_NAME
+
+__all__ = ["DryRun", "LaunchResult", "launch", "plan_launch"]
+
+_ASK_ALL = 1_000_000
+
+
+@dataclass
+class DryRun:
+    """What ``launch`` would do: the trials and the exact submission scripts."""
+
+    experiment_id: int  # the id it would most likely get
+    trials: list[Create]
+    scripts: list[str]
+
+    def render(self) -> str:
+        out = [
+            f"# dry run: experiment {self.experiment_id} would get {len(self.trials)} trial(s)",
+            *(
+                f"#   trial {c.request_id}: {json.dumps(c.hparams, sort_keys=True)}"
+                for c in self.trials
+            ),
+        ]
+        for i, script in enumerate(self.scripts, 1):
+            out += ["", f"# ---- submission {i} of {len(self.scripts)} ----", script]
+        return "\n".join(out)
+
+
+@dataclass
+class LaunchResult:
+    experiment_id: int
+    job_ids: list[str] = field(default_factory=list)
+
+
+def _initial_trials(cfg: ExperimentConfig) -> tuple[list[Create], str]:
+    searcher = searcher_of(cfg, "{}")
+    creates = [op for op in searcher.ask(_ASK_ALL) if isinstance(op, Create)]
+    return creates, json.dumps(searcher.state_dict())
+
+
+def plan_launch(cfg: ExperimentConfig, home: Path, pool: SchedulerPool) -> DryRun:
+    """Render the submission without writing anything (paths are the would-be ones).
+
+    The state folder is only read, and only when its database already exists.
+    """
+    creates, _ = _initial_trials(cfg)
+    exp_id = 1
+    if (home / DB_NAME).exists():
+        store = Store(home, journal_mode=cfg.site.journal_mode)
+        exp_id = store.next_experiment_id()
+        store.close()
+    runs_root = home / "runs"
+    exp_dir = experiment_dir(runs_root, exp_id)
+    request = JobRequest(
+        experiment_id=exp_id,
+        name=f"dlhpc-e{exp_id}-<uid>",
+        folder=exp_dir / "jobs",
+        trial_dirs=[trial_dir(runs_root, exp_id, i + 1) for i in range(len(creates))],
+        resources=cfg.resources,
+        preemption=cfg.preemption,
+        site=cfg.site,
+        max_concurrent=cfg.searcher.max_concurrent_trials,
+        python=sys.executable,
+    )
+    return DryRun(exp_id, creates, pool.get(cfg.backend).render(request))
+
+
+def launch(cfg: ExperimentConfig, store: Store, pool: SchedulerPool) -> LaunchResult:
+    """Record the experiment and its first trials, then submit them.
+
+    Order matters for crash safety: the code snapshot is staged first (a failure
+    there leaves the DB untouched), then one transaction records the experiment,
+    its trials and the searcher state, then the run folder is published and the
+    trials are submitted (see :func:`submit_pending`).
+    """
+    creates, searcher_state = _initial_trials(cfg)
+    staging = stage_run_folder(cfg, store.runs_root)
+    try:
+        with store.hold_lease():
+            now = utcnow()
+            with store.write() as session:
+                exp = Experiment(
+                    name=cfg.name,
+                    description=cfg.description,
+                    state=ExperimentState.ACTIVE.value,
+                    backend=cfg.backend,
+                    site=cfg.site.name,
+                    searcher=cfg.searcher.name,
+                    metric=cfg.searcher.metric,
+                    smaller_is_better=cfg.searcher.smaller_is_better,
+                    source_path=str(cfg.source),
+                    yaml_text=cfg.source.read_text(encoding="utf-8", errors="replace"),
+                    config_json=json.dumps(to_jsonable(cfg), sort_keys=True),
+                    run_dir="",
+                    searcher_state=searcher_state,
+                    user=getpass.getuser(),
+                    created_at=now,
+                )
+                session.add(exp)
+                session.flush()
+                exp.run_dir = str(experiment_dir(store.runs_root, exp.id))
+                trials = []
+                for op in creates:
+                    trials.append(
+                        Trial(
+                            experiment_id=exp.id,
+                            request_id=op.request_id,
+                            state=TrialState.PENDING.value,
+                            hparams_json=json.dumps(op.hparams, sort_keys=True),
+                            max_length=op.length,
+                            seed=trial_seed(cfg.reproducibility.seed, op.request_id),
+                            run_dir="",
+                            created_at=now,
+                        )
+                    )
+                session.add_all(trials)
+                session.flush()
+                for t in trials:
+                    t.run_dir = str(trial_dir(store.runs_root, exp.id, t.id))
+                log_event(
+                    session, "launch", f"launched {cfg.name} with {len(creates)} trials", exp.id
+                )
+                exp_id = exp.id
+            publish_staging(staging, cfg, store.runs_root, exp_id)
+            try:
+                tasks = submit_pending(store, pool, exp_id)
+            except SchedulerError as err:
+                if not err.submitted:
+                    _fail(store, exp_id, f"submission failed: {err}")
+                raise
+        return LaunchResult(exp_id, [t.job_id for t in tasks])
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _fail(store: Store, exp_id: int, message: str) -> None:
+    with store.write() as session:
+        exp = session.get(Experiment, exp_id)
+        if exp is not None:
+            exp.state = ExperimentState.FAILED.value
+            exp.ended_at = utcnow()
+            log_event(session, "experiment.failed", message, exp_id)

@@ -1,0 +1,134 @@
+"""The run folder of an experiment: code snapshot, entry script, trial files.
+
+Everything here is written by the login-node side before jobs start, with
+atomic writes; jobs only read it (see :mod:`dlhpc.protocol` for the layout).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+
+from dlhpc.config.model import ExperimentConfig
+from dlhpc.config.serde import to_jsonable
+from dlhpc.errors import UsageError
+from dlhpc.protocol import TrialSpec, atomic_write_text, experiment_dir, trial_dir
+
+__all__ = [
+    "SNAPSHOT_LIMIT_BYTES",
+    "entry_script_text",
+    "publish_staging",
+    "stage_run_folder",
+    "trial_spec",
+]
+
+SNAPSHOT_LIMIT_BYTES = 200 * 1024 * 1024
+_IGNORED = {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".mypy_cache", ".pytest_cache"}
+
+
+def _snapshot_files(workdir: Path, skip: Path) -> Iterable[Path]:
+    for path in sorted(workdir.rglob("*")):
+        rel = path.relative_to(workdir)
+        if any(part in _IGNORED for part in rel.parts) or path.suffix == ".pyc":
+            continue
+        if path == skip or skip in path.parents:
+            continue
+        if path.is_file() and not path.is_symlink():
+            yield path
+
+
+def snapshot_code(workdir: Path, dest: Path, skip: Path, limit: int = SNAPSHOT_LIMIT_BYTES) -> int:
+    """Copy ``workdir`` to ``dest`` (without VCS/venv/caches); returns bytes copied.
+
+    Raises UsageError before copying anything when the tree exceeds ``limit``:
+    data sets belong on scratch, referenced by path, not in the code folder.
+    """
+    files = list(_snapshot_files(workdir, skip))
+    total = sum(p.stat().st_size for p in files)
+    if total > limit:
+        raise UsageError(
+            f"workdir {workdir} holds {total / 2**20:.0f} MiB (limit {limit / 2**20:.0f} MiB) to"
+            " snapshot; move data out of it and read it by path"
+        )
+    for src in files:
+        target = dest / src.relative_to(workdir)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target)
+    return total
+
+
+def entry_script_text(cfg: ExperimentConfig, experiment_id: int) -> str:
+    lines = [
+        "#!/bin/bash",
+        f"# dlhpc experiment {experiment_id} ({cfg.name}): written at launch, run by the",
+        "# worker in the code snapshot. Hyperparameters are in $DLHPC_TRIAL_DIR/trial.json.",
+    ]
+    if cfg.site.modules:
+        lines += ["", "# site modules", *cfg.site.modules]
+    if cfg.environment.setup.strip():
+        lines += ["", "# environment.setup", cfg.environment.setup.rstrip("\n")]
+    lines += ["", "# entrypoint", cfg.entrypoint, ""]
+    return "\n".join(lines)
+
+
+def stage_run_folder(cfg: ExperimentConfig, runs_root: Path) -> Path:
+    """Build the code snapshot in a staging folder (nothing else sees it yet)."""
+    staging = runs_root / f".staging-{uuid.uuid4().hex[:12]}"
+    staging.mkdir(parents=True)
+    try:
+        snapshot_code(cfg.workdir, staging / "code", skip=runs_root)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return staging
+
+
+def publish_staging(staging: Path, cfg: ExperimentConfig, runs_root: Path, exp_id: int) -> Path:
+    """Turn the staging folder into the experiment's run folder (idempotent)."""
+    exp_dir = experiment_dir(runs_root, exp_id)
+    if not exp_dir.exists():
+        staging.rename(exp_dir)
+    (exp_dir / "code").mkdir(exist_ok=True)
+    atomic_write_text(exp_dir / "entry.sh", entry_script_text(cfg, exp_id))
+    atomic_write_text(
+        exp_dir / "experiment.json", json.dumps(to_jsonable(cfg), indent=2, sort_keys=True)
+    )
+    return exp_dir
+
+
+def trial_spec(
+    cfg: ExperimentConfig,
+    runs_root: Path,
+    experiment_id: int,
+    trial_id: int,
+    hparams: dict[str, object],
+    max_length: int,
+    seed: int,
+) -> TrialSpec:
+    exp_dir = experiment_dir(runs_root, experiment_id)
+    env = {**cfg.site.env, **cfg.environment.vars}
+    ckpt = cfg.checkpoint.dir / f"exp-{experiment_id:06d}" / f"trial-{trial_id:06d}"
+    return TrialSpec(
+        experiment_id=experiment_id,
+        trial_id=trial_id,
+        hparams=dict(hparams),
+        max_length=max_length,
+        seed=seed,
+        experiment_dir=str(exp_dir),
+        code_dir=str(exp_dir / "code"),
+        entry_script=str(exp_dir / "entry.sh"),
+        checkpoint_dir=str(ckpt),
+        metric=cfg.searcher.metric,
+        smaller_is_better=cfg.searcher.smaller_is_better,
+        env=env,
+    )
+
+
+def write_trial_spec(spec: TrialSpec, runs_root: Path) -> Path:
+    tdir = trial_dir(runs_root, spec.experiment_id, spec.trial_id)
+    tdir.mkdir(parents=True, exist_ok=True)
+    spec.write(tdir / "trial.json")
+    return tdir

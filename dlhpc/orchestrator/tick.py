@@ -1,0 +1,287 @@
+"""``dlhpc tick``: one idempotent reconciliation pass over all active experiments.
+
+Poll the schedulers (a constant number of queries: one ``poll`` per backend for
+all jobs), ingest new event files, derive attempt and trial states, let each
+searcher decide, submit what it asked for, and close finished experiments.
+Each step commits on its own; killing the process at any line loses nothing,
+because every step is recomputed from Slurm, the files and the DB on the next
+pass, and ingest is keyed per file.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from dlhpc._failpoints import failpoint
+from dlhpc.errors import LeaseHeldError, SchedulerError
+from dlhpc.orchestrator.common import (
+    SchedulerPool,
+    config_of,
+    log_event,
+    searcher_of,
+    submit_pending,
+    trial_seed,
+)
+from dlhpc.orchestrator.states import ExperimentState, TrialState
+from dlhpc.protocol import EVENT_FILE_RE, iter_attempt_dirs, trial_dir
+from dlhpc.scheduler import JobState, JobStatus
+from dlhpc.search import Create
+from dlhpc.store import Attempt, Experiment, IngestedFile, Store, Submission, Trial, utcnow
+from dlhpc.store.ingest import ingest_attempt, refresh_trial_metrics
+
+__all__ = ["EXIT_RECORD_GRACE", "TickReport", "tick"]
+
+# How long a job may be gone from Slurm before its exit record must have appeared
+# (shared filesystems show files late); past it the attempt is taken as lost.
+EXIT_RECORD_GRACE = timedelta(seconds=60)
+_LIVE_ATTEMPT_STATES = {"PENDING", "RUNNING", "REQUEUED", "UNKNOWN"}
+_MAX_FAILED_SUBMISSIONS = 3
+
+
+@dataclass
+class TickReport:
+    experiments: int = 0
+    polled_jobs: int = 0
+    ingested_files: int = 0
+    metrics: int = 0
+    submitted: int = 0
+    finished: list[int] = field(default_factory=list)
+    scheduler_calls: dict[str, int] = field(default_factory=dict)
+    duration_s: float = 0.0
+    lease_held_elsewhere: bool = False
+    errors: list[str] = field(default_factory=list)
+
+
+def tick(store: Store, pool: SchedulerPool) -> TickReport:
+    """One pass; a concurrent reconciler makes this one return with ``lease_held_elsewhere``."""
+    report = TickReport()
+    t0 = time.monotonic()
+    calls_before = pool.calls()
+    try:
+        with store.hold_lease():
+            _tick(store, pool, report)
+    except LeaseHeldError:
+        report.lease_held_elsewhere = True
+    report.scheduler_calls = dict(pool.calls() - calls_before)
+    report.duration_s = time.monotonic() - t0
+    return report
+
+
+def _tick(store: Store, pool: SchedulerPool, report: TickReport) -> None:
+    with store.read() as s:
+        exps = s.scalars(
+            select(Experiment).where(Experiment.state == ExperimentState.ACTIVE.value)
+        ).all()
+        exp_ids = [e.id for e in exps]
+        backend_of = {e.id: e.backend for e in exps}
+        live_trials = s.scalars(
+            select(Trial).where(
+                Trial.experiment_id.in_(exp_ids),
+                Trial.state.not_in([st.value for st in TrialState if st.is_terminal]),
+            )
+        ).all()
+        live_attempts = s.scalars(
+            select(Attempt).where(
+                Attempt.trial_id.in_([t.id for t in live_trials]),
+                Attempt.state.in_(_LIVE_ATTEMPT_STATES),
+            )
+        ).all()
+        done_files = _ingested_names(s, [t.id for t in live_trials])
+    report.experiments = len(exps)
+
+    exp_of_trial = {t.id: t.experiment_id for t in live_trials}
+    by_backend: dict[str, list[str]] = defaultdict(list)
+    for a in live_attempts:
+        by_backend[backend_of[exp_of_trial[a.trial_id]]].append(a.job_id)
+    statuses: dict[str, JobStatus] = {}
+    for backend, job_ids in by_backend.items():
+        report.polled_jobs += len(job_ids)
+        try:
+            statuses.update(pool.get(backend).poll(job_ids))
+        except SchedulerError as err:
+            report.errors.append(f"poll {backend}: {err}")  # no states this pass, retry next
+
+    failpoint("tick.after_poll")
+    for t in live_trials:
+        _ingest_trial(store, t, done_files, report)
+    failpoint("tick.after_ingest")
+
+    for exp_id in exp_ids:
+        _reconcile_experiment(store, pool, exp_id, statuses, report)
+        try:
+            report.submitted += len(submit_pending(store, pool, exp_id))
+        except SchedulerError as err:
+            report.errors.append(f"experiment {exp_id}: {err}")
+
+
+def _ingested_names(s: Session, trial_ids: list[int]) -> dict[tuple[int, str], set[str]]:
+    rows = s.execute(
+        select(Attempt.trial_id, Attempt.attempt_key, IngestedFile.name)
+        .join(IngestedFile, IngestedFile.attempt_id == Attempt.id)
+        .where(Attempt.trial_id.in_(trial_ids))
+    ).all()
+    out: dict[tuple[int, str], set[str]] = defaultdict(set)
+    for trial_id, key, name in rows:
+        out[(trial_id, key)].add(name)
+    return out
+
+
+def _ingest_trial(
+    store: Store, trial: Trial, done: dict[tuple[int, str], set[str]], report: TickReport
+) -> None:
+    path = Path(trial.run_dir) if trial.run_dir else None
+    if path is None:
+        return
+    for adir in iter_attempt_dirs(path):
+        names = {p.name for p in adir.iterdir() if EVENT_FILE_RE.match(p.name)}
+        if not names - done.get((trial.id, adir.name), set()):
+            continue
+        with store.write() as s:
+            t = s.get(Trial, trial.id)
+            if t is None:
+                continue
+            exp = s.get(Experiment, t.experiment_id)
+            assert exp is not None  # foreign key
+            result = ingest_attempt(s, t, adir, utcnow())
+            refresh_trial_metrics(s, t, exp.metric, exp.smaller_is_better)
+        report.ingested_files += result.files
+        report.metrics += result.metrics
+        failpoint("tick.after_ingest_attempt")
+
+
+def _apply_status(a: Attempt, st: JobStatus | None, now: datetime) -> None:
+    """Update one attempt from the scheduler's view (its exit record wins)."""
+    if a.exit_code is not None:
+        a.state = JobState.COMPLETED.value if a.exit_code == 0 else JobState.FAILED.value
+        return
+    if st is None:
+        return
+    a.raw_state = st.raw_state or st.state.value
+    a.node_list = st.node_list or a.node_list
+    a.started_at = a.started_at or st.start
+    if st.state.is_terminal or st.state == JobState.UNKNOWN:
+        a.state = st.state.value
+        a.ended_at = a.ended_at or st.end
+        a.terminal_seen_at = a.terminal_seen_at or now
+    else:
+        a.state = st.state.value
+        a.terminal_seen_at = None
+
+
+def _trial_state(t: Trial, a: Attempt | None, now: datetime) -> tuple[TrialState, str]:
+    if a is None:
+        return TrialState.PENDING, ""
+    if a.exit_code is not None:
+        if a.exit_code == 0:
+            return TrialState.COMPLETED, ""
+        return TrialState.FAILED, f"exit code {a.exit_code} (job {a.job_id})"
+    if a.terminal_seen_at is not None and now - a.terminal_seen_at > EXIT_RECORD_GRACE:
+        return (
+            TrialState.FAILED,
+            f"job {a.job_id} ended {a.raw_state or a.state} without an exit record",
+        )
+    if a.started_at is not None or a.state == JobState.RUNNING.value:
+        return TrialState.RUNNING, ""
+    return TrialState.PENDING, ""
+
+
+def _log_tail(a: Attempt, lines: int = 5) -> str:
+    if not a.log_path:
+        return ""
+    out = []
+    for path in (Path(a.log_path).with_name(Path(a.log_path).name.replace(".out", ".err")),):
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        out += [ln for ln in text.splitlines() if ln.strip()][-lines:]
+    return "\n".join(out)
+
+
+def _reconcile_experiment(
+    store: Store,
+    pool: SchedulerPool,
+    exp_id: int,
+    statuses: dict[str, JobStatus],
+    report: TickReport,
+) -> None:
+    now = utcnow()
+    with store.write() as s:
+        exp = s.get(Experiment, exp_id)
+        if exp is None or exp.state != ExperimentState.ACTIVE.value:
+            return
+        cfg = config_of(exp)
+        searcher = searcher_of(cfg, exp.searcher_state)
+        for t in exp.trials:
+            if TrialState(t.state).is_terminal:
+                continue
+            for a in t.attempts:
+                if a.state in _LIVE_ATTEMPT_STATES or a.exit_code is not None:
+                    _apply_status(a, statuses.get(a.job_id), now)
+            current = t.attempts[-1] if t.attempts else None
+            state, error = _trial_state(t, current, now)
+            if state.value == t.state:
+                continue
+            t.state = state.value
+            if state.is_terminal:
+                t.ended_at = now
+                t.error = (
+                    "\n".join(x for x in (error, _log_tail(current)) if x) if current else error
+                )
+                if t.latest_metric is not None:
+                    searcher.tell(t.request_id, t.steps_completed, t.latest_metric)
+                searcher.tell_exited(t.request_id)
+            log_event(s, f"trial.{state.value.lower()}", error or state.value, exp_id, t.id)
+
+        live = [t for t in exp.trials if not TrialState(t.state).is_terminal]
+        capacity = cfg.searcher.max_concurrent_trials or 1_000_000
+        new_trials = []
+        for op in searcher.ask(max(0, capacity - len(live))):
+            if isinstance(op, Create):
+                new_trials.append(
+                    Trial(
+                        experiment_id=exp_id,
+                        request_id=op.request_id,
+                        state=TrialState.PENDING.value,
+                        hparams_json=json.dumps(op.hparams, sort_keys=True),
+                        max_length=op.length,
+                        seed=trial_seed(cfg.reproducibility.seed, op.request_id),
+                        run_dir="",
+                        created_at=now,
+                    )
+                )
+            else:
+                log_event(s, "searcher.unsupported", f"{op!r} is not supported yet", exp_id)
+        s.add_all(new_trials)
+        s.flush()
+        for t in new_trials:
+            t.run_dir = str(trial_dir(store.runs_root, exp_id, t.id))
+        exp.searcher_state = json.dumps(searcher.state_dict())
+
+        failed_subs = s.scalars(
+            select(Submission.id).where(
+                Submission.experiment_id == exp_id, Submission.state == "FAILED"
+            )
+        ).all()
+        all_exited = all(TrialState(t.state).is_terminal for t in exp.trials)
+        if len(failed_subs) >= _MAX_FAILED_SUBMISSIONS:
+            _finish(s, exp, ExperimentState.FAILED, "submission failed repeatedly", now)
+            report.finished.append(exp_id)
+        elif all_exited and searcher.done:
+            ok = any(t.state == TrialState.COMPLETED.value for t in exp.trials)
+            _finish(s, exp, ExperimentState.COMPLETED if ok else ExperimentState.FAILED, "", now)
+            report.finished.append(exp_id)
+
+
+def _finish(s: Session, exp: Experiment, state: ExperimentState, why: str, now: datetime) -> None:
+    exp.state = state.value
+    exp.ended_at = now
+    log_event(s, f"experiment.{state.value.lower()}", why or state.value, exp.id)

@@ -1,0 +1,204 @@
+"""The file protocol between jobs and the reconciler.
+
+Compute nodes never open the database (principle 2). A job writes only
+*immutable* files, each published atomically (write a temp name, fsync,
+``os.replace``, fsync the folder); the reconciler ingests each file exactly
+once, keyed by (attempt, file name). This module is the single definition of
+the layout and the record format, imported by both sides; it depends on the
+standard library only so that it is cheap to import inside a job.
+
+Layout under an experiment's run folder::
+
+    exp-000007/
+      experiment.json            resolved config (written at launch)
+      entry.sh                   site modules + environment.setup + exec entrypoint
+      code/                      snapshot of the workdir at launch
+      trials/trial-000042/
+        trial.json               TrialSpec (hyperparameters never go through a shell)
+        attempts/<attempt_key>/
+          <stream>-<seq:08d>.jsonl   immutable event batches
+
+``attempt_key`` names one run of a trial by a scheduler: ``<job_id>.r<restart>``
+(``job_id`` is ``123_4`` for array task 4 of job 123). ``stream`` names one
+writer inside an attempt (``worker-r0``, ``user-r0``, ...), so concurrent
+writers never race on sequence numbers.
+
+Event records (one JSON object per line, ``type`` first):
+
+* ``{"type": "start", "time", "host", "pid", "job_id", "restart", "rank", "nodes"}``
+* ``{"type": "metric", "time", "step", "metrics": {name: float}}``
+* ``{"type": "exit", "time", "code", "reason"}``; reason is ``completed`` or ``error``
+* ``{"type": "log", "time", "level", "message"}``
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "EVENT_FILE_RE",
+    "EventBatch",
+    "EventWriter",
+    "TrialSpec",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "attempt_key",
+    "experiment_dir",
+    "iter_attempt_dirs",
+    "read_event_batches",
+    "trial_dir",
+]
+
+EVENT_FILE_RE = re.compile(r"^(?P<stream>[A-Za-z0-9_-]+)-(?P<seq>\d{8})\.jsonl$")
+_STREAM_RE = re.compile(r"^[A-Za-z0-9_]+(-[A-Za-z0-9_]+)*$")
+
+
+def experiment_dir(runs_root: Path, experiment_id: int) -> Path:
+    return runs_root / f"exp-{experiment_id:06d}"
+
+
+def trial_dir(runs_root: Path, experiment_id: int, trial_id: int) -> Path:
+    return experiment_dir(runs_root, experiment_id) / "trials" / f"trial-{trial_id:06d}"
+
+
+def attempt_key(job_id: str, restart: int) -> str:
+    """The folder name of one attempt: ``123_4.r0``."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", job_id):
+        raise ValueError(f"unsafe job id {job_id!r}")
+    return f"{job_id}.r{restart}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Publish ``data`` at ``path`` atomically: readers see all of it or nothing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """What a job needs to run one trial; stored as ``trial.json``."""
+
+    experiment_id: int
+    trial_id: int
+    hparams: dict[str, Any]
+    max_length: int
+    seed: int
+    experiment_dir: str
+    code_dir: str
+    entry_script: str
+    checkpoint_dir: str
+    metric: str
+    smaller_is_better: bool
+    env: dict[str, str] = field(default_factory=dict)
+
+    def write(self, path: Path) -> None:
+        atomic_write_text(path, json.dumps(asdict(self), indent=2, sort_keys=True))
+
+    @classmethod
+    def read(cls, path: Path) -> TrialSpec:
+        return cls(**json.loads(path.read_text(encoding="utf-8")))
+
+
+class EventWriter:
+    """Buffers event records and publishes them as immutable numbered files.
+
+    Not thread-safe; one writer per (attempt folder, stream). ``flush`` is
+    cheap when nothing is buffered. A writer resumes numbering after the
+    highest existing file of its stream, so a restarted process never
+    overwrites a published file.
+    """
+
+    def __init__(self, attempt_dir: Path, stream: str) -> None:
+        if not _STREAM_RE.fullmatch(stream):
+            raise ValueError(f"bad stream name {stream!r}")
+        self.attempt_dir = attempt_dir
+        self.stream = stream
+        attempt_dir.mkdir(parents=True, exist_ok=True)
+        existing = [
+            int(m["seq"])
+            for p in attempt_dir.iterdir()
+            if (m := EVENT_FILE_RE.match(p.name)) and m["stream"] == stream
+        ]
+        self._seq = max(existing, default=-1) + 1
+        self._buffer: list[dict[str, Any]] = []
+
+    def add(self, record_type: str, **fields: Any) -> None:
+        self._buffer.append({"type": record_type, "time": time.time(), **fields})
+
+    def pending(self) -> int:
+        return len(self._buffer)
+
+    def flush(self) -> Path | None:
+        """Publish buffered records as one new file; returns its path (None if empty)."""
+        if not self._buffer:
+            return None
+        body = "".join(json.dumps(r, sort_keys=True, allow_nan=True) + "\n" for r in self._buffer)
+        path = self.attempt_dir / f"{self.stream}-{self._seq:08d}.jsonl"
+        atomic_write_text(path, body)
+        self._seq += 1
+        self._buffer.clear()
+        return path
+
+
+@dataclass(frozen=True)
+class EventBatch:
+    """One published event file."""
+
+    name: str
+    records: list[dict[str, Any]]
+
+
+def iter_attempt_dirs(trial_path: Path) -> Iterator[Path]:
+    attempts = trial_path / "attempts"
+    if not attempts.is_dir():
+        return
+    yield from sorted(p for p in attempts.iterdir() if p.is_dir())
+
+
+def read_event_batches(attempt_path: Path, skip: Iterable[str] = ()) -> list[EventBatch]:
+    """Read the published event files of an attempt, except those named in ``skip``.
+
+    Temp files (dot-prefixed) are never read. A file that does not parse is a
+    bug in the writer, not a torn write (publication is atomic), so it raises.
+    """
+    done = set(skip)
+    batches = []
+    for p in sorted(attempt_path.iterdir()):
+        if p.name in done or not EVENT_FILE_RE.match(p.name):
+            continue
+        text = p.read_text(encoding="utf-8")
+        records = [json.loads(line) for line in text.splitlines() if line.strip()]
+        batches.append(EventBatch(p.name, records))
+    return batches

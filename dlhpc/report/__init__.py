@@ -1,0 +1,1 @@
+"""Reports: the status model now; HTML reports later."""

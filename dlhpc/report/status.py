@@ -1,0 +1,61 @@
+"""The status model: what ``dlhpc status`` shows, as plain data (also its --json)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from dlhpc.errors import NotFoundError
+from dlhpc.store import Experiment, Trial
+
+__all__ = ["status_data"]
+
+
+def _trial(t: Trial) -> dict[str, Any]:
+    return {
+        "id": t.id,
+        "state": t.state,
+        "hparams": json.loads(t.hparams_json),
+        "steps_completed": t.steps_completed,
+        "max_length": t.max_length,
+        "best_metric": t.best_metric,
+        "latest_metric": t.latest_metric,
+        "restarts": t.restarts,
+        "slurm_job_ids": [a.job_id for a in t.attempts],
+        "error": t.error,
+    }
+
+
+def status_data(session: Session, experiment_id: int | None = None) -> dict[str, Any]:
+    """``{"experiments": [...]}``, newest first; one experiment when an id is given."""
+    query = (
+        select(Experiment)
+        .options(selectinload(Experiment.trials).selectinload(Trial.attempts))
+        .order_by(Experiment.id.desc())
+    )
+    if experiment_id is not None:
+        query = query.where(Experiment.id == experiment_id)
+    exps = session.scalars(query).all()
+    if experiment_id is not None and not exps:
+        raise NotFoundError(f"no experiment {experiment_id}")
+    return {
+        "experiments": [
+            {
+                "id": e.id,
+                "name": e.name,
+                "state": e.state,
+                "searcher": e.searcher,
+                "metric": e.metric,
+                "smaller_is_better": e.smaller_is_better,
+                "backend": e.backend,
+                "created_at": e.created_at.isoformat() + "Z",
+                "ended_at": e.ended_at.isoformat() + "Z" if e.ended_at else None,
+                "run_dir": e.run_dir,
+                "trials": [_trial(t) for t in e.trials],
+            }
+            for e in exps
+        ]
+    }

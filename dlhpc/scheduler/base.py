@@ -1,0 +1,125 @@
+"""The scheduler backend contract.
+
+A backend turns a batch of prepared trials into jobs (Slurm job arrays, or
+local processes) and reports their state. Backends are siblings
+(``scheduler/slurm``, ``scheduler/local``) behind :class:`BaseScheduler`.
+
+Contract every backend honours:
+
+* :meth:`BaseScheduler.render` has no side effects and returns the exact
+  submission text(s) :meth:`BaseScheduler.submit` would use (``--dry-run``).
+* :meth:`BaseScheduler.submit` returns one :class:`SubmittedTask` per trial, in
+  request order, or raises :class:`~dlhpc.errors.SchedulerError` having submitted
+  nothing for the chunk that failed (chunks before it stay submitted and are
+  returned through ``SchedulerError.submitted``).
+* :meth:`BaseScheduler.poll` costs a constant number of scheduler queries
+  whatever the number of jobs (Slurm: at most one ``squeue`` and one ``sacct``)
+  and never hangs (every external command has a timeout).
+* Job ids are strings; an array task is ``"<array_job_id>_<index>"``.
+* Hyperparameters never reach a shell: a task only receives its trial folder,
+  whose ``trial.json`` the job reads.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from dlhpc.config.model import PreemptionConfig, Resources, SiteConfig
+
+__all__ = [
+    "BaseScheduler",
+    "JobRequest",
+    "JobState",
+    "JobStatus",
+    "SubmittedTask",
+]
+
+
+class JobState(str, enum.Enum):
+    """Scheduler-neutral job states (Slurm's, folded)."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"  # also CONFIGURING, COMPLETING, SUSPENDED
+    REQUEUED = "REQUEUED"  # requeued / preempted and waiting to run again
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"  # FAILED, OUT_OF_MEMORY, BOOT_FAIL, DEADLINE
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+    PREEMPTED = "PREEMPTED"  # preempted and not requeued
+    NODE_FAIL = "NODE_FAIL"
+    UNKNOWN = "UNKNOWN"  # neither the queue nor accounting knows the job
+
+    @property
+    def is_terminal(self) -> bool:
+        return self not in {JobState.PENDING, JobState.RUNNING, JobState.REQUEUED, JobState.UNKNOWN}
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    job_id: str
+    state: JobState
+    raw_state: str = ""  # the scheduler's own word, e.g. "OUT_OF_MEMORY"
+    node_list: str = ""
+    start: datetime | None = None
+    end: datetime | None = None
+    exit_code: int | None = None
+    reason: str = ""  # squeue's pending reason, sacct's reason
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """One batch of trials of one experiment to submit together."""
+
+    experiment_id: int
+    name: str  # job name; unique per submission so a crashed launch can find its jobs
+    folder: Path  # the backend's own folder for scripts and logs (on the shared FS)
+    trial_dirs: Sequence[Path]  # one task each, in order
+    resources: Resources
+    preemption: PreemptionConfig
+    site: SiteConfig
+    max_concurrent: int = 0  # array throttle (%N); 0 = none
+    python: str = ""  # interpreter for the in-job worker; "" = sys.executable
+    env: dict[str, str] = field(default_factory=dict)  # exported to the job
+
+
+@dataclass(frozen=True)
+class SubmittedTask:
+    trial_dir: Path
+    job_id: str  # "123_4"
+    stdout: Path
+    stderr: Path | None
+
+
+class BaseScheduler(ABC):
+    """A place that runs trial jobs. See the module docstring for the contract."""
+
+    name: str = "base"
+
+    @abstractmethod
+    def render(self, request: JobRequest) -> list[str]:
+        """The submission script text of each chunk, exactly as submitted."""
+
+    @abstractmethod
+    def submit(self, request: JobRequest) -> list[SubmittedTask]:
+        """Submit the request; one task per trial dir, in order."""
+
+    @abstractmethod
+    def poll(self, job_ids: Collection[str]) -> dict[str, JobStatus]:
+        """State of the given jobs; ids the scheduler has forgotten map to UNKNOWN."""
+
+    @abstractmethod
+    def cancel(self, job_ids: Collection[str]) -> None:
+        """Cancel the given jobs (array tasks); unknown or finished ids are ignored."""
+
+    @abstractmethod
+    def log_paths(self, folder: Path, job_id: str) -> list[Path]:
+        """stdout/stderr files of a job, given the request's folder."""
+
+    def max_array_size(self) -> int:
+        """Largest array (number of tasks) one submission may hold."""
+        return 1_000_000

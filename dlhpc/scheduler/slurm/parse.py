@@ -1,0 +1,213 @@
+"""Pure parsers for Slurm's command output (no subprocesses here).
+
+* :func:`expand_job_id` turns ``123_4``, ``123`` and unsplit array ranges such
+  as ``123_[5-9%2]`` or ``123_[1,3,7-8]`` into task ids.
+* :func:`map_state` folds Slurm's state words into :class:`JobState`.
+* :func:`parse_squeue` / :func:`parse_sacct` read the exact formats that
+  :data:`SQUEUE_FORMAT` / :data:`SACCT_FORMAT` request.
+
+Times are Slurm's local wall-clock times (``SLURM_TIME_FORMAT=standard``) and
+become naive :class:`~datetime.datetime` objects; ``Unknown``/``None``/``N/A``
+become ``None``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from datetime import datetime
+
+from dlhpc.scheduler.base import JobState, JobStatus
+
+__all__ = [
+    "SACCT_FORMAT",
+    "SQUEUE_FORMAT",
+    "TASK_ID_RE",
+    "base_id",
+    "expand_job_id",
+    "map_state",
+    "parse_exit_code",
+    "parse_max_array_size",
+    "parse_sacct",
+    "parse_squeue",
+    "parse_time",
+]
+
+log = logging.getLogger(__name__)
+
+#: squeue ``--format``: job id, extended state, reason, node list, start, end.
+SQUEUE_FORMAT = "%i|%T|%r|%N|%S|%e"
+#: sacct ``--format`` (with ``--parsable2``, so ``|``-separated, no trailing ``|``).
+SACCT_FORMAT = "JobID,State,ExitCode,NodeList,Start,End,Reason"
+
+#: A job id dlhpc may ask about: ``123`` or the array task ``123_4``.
+TASK_ID_RE = re.compile(r"^(?P<base>\d+)(?:_(?P<index>\d+))?$")
+_RANGE_ID_RE = re.compile(r"^(?P<base>\d+)_\[(?P<spec>[0-9,\-]+)(?:%\d+)?\]$")
+
+_STATES: dict[str, JobState] = {
+    "PENDING": JobState.PENDING,
+    "RESV_DEL_HOLD": JobState.PENDING,
+    "RUNNING": JobState.RUNNING,
+    "CONFIGURING": JobState.RUNNING,
+    "COMPLETING": JobState.RUNNING,
+    "SUSPENDED": JobState.RUNNING,
+    "STOPPED": JobState.RUNNING,
+    "SIGNALING": JobState.RUNNING,
+    "STAGE_OUT": JobState.RUNNING,
+    "RESIZING": JobState.RUNNING,
+    "UPDATE_DB": JobState.RUNNING,
+    "POWER_UP_NODE": JobState.RUNNING,
+    "REQUEUED": JobState.REQUEUED,
+    "REQUEUE_FED": JobState.REQUEUED,
+    "REQUEUE_HOLD": JobState.REQUEUED,
+    "SPECIAL_EXIT": JobState.REQUEUED,
+    "COMPLETED": JobState.COMPLETED,
+    "FAILED": JobState.FAILED,
+    "OUT_OF_MEMORY": JobState.FAILED,
+    "BOOT_FAIL": JobState.FAILED,
+    "DEADLINE": JobState.FAILED,
+    "CANCELLED": JobState.CANCELLED,
+    "REVOKED": JobState.CANCELLED,
+    "TIMEOUT": JobState.TIMEOUT,
+    "PREEMPTED": JobState.PREEMPTED,
+    "NODE_FAIL": JobState.NODE_FAIL,
+}
+_NO_VALUE = {"", "Unknown", "None", "N/A", "(null)", "None assigned"}
+_warned_states: set[str] = set()
+
+
+def base_id(job_id: str) -> str:
+    """``123_4`` -> ``123``."""
+    return job_id.split("_", 1)[0]
+
+
+def expand_job_id(raw: str) -> list[str]:
+    """Task ids named by one squeue/sacct JobID field; ``[]`` for anything else.
+
+    ``123_4`` -> ``["123_4"]``; ``123`` -> ``["123"]``;
+    ``123_[5-7%2]`` -> ``["123_5", "123_6", "123_7"]``. Heterogeneous
+    components (``123+0``) and steps (``123.batch``) are not dlhpc's: ``[]``.
+    """
+    raw = raw.strip()
+    if TASK_ID_RE.match(raw):
+        return [raw]
+    m = _RANGE_ID_RE.match(raw)
+    if m is None:
+        return []
+    ids: list[str] = []
+    for part in m["spec"].split(","):
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        if not lo or (sep and not hi):
+            return []
+        ids.extend(f"{m['base']}_{i}" for i in range(int(lo), int(hi or lo) + 1))
+    return ids
+
+
+def map_state(raw: str) -> tuple[JobState, str, str]:
+    """(state, Slurm's state word, extra text) of a State field.
+
+    ``"CANCELLED by 1000"`` -> ``(CANCELLED, "CANCELLED", "by 1000")``. An
+    unknown word maps to UNKNOWN, with one warning per word and process.
+    """
+    word, _, extra = raw.strip().partition(" ")
+    word = word.rstrip("+")
+    state = _STATES.get(word)
+    if state is None:
+        if word not in _warned_states:
+            _warned_states.add(word)
+            log.warning("unknown Slurm job state %r: reported as UNKNOWN", word)
+        state = JobState.UNKNOWN
+    return state, word, extra.strip()
+
+
+def parse_exit_code(raw: str) -> int | None:
+    """sacct's ``code:signal`` -> the exit code, or 128+signal when killed by one."""
+    code, sep, sig = raw.strip().partition(":")
+    if not code.isdigit() or (sep and not sig.isdigit()):
+        return None
+    if sep and int(sig) and not int(code):
+        return 128 + int(sig)
+    return int(code)
+
+
+def parse_time(raw: str) -> datetime | None:
+    """``2024-05-01T12:00:00`` -> datetime; Slurm's placeholders -> None."""
+    raw = raw.strip()
+    if raw in _NO_VALUE:
+        return None
+    try:
+        return datetime.fromisoformat(raw)
+    except ValueError:
+        log.debug("unparsable Slurm time %r", raw)
+        return None
+
+
+def _value(raw: str) -> str:
+    raw = raw.strip()
+    return "" if raw in _NO_VALUE else raw
+
+
+def parse_squeue(text: str) -> dict[str, JobStatus]:
+    """Statuses by task id from ``squeue --noheader --array --format=SQUEUE_FORMAT``.
+
+    Start/end are kept only where they are facts (start once running, end once
+    terminal); squeue's expected times are dropped. squeue shows no exit code:
+    it is 0 for COMPLETED (Slurm's meaning of the word) and None otherwise.
+    """
+    out: dict[str, JobStatus] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = line.split("|")
+        if len(fields) != 6:
+            log.warning("unexpected squeue line %r: ignored", line)
+            continue
+        raw_id, raw_state, reason, nodes, start, end = fields
+        state, word, extra = map_state(raw_state)
+        running = state not in (JobState.PENDING, JobState.REQUEUED, JobState.UNKNOWN)
+        for jid in expand_job_id(raw_id):
+            out[jid] = JobStatus(
+                job_id=jid,
+                state=state,
+                raw_state=word,
+                node_list=_value(nodes),
+                start=parse_time(start) if running else None,
+                end=parse_time(end) if state.is_terminal else None,
+                exit_code=0 if state is JobState.COMPLETED else None,
+                reason=_value(reason) or (raw_state.strip() if extra else ""),
+            )
+    return out
+
+
+def parse_sacct(text: str) -> dict[str, JobStatus]:
+    """Statuses by task id from ``sacct -X --noheader --parsable2 --format=SACCT_FORMAT``."""
+    out: dict[str, JobStatus] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = line.split("|")
+        if len(fields) != 7:
+            log.warning("unexpected sacct line %r: ignored", line)
+            continue
+        raw_id, raw_state, exit_code, nodes, start, end, reason = fields
+        state, word, extra = map_state(raw_state)
+        for jid in expand_job_id(raw_id):
+            out[jid] = JobStatus(
+                job_id=jid,
+                state=state,
+                raw_state=word,
+                node_list=_value(nodes),
+                start=parse_time(start),
+                end=parse_time(end),
+                exit_code=parse_exit_code(exit_code) if state.is_terminal else None,
+                reason=_value(reason) or (raw_state.strip() if extra else ""),
+            )
+    return out
+
+
+def parse_max_array_size(text: str) -> int | None:
+    """MaxArraySize from ``scontrol show config``; None when absent."""
+    m = re.search(r"^\s*MaxArraySize\s*=\s*(\d+)\s*$", text, re.MULTILINE)
+    return int(m.group(1)) if m else None

@@ -1,0 +1,291 @@
+"""SlurmScheduler: job arrays through submitit; state through squeue and sacct.
+
+Kindness to slurmctld, as a contract:
+
+* ``submit``: one ``sbatch --array`` per chunk of at most
+  :meth:`SlurmScheduler.chunk_size` tasks (``MaxArraySize`` from one
+  ``scontrol show config`` per instance, lowered by ``site.max_array_size``).
+  Every chunk is an array, also of one task.
+* ``poll``: at most one ``squeue`` (all of the user's jobs, ``--array
+  --states=all``) and at most one ``sacct`` (only for ids squeue does not show
+  as live) per call, whatever the number of ids.
+* ``cancel``: one ``scancel`` with all ids.
+* every command has a timeout; ``calls`` counts them by name.
+
+For an id squeue shows as ended, sacct's record wins if it is final too (it has
+the exit code), else squeue's (accounting lags the controller by seconds).
+When ``sacct`` fails or times out (accounting off, slurmdbd down) the ids it
+was asked about come back from squeue's view if it still has them, else
+UNKNOWN; the instance then stops calling sacct and logs one warning.
+"""
+
+from __future__ import annotations
+
+import collections
+import getpass
+import importlib
+import logging
+import os
+import subprocess
+from collections.abc import Callable, Collection
+from pathlib import Path
+
+from submitit.core.utils import JobPaths
+
+from dlhpc.errors import SchedulerError
+from dlhpc.scheduler.base import BaseScheduler, JobRequest, JobState, JobStatus, SubmittedTask
+from dlhpc.scheduler.slurm.parse import (
+    SACCT_FORMAT,
+    SQUEUE_FORMAT,
+    TASK_ID_RE,
+    base_id,
+    parse_max_array_size,
+    parse_sacct,
+    parse_squeue,
+)
+from dlhpc.scheduler.slurm.sbatch import make_executor
+
+__all__ = ["SlurmScheduler", "DEFAULT_MAX_ARRAY_SIZE"]
+
+log = logging.getLogger(__name__)
+
+#: Slurm's default MaxArraySize, used (with a warning) when scontrol cannot tell.
+DEFAULT_MAX_ARRAY_SIZE = 1001
+_WORKER = "dlhpc.harness.worker:run_trial"
+_SCANCEL_BENIGN = (
+    "already completing or completed",
+    "Invalid job id specified",
+    "already finished",
+)
+
+
+def _one_line(text: str, limit: int = 500) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _failed(name: str, proc: subprocess.CompletedProcess[str], detail: str | None = None) -> str:
+    text = (proc.stderr or proc.stdout) if detail is None else detail
+    return f"{name} failed (exit {proc.returncode}): {_one_line(text)}"
+
+
+class SlurmScheduler(BaseScheduler):
+    """Slurm backend. ``fn`` is the in-job callable (default: the dlhpc worker's
+    ``run_trial``, imported at submit time); it gets the trial folder as a str."""
+
+    name = "slurm"
+
+    def __init__(
+        self,
+        *,
+        fn: Callable[[str], None] | None = None,
+        command_timeout_s: float = 30.0,
+        submit_timeout_s: float = 120.0,
+    ) -> None:
+        self.calls: collections.Counter[str] = collections.Counter()
+        self._fn = fn
+        self._timeout = command_timeout_s
+        self._submit_timeout = submit_timeout_s
+        self._cluster_max_array: int | None = None
+        self._accounting = True
+
+    # -- external commands -------------------------------------------------
+
+    def _run(self, args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm command (counted); SchedulerError when it cannot run or times out.
+
+        A non-zero exit is returned, not raised: callers judge it.
+        """
+        self.calls[args[0]] += 1
+        env = dict(os.environ, SLURM_TIME_FORMAT="standard")
+        try:
+            return subprocess.run(
+                args,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as err:
+            raise SchedulerError(f"{args[0]} timed out after {timeout:g} s") from err
+        except OSError as err:
+            raise SchedulerError(f"cannot run {args[0]}: {err}") from err
+
+    def _checked(self, args: list[str], timeout: float) -> str:
+        proc = self._run(args, timeout)
+        if proc.returncode != 0:
+            raise SchedulerError(_failed(args[0], proc))
+        return proc.stdout
+
+    def _sbatch(self, script: Path) -> str:
+        return self._checked(["sbatch", str(script)], self._submit_timeout)
+
+    # -- sizes ---------------------------------------------------------------
+
+    def max_array_size(self) -> int:
+        """The cluster's MaxArraySize (one ``scontrol show config`` per instance)."""
+        if self._cluster_max_array is None:
+            try:
+                size = parse_max_array_size(
+                    self._checked(["scontrol", "show", "config"], self._timeout)
+                )
+            except SchedulerError as err:
+                log.warning(
+                    "cannot read MaxArraySize (%s); assuming Slurm's default %d",
+                    err,
+                    DEFAULT_MAX_ARRAY_SIZE,
+                )
+                size = DEFAULT_MAX_ARRAY_SIZE
+            if size is None:
+                log.warning(
+                    "scontrol show config has no MaxArraySize; assuming %d", DEFAULT_MAX_ARRAY_SIZE
+                )
+                size = DEFAULT_MAX_ARRAY_SIZE
+            if size < 1:
+                raise SchedulerError(f"MaxArraySize is {size}: this cluster has no job arrays")
+            self._cluster_max_array = size
+        return self._cluster_max_array
+
+    def chunk_size(self, request: JobRequest) -> int:
+        """Tasks per sbatch: MaxArraySize, lowered by ``site.max_array_size``."""
+        size = self.max_array_size()
+        if request.site.max_array_size is not None:
+            size = min(size, request.site.max_array_size)
+        if size < 1:
+            raise SchedulerError(f"site max_array_size is {request.site.max_array_size}")
+        return size
+
+    def _chunks(self, request: JobRequest) -> list[list[Path]]:
+        dirs = list(request.trial_dirs)
+        size = self.chunk_size(request)
+        return [dirs[i : i + size] for i in range(0, len(dirs), size)]
+
+    # -- the contract --------------------------------------------------------
+
+    def render(self, request: JobRequest) -> list[str]:
+        """The sbatch script of each chunk, as submit writes it; no files, no sbatch."""
+        texts = []
+        for chunk in self._chunks(request):
+            executor = make_executor(request, len(chunk), self._sbatch)
+            command = executor._submitit_command_str
+            texts.append(executor._make_submission_file_text(command, "dry-run"))
+        return texts
+
+    def _callable(self) -> Callable[[str], None]:
+        if self._fn is not None:
+            return self._fn
+        module, _, attr = _WORKER.partition(":")
+        try:
+            fn: Callable[[str], None] = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as err:
+            raise SchedulerError(f"cannot import the in-job worker {_WORKER}: {err}") from err
+        return fn
+
+    def submit(self, request: JobRequest) -> list[SubmittedTask]:
+        """One array per chunk; on failure, SchedulerError.submitted has earlier chunks."""
+        fn = self._callable()
+        submitted: list[SubmittedTask] = []
+        for n, chunk in enumerate(self._chunks(request)):
+            try:
+                executor = make_executor(request, len(chunk), self._sbatch)
+                jobs = executor.map_array(fn, [str(d) for d in chunk])
+            except Exception as err:
+                raise SchedulerError(
+                    f"submitting chunk {n + 1} ({len(chunk)} tasks) of {request.name!r} failed: "
+                    f"{_one_line(str(err))}",
+                    submitted=submitted,
+                ) from err
+            for trial, job in zip(chunk, jobs, strict=True):
+                out, err_path = self.log_paths(request.folder, job.job_id)
+                submitted.append(SubmittedTask(trial, job.job_id, out, err_path))
+        return submitted
+
+    def poll(self, job_ids: Collection[str]) -> dict[str, JobStatus]:
+        """States of ``job_ids`` (``123_4`` or ``123``): one squeue, at most one sacct."""
+        ids = list(dict.fromkeys(job_ids))
+        for jid in ids:
+            if not TASK_ID_RE.match(jid):
+                raise ValueError(f"not a Slurm job id: {jid!r}")
+        if not ids:
+            return {}
+        queue = parse_squeue(
+            self._checked(
+                [
+                    "squeue",
+                    "--noheader",
+                    "--array",
+                    "--states=all",
+                    f"--user={getpass.getuser()}",
+                    f"--format={SQUEUE_FORMAT}",
+                ],
+                self._timeout,
+            )
+        )
+        result: dict[str, JobStatus] = {}
+        rest: list[str] = []
+        for jid in ids:
+            status = queue.get(jid)
+            if status is not None and not status.state.is_terminal:
+                result[jid] = status
+            else:
+                rest.append(jid)
+        accounted = self._sacct(rest) if rest else {}
+        for jid in rest:
+            acct, seen = accounted.get(jid), queue.get(jid)
+            if seen is not None and (acct is None or not acct.state.is_terminal):
+                result[jid] = seen  # the controller knows it ended; accounting lags
+            else:
+                result[jid] = acct or JobStatus(jid, JobState.UNKNOWN)
+        return result
+
+    def _sacct(self, ids: list[str]) -> dict[str, JobStatus]:
+        """One sacct for the arrays of ``ids``; {} (and no more sacct) once it fails."""
+        if not self._accounting:
+            return {}
+        jobs = ",".join(sorted({base_id(j) for j in ids}, key=int))
+        args = ["sacct", "-X", "--noheader", "--parsable2", f"--jobs={jobs}"]
+        args.append(f"--format={SACCT_FORMAT}")
+        try:
+            proc = self._run(args, self._timeout)
+            if proc.returncode != 0:
+                raise SchedulerError(_failed("sacct", proc))
+        except SchedulerError as err:
+            self._accounting = False
+            log.warning(
+                "Slurm accounting unavailable (%s): finished jobs are reported from squeue or as "
+                "UNKNOWN, and sacct is not called again by this scheduler",
+                err,
+            )
+            return {}
+        return parse_sacct(proc.stdout)
+
+    @property
+    def accounting_available(self) -> bool:
+        """False once sacct failed; this instance then no longer calls it."""
+        return self._accounting
+
+    def cancel(self, job_ids: Collection[str]) -> None:
+        """One scancel for all ids; ids Slurm no longer knows or that ended are ignored."""
+        ids = list(dict.fromkeys(job_ids))
+        for jid in ids:
+            if not TASK_ID_RE.match(jid):
+                raise ValueError(f"not a Slurm job id: {jid!r}")
+        if not ids:
+            return
+        proc = self._run(["scancel", *ids], self._timeout)
+        if proc.returncode == 0:
+            return
+        errors = [
+            line
+            for line in (proc.stderr or proc.stdout).splitlines()
+            if line.strip() and not any(b in line for b in _SCANCEL_BENIGN)
+        ]
+        if errors:
+            raise SchedulerError(_failed("scancel", proc, " ".join(errors)))
+
+    def log_paths(self, folder: Path, job_id: str) -> list[Path]:
+        """submitit's ``<id>_0_log.out`` and ``<id>_0_log.err`` in ``folder``."""
+        paths = JobPaths(folder, job_id=job_id, task_id=0)
+        return [paths.stdout, paths.stderr]

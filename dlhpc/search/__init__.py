@@ -1,0 +1,28 @@
+"""Hyperparameter searchers: pure ask/tell objects (see :mod:`dlhpc.search.base`).
+
+One algorithm per private module; this is the public surface. Build one with
+:func:`make_searcher` from the experiment's space and searcher config.
+"""
+
+from dlhpc.search._grid import MAX_GRID_SIZE, GridSearcher
+from dlhpc.search._random import RandomSearcher
+from dlhpc.search._registry import make_searcher
+from dlhpc.search._single import SingleSearcher
+from dlhpc.search._space import default_value, grid_points, sample
+from dlhpc.search.base import BaseSearcher, Continue, Create, Operation, Stop
+
+__all__ = [
+    "MAX_GRID_SIZE",
+    "BaseSearcher",
+    "Continue",
+    "Create",
+    "GridSearcher",
+    "Operation",
+    "RandomSearcher",
+    "SingleSearcher",
+    "Stop",
+    "default_value",
+    "grid_points",
+    "make_searcher",
+    "sample",
+]

@@ -1,0 +1,29 @@
+"""State store: SQLite through SQLAlchemy, written by one reconciler at a time."""
+
+from dlhpc.store.lease import LeaseLostError
+from dlhpc.store.models import (
+    Attempt,
+    Checkpoint,
+    Event,
+    Experiment,
+    IngestedFile,
+    Metric,
+    Submission,
+    Trial,
+)
+from dlhpc.store.store import Store, default_home, utcnow
+
+__all__ = [
+    "Attempt",
+    "Checkpoint",
+    "Event",
+    "Experiment",
+    "IngestedFile",
+    "LeaseLostError",
+    "Metric",
+    "Store",
+    "Submission",
+    "Trial",
+    "default_home",
+    "utcnow",
+]

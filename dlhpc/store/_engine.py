@@ -1,0 +1,94 @@
+"""Opening the SQLite database: pragmas, transactions, schema version.
+
+Writers start every transaction with ``BEGIN IMMEDIATE`` so that two writers
+serialise at the start of a transaction instead of failing half-way with
+"database is locked" on the upgrade from a read lock. Readers use deferred
+transactions and wait (``busy_timeout``) while a writer commits.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, select
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from dlhpc.errors import SchemaVersionError, StoreError
+from dlhpc.store.models import Base, Meta
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_MS = 30_000
+
+
+def make_engine(path: Path, *, writer: bool, journal_mode: str = "delete") -> Engine:
+    """An engine for the DB at ``path``; ``writer`` selects BEGIN IMMEDIATE."""
+    engine = create_engine(
+        f"sqlite:///{path}",
+        connect_args={"timeout": BUSY_TIMEOUT_MS / 1000, "check_same_thread": False},
+    )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: sqlite3.Connection, _rec: Any) -> None:
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
+        cur = dbapi_conn.cursor()
+        cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        cur.execute("PRAGMA foreign_keys=ON")
+        if writer:
+            cur.execute(f"PRAGMA journal_mode={'WAL' if journal_mode == 'wal' else 'DELETE'}")
+            cur.execute("PRAGMA synchronous=FULL")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if writer else "BEGIN")
+
+    return engine
+
+
+def init_schema(engine: Engine) -> None:
+    """Create the tables and record the schema version on a new DB; check it on an old one."""
+    try:
+        with Session(engine) as session, session.begin():
+            version = _read_version(session)
+            if version is None:
+                Base.metadata.create_all(session.connection())
+                session.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
+                return
+    except SQLAlchemyError as err:
+        raise StoreError(f"cannot open the state database: {err.orig or err}") from err
+    check_version(version)
+
+
+def check_version(version: int | None) -> None:
+    if version is None:
+        raise StoreError("the state database has no schema version (not a dlhpc database?)")
+    if version > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"the state database has schema v{version}, newer than this dlhpc (v{SCHEMA_VERSION});"
+            " upgrade dlhpc"
+        )
+    if version < SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"the state database has schema v{version}, this dlhpc needs v{SCHEMA_VERSION};"
+            " back it up, then run `dlhpc db migrate`"
+        )
+
+
+def _read_version(session: Session) -> int | None:
+    has_meta = (
+        session.connection()
+        .exec_driver_sql("SELECT name FROM sqlite_master WHERE type='table' AND name='meta'")
+        .first()
+    )
+    if has_meta is None:
+        return None
+    value = session.scalar(select(Meta.value).where(Meta.key == "schema_version"))
+    return int(value) if value is not None else None
+
+
+def read_version(engine: Engine) -> int | None:
+    with Session(engine) as session:
+        return _read_version(session)

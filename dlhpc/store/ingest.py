@@ -1,0 +1,153 @@
+"""Ingest an attempt's published event files into the DB, exactly once.
+
+The caller supplies the write transaction; everything an event file implies
+(metrics, attempt facts, the ``ingested_files`` row that marks it done) lands
+in that one transaction, so a reconciler killed at any line either applied a
+file completely or not at all, and a second pass skips what the first applied.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from dlhpc._failpoints import failpoint
+from dlhpc.protocol import read_event_batches
+from dlhpc.store.models import Attempt, Event, IngestedFile, Metric, Trial
+
+__all__ = ["IngestResult", "ingest_attempt", "refresh_trial_metrics"]
+
+_KEY_RE = re.compile(r"^(?P<job>.+)\.r(?P<restart>\d+)$")
+
+
+@dataclass
+class IngestResult:
+    files: int = 0
+    metrics: int = 0
+    exited: bool = False
+
+
+def _ts(value: Any) -> datetime | None:
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return datetime.fromtimestamp(value, tz=timezone.utc).replace(tzinfo=None)
+
+
+def get_or_create_attempt(session: Session, trial: Trial, key: str, now: datetime) -> Attempt:
+    attempt = session.scalar(
+        select(Attempt).where(Attempt.trial_id == trial.id, Attempt.attempt_key == key)
+    )
+    if attempt is not None:
+        return attempt
+    m = _KEY_RE.match(key)
+    job_id, restart = (m["job"], int(m["restart"])) if m else (key, 0)
+    array_index = int(job_id.rsplit("_", 1)[1]) if re.search(r"_\d+$", job_id) else None
+    attempt = Attempt(
+        trial_id=trial.id,
+        attempt_key=key,
+        job_id=job_id,
+        array_index=array_index,
+        restart_count=restart,
+        state="RUNNING",
+        created_at=now,
+    )
+    session.add(attempt)
+    session.flush()
+    return attempt
+
+
+def ingest_attempt(
+    session: Session, trial: Trial, attempt_path: Path, now: datetime
+) -> IngestResult:
+    """Apply the not-yet-ingested event files of one attempt folder."""
+    result = IngestResult()
+    attempt = get_or_create_attempt(session, trial, attempt_path.name, now)
+    done = session.scalars(
+        select(IngestedFile.name).where(IngestedFile.attempt_id == attempt.id)
+    ).all()
+    for batch in read_event_batches(attempt_path, skip=done):
+        rows = []
+        for rec in batch.records:
+            kind = rec.get("type")
+            if kind == "metric":
+                step = int(rec["step"])
+                for name, value in rec.get("metrics", {}).items():
+                    v = float(value) if value is not None else None
+                    rows.append(
+                        {
+                            "trial_id": trial.id,
+                            "attempt_id": attempt.id,
+                            "step": step,
+                            "name": str(name),
+                            "value": v if v is not None and math.isfinite(v) else None,
+                            "time": float(rec.get("time", 0.0)),
+                        }
+                    )
+            elif kind == "start":
+                attempt.started_at = attempt.started_at or _ts(rec.get("time"))
+                attempt.host = str(rec.get("host", ""))
+                attempt.node_list = str(rec.get("nodes", "")) or attempt.node_list
+            elif kind == "exit":
+                attempt.exit_code = int(rec.get("code", 1))
+                attempt.exit_reason = str(rec.get("reason", ""))
+                attempt.ended_at = _ts(rec.get("time"))
+                result.exited = True
+            elif kind == "log":
+                session.add(
+                    Event(
+                        experiment_id=trial.experiment_id,
+                        trial_id=trial.id,
+                        time=_ts(rec.get("time")) or now,
+                        kind=f"log.{rec.get('level', 'info')}",
+                        message=str(rec.get("message", ""))[:4000],
+                    )
+                )
+        if rows:
+            stmt = sqlite_insert(Metric).values(rows)
+            stmt = stmt.on_conflict_do_update(
+                index_elements=["trial_id", "step", "name"],
+                set_={
+                    "value": stmt.excluded.value,
+                    "attempt_id": stmt.excluded.attempt_id,
+                    "time": stmt.excluded.time,
+                },
+            )
+            session.execute(stmt)
+            result.metrics += len(rows)
+        failpoint("ingest.before_mark")
+        session.add(
+            IngestedFile(
+                attempt_id=attempt.id, name=batch.name, records=len(batch.records), ingested_at=now
+            )
+        )
+        result.files += 1
+    if result.metrics:
+        session.flush()
+    return result
+
+
+def refresh_trial_metrics(
+    session: Session, trial: Trial, metric: str, smaller_is_better: bool
+) -> None:
+    """Recompute steps_completed, best and latest of the searcher metric from the rows."""
+    trial.steps_completed = int(
+        session.scalar(select(func.max(Metric.step)).where(Metric.trial_id == trial.id)) or 0
+    )
+    agg = func.min if smaller_is_better else func.max
+    trial.best_metric = session.scalar(
+        select(agg(Metric.value)).where(Metric.trial_id == trial.id, Metric.name == metric)
+    )
+    trial.latest_metric = session.scalar(
+        select(Metric.value)
+        .where(Metric.trial_id == trial.id, Metric.name == metric)
+        .order_by(Metric.step.desc())
+        .limit(1)
+    )

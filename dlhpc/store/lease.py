@@ -1,0 +1,86 @@
+"""The reconciler lease: at most one writer at a time, across processes and hosts.
+
+A lease is a row (name, owner, expires_at). Acquiring it is one
+``BEGIN IMMEDIATE`` transaction that takes the row when it is free, expired or
+already ours. The holder renews it at every write transaction
+(:meth:`dlhpc.store.Store.write`) and checks it is still the owner there
+(fencing): a reconciler that stalled past its expiry and lost the lease to
+another gets :class:`LeaseLostError` instead of writing.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from dlhpc.errors import DlhpcError, LeaseHeldError
+from dlhpc.store.models import Lease
+
+__all__ = ["LeaseLostError", "make_owner_token", "take", "verify_and_renew", "give_back"]
+
+RECONCILER = "reconciler"
+
+
+class LeaseLostError(DlhpcError):
+    """This process's lease expired and another process took it."""
+
+
+def make_owner_token() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def take(session: Session, name: str, owner: str, ttl_s: float, now: datetime) -> None:
+    """Take the lease in the caller's (IMMEDIATE) transaction or raise LeaseHeldError."""
+    row = session.get(Lease, name)
+    expires = now + timedelta(seconds=ttl_s)
+    if row is None:
+        session.add(Lease(name=name, owner=owner, acquired_at=now, expires_at=expires))
+        return
+    if row.owner != owner and row.expires_at > now and not _owner_is_dead(row.owner):
+        raise LeaseHeldError(
+            f"another reconciler ({row.owner}) holds the lease until {row.expires_at:%H:%M:%S} UTC"
+        )
+    if row.owner != owner:
+        row.acquired_at = now
+    row.owner = owner
+    row.expires_at = expires
+
+
+def _owner_is_dead(owner: str) -> bool:
+    """True when ``owner`` was a process on this host that no longer exists.
+
+    Lets the next cron tick on the same login node take over at once from a
+    reconciler that was killed, instead of waiting for the lease to expire.
+    Owners on other hosts cannot be checked and are waited out.
+    """
+    host, _, rest = owner.partition(":")
+    pid_text = rest.split(":", 1)[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def verify_and_renew(session: Session, name: str, owner: str, ttl_s: float, now: datetime) -> None:
+    owner_now = session.scalar(select(Lease.owner).where(Lease.name == name))
+    if owner_now != owner:
+        raise LeaseLostError(f"lease {name!r} lost to {owner_now or 'nobody'}; stopping")
+    row = session.get(Lease, name)
+    assert row is not None  # selected just above, inside the same transaction
+    row.expires_at = now + timedelta(seconds=ttl_s)
+
+
+def give_back(session: Session, name: str, owner: str) -> None:
+    row = session.get(Lease, name)
+    if row is not None and row.owner == owner:
+        session.delete(row)

@@ -1,0 +1,197 @@
+"""The state database schema (SQLAlchemy 2.x declarative models).
+
+Only the reconciler writes these tables (principle 2). Unique constraints carry
+the exactly-once guarantees: an attempt's event file is recorded in
+``ingested_files`` in the same transaction that applies its records, and a
+metric is keyed by (trial, step, name).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+__all__ = [
+    "Attempt",
+    "Base",
+    "Checkpoint",
+    "Event",
+    "Experiment",
+    "IngestedFile",
+    "Lease",
+    "Meta",
+    "Metric",
+    "Submission",
+    "Trial",
+]
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Meta(Base):
+    __tablename__ = "meta"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+
+
+class Lease(Base):
+    """The reconciler lease: one row per lease name, owned until ``expires_at``."""
+
+    __tablename__ = "leases"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(255))
+    acquired_at: Mapped[datetime] = mapped_column(DateTime)
+    expires_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class Experiment(Base):
+    __tablename__ = "experiments"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    description: Mapped[str] = mapped_column(Text, default="")
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    backend: Mapped[str] = mapped_column(String(16))
+    site: Mapped[str] = mapped_column(String(255))
+    searcher: Mapped[str] = mapped_column(String(32))
+    metric: Mapped[str] = mapped_column(String(255))
+    smaller_is_better: Mapped[bool] = mapped_column(Boolean)
+    source_path: Mapped[str] = mapped_column(Text)
+    yaml_text: Mapped[str] = mapped_column(Text)
+    config_json: Mapped[str] = mapped_column(Text)  # resolved config
+    run_dir: Mapped[str] = mapped_column(Text)
+    searcher_state: Mapped[str] = mapped_column(Text, default="{}")
+    user: Mapped[str] = mapped_column(String(64), default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+
+    trials: Mapped[list[Trial]] = relationship(back_populates="experiment", order_by="Trial.id")
+
+
+class Trial(Base):
+    __tablename__ = "trials"
+    __table_args__ = (UniqueConstraint("experiment_id", "request_id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id"), index=True)
+    request_id: Mapped[int] = mapped_column(Integer)  # the searcher's id for this trial
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    hparams_json: Mapped[str] = mapped_column(Text)
+    max_length: Mapped[int] = mapped_column(Integer)
+    seed: Mapped[int] = mapped_column(Integer)
+    run_dir: Mapped[str] = mapped_column(Text)
+    steps_completed: Mapped[int] = mapped_column(Integer, default=0)
+    best_metric: Mapped[float | None] = mapped_column(Float, nullable=True)
+    latest_metric: Mapped[float | None] = mapped_column(Float, nullable=True)
+    restarts: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+
+    experiment: Mapped[Experiment] = relationship(back_populates="trials")
+    attempts: Mapped[list[Attempt]] = relationship(back_populates="trial", order_by="Attempt.id")
+
+
+class Submission(Base):
+    """One batch handed to a scheduler; ``name`` is the job name, used to find
+    jobs whose ids a crashed launch never recorded."""
+
+    __tablename__ = "submissions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id"), index=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    state: Mapped[str] = mapped_column(String(16))  # SUBMITTING, SUBMITTED, FAILED
+    trial_ids_json: Mapped[str] = mapped_column(Text)  # task order
+    folder: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    error: Mapped[str] = mapped_column(Text, default="")
+
+
+class Attempt(Base):
+    """One run of a trial by the scheduler (a Slurm job array task run)."""
+
+    __tablename__ = "attempts"
+    __table_args__ = (UniqueConstraint("trial_id", "attempt_key"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id"), index=True)
+    submission_id: Mapped[int | None] = mapped_column(ForeignKey("submissions.id"), nullable=True)
+    attempt_key: Mapped[str] = mapped_column(String(128))
+    job_id: Mapped[str] = mapped_column(String(64), index=True)
+    array_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    restart_count: Mapped[int] = mapped_column(Integer, default=0)
+    state: Mapped[str] = mapped_column(String(16))  # scheduler JobState value
+    raw_state: Mapped[str] = mapped_column(String(32), default="")
+    node_list: Mapped[str] = mapped_column(Text, default="")
+    host: Mapped[str] = mapped_column(String(255), default="")
+    log_path: Mapped[str] = mapped_column(Text, default="")
+    started_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    exit_reason: Mapped[str] = mapped_column(String(64), default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    # first tick that saw the job terminal without its exit record (grace for FS lag)
+    terminal_seen_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+
+    trial: Mapped[Trial] = relationship(back_populates="attempts")
+
+
+class IngestedFile(Base):
+    __tablename__ = "ingested_files"
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    records: Mapped[int] = mapped_column(Integer)
+    ingested_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class Metric(Base):
+    __tablename__ = "metrics"
+    __table_args__ = (
+        UniqueConstraint("trial_id", "step", "name"),
+        Index("ix_metrics_trial_name", "trial_id", "name"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id"))
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id"))
+    step: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(255))
+    value: Mapped[float | None] = mapped_column(Float, nullable=True)  # NaN stored as NULL
+    time: Mapped[float] = mapped_column(Float)
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("trial_id", "path"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id"), index=True)
+    attempt_id: Mapped[int | None] = mapped_column(ForeignKey("attempts.id"), nullable=True)
+    step: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(Text)
+    size_bytes: Mapped[int] = mapped_column(Integer, default=0)
+    state: Mapped[str] = mapped_column(String(16), default="ACTIVE")
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class Event(Base):
+    """Human-readable history: submissions, state changes, errors."""
+
+    __tablename__ = "events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    experiment_id: Mapped[int | None] = mapped_column(
+        ForeignKey("experiments.id"), nullable=True, index=True
+    )
+    trial_id: Mapped[int | None] = mapped_column(ForeignKey("trials.id"), nullable=True)
+    time: Mapped[datetime] = mapped_column(DateTime)
+    kind: Mapped[str] = mapped_column(String(32))
+    message: Mapped[str] = mapped_column(Text)

@@ -1,0 +1,127 @@
+"""The :class:`Store`: the state folder, its database, and write discipline."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from dlhpc.errors import DlhpcError, StoreError
+from dlhpc.store import lease as _lease
+from dlhpc.store._engine import init_schema, make_engine
+from dlhpc.store.models import Experiment
+
+__all__ = ["Store", "default_home", "utcnow"]
+
+DB_NAME = "dlhpc.db"
+
+
+def utcnow() -> datetime:
+    """Naive UTC now (SQLite stores naive datetimes)."""
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def default_home(site_state_dir: Path | None = None) -> Path:
+    """``$DLHPC_HOME``, else the site's ``state_dir``, else ``~/.dlhpc``."""
+    env = os.environ.get("DLHPC_HOME")
+    if env:
+        return Path(env).expanduser().resolve()
+    return (site_state_dir or Path("~/.dlhpc")).expanduser().resolve()
+
+
+class Store:
+    """The state folder ``home`` (DB + run folders) and its single-writer rules.
+
+    * :meth:`read` opens a read session; readers never block the writer for long
+      and wait while it commits.
+    * :meth:`write` opens a write transaction. A process that holds the
+      reconciler lease has it checked and renewed in every write transaction.
+    * :meth:`hold_lease` takes the reconciler lease for a block; a second
+      reconciler gets :class:`~dlhpc.errors.LeaseHeldError`.
+    SQLAlchemy errors leave this class as :class:`~dlhpc.errors.StoreError`.
+    """
+
+    def __init__(
+        self, home: Path, journal_mode: str = "delete", lease_ttl_s: float = 300.0
+    ) -> None:
+        self.home = home
+        self.db_path = home / DB_NAME
+        self.runs_root = home / "runs"
+        self.lease_ttl_s = lease_ttl_s
+        self._owner: str | None = None
+        try:
+            home.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise StoreError(f"cannot create the state folder {home}: {err.strerror}") from err
+        self._writer = make_engine(self.db_path, writer=True, journal_mode=journal_mode)
+        self._reader = make_engine(self.db_path, writer=False)
+        init_schema(self._writer)
+
+    def close(self) -> None:
+        self._writer.dispose()
+        self._reader.dispose()
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        with self._wrap_errors(), Session(self._reader, expire_on_commit=False) as session:
+            yield session
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        """One write transaction; commits on success, rolls back on any exception."""
+        with (
+            self._wrap_errors(),
+            Session(self._writer, expire_on_commit=False) as session,
+            session.begin(),
+        ):
+            if self._owner is not None:
+                _lease.verify_and_renew(
+                    session, _lease.RECONCILER, self._owner, self.lease_ttl_s, utcnow()
+                )
+            yield session
+
+    @property
+    def holds_lease(self) -> bool:
+        return self._owner is not None
+
+    @contextmanager
+    def hold_lease(self) -> Iterator[None]:
+        """Hold the reconciler lease for the block (re-entrant)."""
+        if self._owner is not None:
+            yield
+            return
+        owner = _lease.make_owner_token()
+        with self.write() as session:
+            _lease.take(session, _lease.RECONCILER, owner, self.lease_ttl_s, utcnow())
+        self._owner = owner
+        try:
+            yield
+        finally:
+            self._owner = None
+            try:
+                with self.write() as session:
+                    _lease.give_back(session, _lease.RECONCILER, owner)
+            except StoreError:
+                pass  # it expires on its own; nothing is lost
+
+    def next_experiment_id(self) -> int:
+        """The id the next experiment will most likely get (for --dry-run paths)."""
+        with self.read() as session:
+            return int(session.scalar(select(func.max(Experiment.id))) or 0) + 1
+
+    @contextmanager
+    def _wrap_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except DlhpcError:
+            raise
+        except OperationalError as err:
+            raise StoreError(f"state database {self.db_path}: {err.orig}") from err
+        except SQLAlchemyError as err:
+            raise StoreError(f"state database {self.db_path}: {err}") from err

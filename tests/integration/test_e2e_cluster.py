@@ -1,0 +1,132 @@
+"""End to end on the real dev Slurm cluster: launch, tick, status, bad input, crashes."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import REPO, Cli, squeue_ids
+
+pytestmark = pytest.mark.cluster
+
+GRID = REPO / "templates" / "examples" / "digits" / "grid.yaml"
+TERMINAL = {"COMPLETED", "FAILED", "KILLED"}
+
+
+def _done(exp: dict[str, object]) -> bool:
+    return exp["state"] in TERMINAL
+
+
+def test_grid_example_runs_as_one_job_array_to_completion(cli: Cli) -> None:
+    launched = cli.json("launch", str(GRID))
+    exp_id, jobs = launched["experiment_id"], launched["slurm_job_ids"]
+    assert len(jobs) == 4 and len({j.split("_")[0] for j in jobs}) == 1  # one sbatch --array
+    exp = cli.tick_until(exp_id, _done)
+    assert exp["state"] == "COMPLETED", exp
+    assert set(exp) >= {"id", "name", "state", "searcher", "metric", "smaller_is_better", "trials"}
+    assert exp["searcher"] == "grid" and exp["metric"] == "val_accuracy"
+    for t in exp["trials"]:
+        assert set(t) >= {"id", "state", "hparams", "steps_completed", "best_metric",
+                          "latest_metric", "restarts", "slurm_job_ids"}
+        assert t["state"] == "COMPLETED" and t["steps_completed"] == 5
+        assert 0.0 <= t["latest_metric"] <= 1.0 and t["best_metric"] >= t["latest_metric"] - 1e-12
+        assert set(t["hparams"]) == {"lr", "hidden", "dropout", "batch_size"}
+    assert {(t["hparams"]["lr"], t["hparams"]["hidden"]) for t in exp["trials"]} == {
+        (0.001, 32), (0.001, 64), (0.1, 32), (0.1, 64)
+    }
+    best = max(t["best_metric"] for t in exp["trials"])
+    assert best > 0.8  # lr=0.1 trains the digits MLP well in 5 epochs
+    # Slurm's own accounting agrees
+    out = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-j", jobs[0].split("_")[0], "--format=JobID,State"],
+        env=cli.env, capture_output=True, text=True, check=True,
+    ).stdout
+    assert out.count("COMPLETED") == 4, out
+    # the terminal view shows every trial and the metric
+    text = cli("status", str(exp_id)).stdout
+    assert text.count("COMPLETED") >= 4 and "val_accuracy" in text
+
+
+def test_dry_run_prints_sbatch_and_submits_nothing(cli: Cli) -> None:
+    before = squeue_ids(cli.env)
+    out = cli("launch", str(GRID), "--dry-run").stdout
+    assert "#SBATCH --array=0-3" in out and "#SBATCH --requeue" in out
+    assert "#SBATCH --signal=B:USR2@" in out and "#SBATCH --partition=debug" in out
+    assert "srun" in out and "submitit" in out
+    assert squeue_ids(cli.env) == before
+    assert not (cli.home / "dlhpc.db").exists()
+
+
+def test_bad_yaml_exits_2_with_file_line_and_submits_nothing(cli: Cli, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        GRID.read_text()
+        .replace("name: grid", "name: grid\n  divisor: 1")
+        .replace("  cpus_per_task: 1", "  cpus_per_task: 1\n  gpu_per_node: 1")
+    )
+    (tmp_path / "train.py").write_text("")
+    before = squeue_ids(cli.env)
+    proc = cli("launch", str(bad), check=False)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert any("bad.yaml:" in ln and "searcher.divisor" in ln for ln in lines), proc.stderr
+    assert any("resources.gpu_per_node" in ln and "gpus_per_node" in ln for ln in lines)
+    assert "Traceback" not in proc.stderr
+    time.sleep(1)
+    assert squeue_ids(cli.env) == before
+    assert not (cli.home / "dlhpc.db").exists()
+
+
+def _metric_rows(home: Path) -> list[tuple[int, int, str]]:
+    con = sqlite3.connect(home / "dlhpc.db")
+    try:
+        assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        return con.execute("SELECT trial_id, step, name FROM metrics ORDER BY 1, 2, 3").fetchall()
+    finally:
+        con.close()
+
+
+def test_reconciler_killed_mid_tick_loses_nothing_and_duplicates_nothing(cli: Cli) -> None:
+    launched = cli.json("launch", str(GRID))
+    exp_id, jobs = launched["experiment_id"], set(launched["slurm_job_ids"])
+    deadline = time.monotonic() + 240
+    while jobs & squeue_ids(cli.env):  # let the jobs finish with no tick: files pile up
+        assert time.monotonic() < deadline, "jobs did not finish"
+        time.sleep(2)
+    for point in ("ingest.before_mark", "tick.after_ingest_attempt", "tick.after_ingest"):
+        proc = cli("tick", check=False, DLHPC_FAILPOINTS=point)
+        assert proc.returncode == -signal.SIGKILL, (point, proc.returncode, proc.stderr)
+    exp = cli.tick_until(exp_id, _done, timeout=60)
+    assert exp["state"] == "COMPLETED"
+    rows = _metric_rows(cli.home)
+    assert len(rows) == len(set(rows)) == 4 * 5 * 3  # 4 trials x 5 epochs x 3 metrics
+    # a further tick changes nothing
+    cli("tick")
+    assert _metric_rows(cli.home) == rows
+
+
+def test_second_reconciler_exits_quietly(cli: Cli) -> None:
+    cli("tick")  # creates the DB
+    holder = subprocess.Popen(
+        [sys.executable, "-c", (
+            "import time; from dlhpc.store import Store; import os\n"
+            "s = Store(__import__('pathlib').Path(os.environ['DLHPC_HOME']))\n"
+            "with s.hold_lease():\n print('held', flush=True); time.sleep(30)\n"
+        )],
+        env=cli.env,
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        proc = cli("tick")
+        assert proc.returncode == 0 and "another reconciler" in proc.stdout
+        assert cli("tick", "-q").stdout == ""
+    finally:
+        holder.kill()
+        holder.wait()

@@ -1,0 +1,123 @@
+"""The whole pipeline on the local backend (no Slurm): launch, tick, status, kill, errors.
+
+Uses the real CLI through click's CliRunner, real processes, real SQLite.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from dlhpc.cli.main import cli
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def _status(exp_id: int) -> dict[str, Any]:
+    res = _run("status", str(exp_id), "--json")
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)["experiments"][0]  # type: ignore[no-any-return]
+
+
+def _tick_until_over(exp_id: int, timeout: float = 120) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        assert _run("tick", "-q").exit_code == 0
+        exp = _status(exp_id)
+        if exp["state"] != "ACTIVE":
+            return exp
+        assert time.monotonic() < deadline, exp
+        time.sleep(0.5)
+
+
+@pytest.fixture
+def exp_dir(tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("DLHPC_SITE", "local")
+    d = tmp_path / "exp"
+    d.mkdir()
+    (d / "train.py").write_text(
+        "import sys, dlhpc\n"
+        "ctx = dlhpc.init()\n"
+        "for step in range(1, ctx.max_length + 1):\n"
+        "    ctx.report(step, {'loss': ctx.hparams['x'] / step})\n"
+        "ctx.close()\n"
+        "sys.exit(3 if ctx.hparams['x'] > 0.99 else 0)\n"
+    )
+    return d
+
+
+def test_grid_on_local_backend_completes_with_metrics(exp_dir: Path) -> None:
+    (exp_dir / "exp.yaml").write_text(
+        "name: local-grid\nentrypoint: python train.py\n"
+        "hyperparameters:\n  x: {type: double, minval: 0.1, maxval: 0.5, count: 3}\n"
+        "searcher: {name: grid, metric: loss, max_length: 3, max_concurrent_trials: 2}\n"
+    )
+    res = _run("launch", str(exp_dir / "exp.yaml"), "--json")
+    assert res.exit_code == 0, res.output
+    exp_id = json.loads(res.output)["experiment_id"]
+    exp = _tick_until_over(exp_id)
+    assert exp["state"] == "COMPLETED"
+    assert sorted(t["hparams"]["x"] for t in exp["trials"]) == pytest.approx([0.1, 0.3, 0.5])
+    for t in exp["trials"]:
+        assert t["state"] == "COMPLETED" and t["steps_completed"] == 3
+        assert t["best_metric"] == pytest.approx(t["hparams"]["x"] / 3)
+        assert t["latest_metric"] == pytest.approx(t["hparams"]["x"] / 3)
+    table = _run("status").output
+    assert "local-grid" in table and "COMPLETED" in table
+
+
+def test_failing_trial_is_failed_with_its_error(exp_dir: Path) -> None:
+    (exp_dir / "exp.yaml").write_text(
+        "name: local-fail\nentrypoint: python train.py\n"
+        "hyperparameters:\n  x: 1.0\nsearcher: {name: single, metric: loss, max_length: 1}\n"
+    )
+    exp_id = json.loads(_run("launch", str(exp_dir / "exp.yaml"), "--json").output)["experiment_id"]
+    exp = _tick_until_over(exp_id)
+    assert exp["state"] == "FAILED"
+    (trial,) = exp["trials"]
+    assert trial["state"] == "FAILED" and "exit code 3" in trial["error"]
+
+
+def test_kill_experiment_cancels_running_trials(exp_dir: Path) -> None:
+    (exp_dir / "slow.py").write_text("import time\ntime.sleep(120)\n")
+    (exp_dir / "exp.yaml").write_text(
+        "name: local-kill\nentrypoint: python slow.py\n"
+        "hyperparameters:\n  x: 1.0\nsearcher: {name: single, metric: loss}\n"
+    )
+    exp_id = json.loads(_run("launch", str(exp_dir / "exp.yaml"), "--json").output)["experiment_id"]
+    res = _run("kill", str(exp_id))
+    assert res.exit_code == 0, res.output
+    exp = _status(exp_id)
+    assert exp["state"] == "KILLED" and exp["trials"][0]["state"] == "KILLED"
+    assert _run("tick", "-q").exit_code == 0
+    assert _status(exp_id)["state"] == "KILLED"
+
+
+def test_bad_input_exits_2_and_writes_nothing(exp_dir: Path, home: Path) -> None:
+    (exp_dir / "exp.yaml").write_text(
+        "name: bad\nentrypoint: python train.py\nsearcher: {name: grid, divisor: 1, metrc: x}\n"
+    )
+    res = CliRunner().invoke(cli, ["launch", str(exp_dir / "exp.yaml")])
+    assert res.exit_code == 2
+    assert "exp.yaml:3: searcher.divisor" in res.output and "did you mean 'metric'" in res.output
+    assert not home.exists()
+    assert CliRunner().invoke(cli, ["status", "999"]).exit_code == 2  # unknown id
+    assert CliRunner().invoke(cli, ["kill", "-t", "999"]).exit_code == 2
+
+
+def test_dry_run_on_local_backend_writes_nothing(exp_dir: Path, home: Path) -> None:
+    shutil.copy(REPO / "templates" / "examples" / "digits" / "grid.yaml", exp_dir / "grid.yaml")
+    res = _run("launch", str(exp_dir / "grid.yaml"), "--dry-run")
+    assert res.exit_code == 0, res.output
+    assert "4 trial(s)" in res.output
+    assert not home.exists()

@@ -1,0 +1,191 @@
+"""Store: schema version, lease, exactly-once ingest."""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from dlhpc.errors import LeaseHeldError, SchemaVersionError
+from dlhpc.protocol import EventWriter
+from dlhpc.store import (
+    Attempt,
+    Experiment,
+    IngestedFile,
+    LeaseLostError,
+    Metric,
+    Store,
+    Trial,
+    utcnow,
+)
+from dlhpc.store.ingest import ingest_attempt, refresh_trial_metrics
+from dlhpc.store.models import Lease
+
+
+def _exp_and_trial(store: Store, tmp_path: Path) -> int:
+    now = utcnow()
+    with store.write() as s:
+        exp = Experiment(
+            name="e",
+            state="ACTIVE",
+            backend="local",
+            site="local",
+            searcher="single",
+            metric="val_loss",
+            smaller_is_better=True,
+            source_path="x",
+            yaml_text="",
+            config_json="{}",
+            run_dir=str(tmp_path),
+            created_at=now,
+        )
+        s.add(exp)
+        s.flush()
+        t = Trial(
+            experiment_id=exp.id,
+            request_id=0,
+            state="RUNNING",
+            hparams_json="{}",
+            max_length=3,
+            seed=1,
+            run_dir=str(tmp_path / "t"),
+            created_at=now,
+        )
+        s.add(t)
+        s.flush()
+        return t.id
+
+
+def test_new_db_records_schema_version(tmp_path: Path) -> None:
+    Store(tmp_path).close()
+    con = sqlite3.connect(tmp_path / "dlhpc.db")
+    assert con.execute("select value from meta where key='schema_version'").fetchone() == ("1",)
+
+
+def test_old_schema_gets_clear_message(tmp_path: Path) -> None:
+    Store(tmp_path).close()
+    con = sqlite3.connect(tmp_path / "dlhpc.db")
+    con.execute("update meta set value='0' where key='schema_version'")
+    con.commit()
+    con.close()
+    with pytest.raises(SchemaVersionError, match="dlhpc db migrate"):
+        Store(tmp_path)
+
+
+def test_second_reconciler_is_refused_then_takes_expired_lease(tmp_path: Path) -> None:
+    a, b = Store(tmp_path), Store(tmp_path)
+    with a.hold_lease():
+        with pytest.raises(LeaseHeldError), b.hold_lease():
+            pass
+        # a stalls past its expiry: b may take over, and a's next write is fenced off
+        with a.write() as s:
+            row = s.get(Lease, "reconciler")
+            assert row is not None
+            row.expires_at = utcnow() - timedelta(seconds=1)
+        a_owner = a._owner
+        a._owner = None  # let the expiry write above through without renewing
+        with b.hold_lease():
+            a._owner = a_owner
+            with pytest.raises(LeaseLostError), a.write():
+                pass
+        a._owner = None
+    with b.hold_lease():
+        pass
+
+
+def test_ingest_is_exactly_once_and_keeps_latest_value_per_step(tmp_path: Path) -> None:
+    store = Store(tmp_path / "home")
+    tid = _exp_and_trial(store, tmp_path)
+    adir = tmp_path / "t" / "attempts" / "123_4.r0"
+    w = EventWriter(adir, "user-r0")
+    w.add("metric", step=1, metrics={"val_loss": 0.9})
+    w.add("metric", step=2, metrics={"val_loss": 0.5, "acc": float("nan")})
+    w.flush()
+    for _ in range(3):  # repeated passes ingest nothing new
+        with store.write() as s:
+            t = s.get(Trial, tid)
+            assert t is not None
+            ingest_attempt(s, t, adir, utcnow())
+            refresh_trial_metrics(s, t, "val_loss", True)
+    w.add("metric", step=2, metrics={"val_loss": 0.4})  # re-reported step (after a restart)
+    w.add("exit", code=0, reason="completed")
+    w.flush()
+    with store.write() as s:
+        t = s.get(Trial, tid)
+        assert t is not None
+        res = ingest_attempt(s, t, adir, utcnow())
+        refresh_trial_metrics(s, t, "val_loss", True)
+    assert res.files == 1 and res.exited
+    with store.read() as s:
+        rows = s.execute(
+            select(Metric.step, Metric.name, Metric.value).order_by(Metric.step, Metric.name)
+        ).all()
+        assert [(r.step, r.name) for r in rows] == [(1, "val_loss"), (2, "acc"), (2, "val_loss")]
+        assert rows[1].value is None and rows[2].value == 0.4
+        assert s.scalar(select(func.count()).select_from(IngestedFile)) == 2
+        t = s.get(Trial, tid)
+        assert t is not None and t.best_metric == 0.4 and t.latest_metric == 0.4
+        assert t.steps_completed == 2
+        a = s.scalar(select(Attempt))
+        assert a is not None and a.job_id == "123_4" and a.array_index == 4 and a.exit_code == 0
+
+
+def test_ingest_rolls_back_whole_file_on_failure(tmp_path: Path) -> None:
+    store = Store(tmp_path / "home")
+    tid = _exp_and_trial(store, tmp_path)
+    adir = tmp_path / "t" / "attempts" / "9.r0"
+    w = EventWriter(adir, "user-r0")
+    w.add("metric", step=1, metrics={"val_loss": 1.0})
+    w.flush()
+    with pytest.raises(RuntimeError), store.write() as s:
+        t = s.get(Trial, tid)
+        assert t is not None
+        ingest_attempt(s, t, adir, utcnow())
+        raise RuntimeError("killed mid-transaction")
+    with store.read() as s:
+        assert s.scalar(select(func.count()).select_from(Metric)) == 0
+        assert s.scalar(select(func.count()).select_from(IngestedFile)) == 0
+    with store.write() as s:
+        t = s.get(Trial, tid)
+        assert t is not None
+        assert ingest_attempt(s, t, adir, utcnow()).metrics == 1
+
+
+def test_temp_files_are_never_read(tmp_path: Path) -> None:
+    adir = tmp_path / "a"
+    adir.mkdir()
+    (adir / ".user-r0-00000000.jsonl.x.tmp").write_text("{not json")
+    from dlhpc.protocol import read_event_batches
+
+    assert read_event_batches(adir) == []
+
+
+def test_lease_of_a_dead_process_on_this_host_is_taken_at_once(tmp_path: Path) -> None:
+    import socket
+
+    store = Store(tmp_path)
+    with store.write() as s:
+        s.add(
+            Lease(
+                name="reconciler",
+                owner=f"{socket.gethostname()}:{2**22 + 7}:deadbeef",  # above pid_max: never alive,
+                acquired_at=utcnow(),
+                expires_at=utcnow() + timedelta(hours=1),
+            )
+        )
+    with store.hold_lease():
+        assert store.holds_lease
+    with store.write() as s:
+        s.add(
+            Lease(
+                name="reconciler",
+                owner="some-other-host:1:cafe",
+                acquired_at=utcnow(),
+                expires_at=utcnow() + timedelta(hours=1),
+            )
+        )
+    with pytest.raises(LeaseHeldError), store.hold_lease():
+        pass

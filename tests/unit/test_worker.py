@@ -1,0 +1,92 @@
+"""The in-job worker: runs entry.sh in the snapshot, publishes start/exit, passes hparams by file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from dlhpc.protocol import TrialSpec, read_event_batches
+
+
+def _trial(tmp_path: Path, entry: str, hparams: dict[str, object]) -> Path:
+    exp = tmp_path / "exp"
+    (exp / "code").mkdir(parents=True)
+    (exp / "entry.sh").write_text(entry)
+    tdir = exp / "trials" / "trial-000001"
+    TrialSpec(
+        experiment_id=1,
+        trial_id=1,
+        hparams=hparams,
+        max_length=2,
+        seed=3,
+        experiment_dir=str(exp),
+        code_dir=str(exp / "code"),
+        entry_script=str(exp / "entry.sh"),
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        metric="m",
+        smaller_is_better=True,
+        env={"FROM_SPEC": "yes"},
+    ).write(tdir / "trial.json")
+    return tdir
+
+
+def _run(tdir: Path, job: str = "local-abc_0") -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["DLHPC_JOB_ID"] = job
+    return subprocess.run(
+        [sys.executable, "-m", "dlhpc.harness.worker", str(tdir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_hostile_hparams_reach_the_script_only_through_the_file(tmp_path: Path) -> None:
+    evil = "$(touch PWNED); `touch PWNED2`; ' \" \n\\"
+    entry = (
+        "#!/bin/bash\n"
+        "python -c 'import dlhpc, json, os; c = dlhpc.init();"
+        ' c.report(1, {"m": 0.5});'
+        ' open("out.json", "w").write(json.dumps([c.hparams, os.environ["FROM_SPEC"]]))\'\n'
+    )
+    tdir = _trial(tmp_path, entry, {"name": evil})
+    proc = _run(tdir)
+    assert proc.returncode == 0, proc.stderr
+    code = tmp_path / "exp" / "code"
+    assert json.loads((code / "out.json").read_text()) == [{"name": evil}, "yes"]
+    assert not list(tmp_path.rglob("PWNED*"))
+    adir = tdir / "attempts" / "local-abc_0.r0"
+    records = [r for b in read_event_batches(adir) for r in b.records]
+    kinds = [r["type"] for r in records]
+    assert kinds.count("start") == 1 and kinds.count("exit") == 1 and kinds.count("metric") == 1
+    assert next(r for r in records if r["type"] == "exit")["code"] == 0
+
+
+def test_failing_entrypoint_exit_code_is_recorded(tmp_path: Path) -> None:
+    tdir = _trial(tmp_path, "#!/bin/bash\necho boom >&2\nexit 7\n", {})
+    proc = _run(tdir)
+    assert proc.returncode == 7
+    records = [
+        r for b in read_event_batches(tdir / "attempts" / "local-abc_0.r0") for r in b.records
+    ]
+    exit_rec = next(r for r in records if r["type"] == "exit")
+    assert exit_rec["code"] == 7 and exit_rec["reason"] == "error"
+
+
+def test_worker_without_a_scheduler_identity_refuses(tmp_path: Path) -> None:
+    tdir = _trial(tmp_path, "#!/bin/bash\ntrue\n", {})
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DLHPC_"))}
+    proc = subprocess.run(
+        [sys.executable, "-m", "dlhpc.harness.worker", str(tdir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 1 and "DLHPC_JOB_ID" in proc.stderr
