@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import click
@@ -14,8 +15,9 @@ from dlhpc.store import Store, default_home
 
 __all__ = ["console", "echo_json", "open_store", "pool_for", "site_option"]
 
-console = Console()
-err_console = Console(stderr=True)
+# Off a terminal (pipes, cron mail, CI logs) rich would wrap at 80 columns; tables read
+# better unwrapped there.
+console = Console() if sys.stdout.isatty() else Console(width=200)
 
 site_option = click.option(
     "--site", default=None, help="Site config name or path (default: $DLHPC_SITE, else auto)."

@@ -31,7 +31,11 @@ def _metric(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
-def _bar(done: int, total: int, width: int = 12) -> str:
+def _hparams(hp: dict[str, Any]) -> Text:
+    return Text(" ".join(f"{k}={json.dumps(v)}" for k, v in sorted(hp.items())))
+
+
+def _bar(done: int, total: int, width: int = 8) -> str:
     total = max(total, 1)
     filled = min(width, round(width * min(done, total) / total))
     return f"{'█' * filled}{'░' * (width - filled)} {done}/{total}"
@@ -48,7 +52,7 @@ def _best(exp: dict[str, Any]) -> dict[str, Any] | None:
 def experiments_table(data: dict[str, Any]) -> Table:
     table = Table(title="experiments", title_justify="left")
     for col in ("id", "name", "state", "searcher", "trials", "best", "created (UTC)"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=col != "name")
     for e in data["experiments"]:
         states = [t["state"] for t in e["trials"]]
         done = sum(s == "COMPLETED" for s in states)
@@ -72,8 +76,9 @@ def experiment_view(exp: dict[str, Any], note: str = "") -> RenderableType:
         f"metric: {exp['metric']} ({direction})",
         title_justify="left",
     )
-    for col in ("trial", "state", "progress", "best", "latest", "restarts", "jobs", "hparams"):
-        table.add_column(col, overflow="fold")
+    for col in ("trial", "state", "progress", "best", "latest", "restarts", "jobs"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("hparams", overflow="fold")
     best = _best(exp)
     for t in exp["trials"]:
         style = "bold" if best is not None and t["id"] == best["id"] else ""
@@ -85,7 +90,7 @@ def experiment_view(exp: dict[str, Any], note: str = "") -> RenderableType:
             _metric(t["latest_metric"]),
             str(t["restarts"]),
             ",".join(t["slurm_job_ids"][-2:]),
-            Text(json.dumps(t["hparams"], sort_keys=True)),
+            _hparams(t["hparams"]),
             style=style,
         )
     parts: list[RenderableType] = [table]

@@ -199,8 +199,6 @@ def load_site_file(file: Path, label: str, environ: Mapping[str, str]) -> SiteCo
         account=s["account"],
         qos=s["qos"],
         partitions=partitions,
-        scratch=s["scratch"] if s["scratch"] is not None else Path("."),  # set by _finish
-        state_dir=s["state_dir"] if s["state_dir"] is not None else Path("."),
         signal=s["signal"],
         lead_time_s=s["lead_time"],
         modules=s["modules"],
@@ -209,10 +207,7 @@ def load_site_file(file: Path, label: str, environ: Mapping[str, str]) -> SiteCo
         journal_mode=s["journal_mode"],
         local_max_parallel=s["local_max_parallel"],
     )
-    given = s.given
-    return _finish(
-        site, environ, scratch_given="scratch" in given, state_given="state_dir" in given
-    )
+    return _finish(site, environ, scratch=s["scratch"], state_dir=s["state_dir"])
 
 
 def not_listed(part: str, partitions: Mapping[str, Any], site: str) -> str:
@@ -254,30 +249,27 @@ def _finish(
     site: SiteConfig,
     environ: Mapping[str, str],
     *,
-    scratch_given: bool = False,
-    state_given: bool = False,
+    scratch: Path | None = None,
+    state_dir: Path | None = None,
 ) -> SiteConfig:
-    """Fill the defaults that depend on the environment.
+    """``site`` with the defaults that depend on the environment filled in.
 
     ``state_dir``: ``$DLHPC_HOME`` when set, else the file's, else ``~/.dlhpc``;
     ``scratch``: the file's, else ``<state_dir>/scratch``;
     ``local_max_parallel``: the usable CPUs when not given.
     """
-    cwd = Path.cwd()
-    label = str(site.source) if site.source else site.name
     try:
         if environ.get("DLHPC_HOME"):
-            state_dir = expand_path(environ["DLHPC_HOME"], cwd, environ)
-        elif state_given:
-            state_dir = site.state_dir
-        else:
+            state_dir = expand_path(environ["DLHPC_HOME"], Path.cwd(), environ)
+        elif state_dir is None:
             state_dir = Path(home(environ)) / ".dlhpc"
     except ValueError as exc:
+        label = str(site.source) if site.source else site.name
         field = "$DLHPC_HOME" if environ.get("DLHPC_HOME") else "state_dir"
         raise ConfigError([ConfigIssue(label, None, field, str(exc))]) from None
     return replace(
         site,
         state_dir=state_dir,
-        scratch=site.scratch if scratch_given else state_dir / "scratch",
+        scratch=scratch if scratch is not None else state_dir / "scratch",
         local_max_parallel=site.local_max_parallel or _cpus(),
     )

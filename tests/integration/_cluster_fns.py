@@ -16,7 +16,12 @@ def write_marker(trial_dir: str) -> None:
 
 
 def sleep_long(trial_dir: str) -> None:
-    """Mark the start, then sleep far beyond any test's patience."""
+    """Mark the start, then sleep far beyond any test's patience.
+
+    SIGTERM kills it, as it does the real worker (submitit's own handler ignores
+    SIGTERM, which would make every cancel wait out Slurm's KillWait).
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     (Path(trial_dir) / "started.txt").write_text("x", encoding="utf-8")
     time.sleep(600)
 

@@ -57,7 +57,7 @@ def test_dry_run_prints_sbatch_and_submits_nothing(cli: Cli) -> None:
     before = squeue_ids(cli.env)
     out = cli("launch", str(GRID), "--dry-run").stdout
     assert "#SBATCH --array=0-3" in out and "#SBATCH --requeue" in out
-    assert "#SBATCH --signal=B:USR2@" in out and "#SBATCH --partition=debug" in out
+    assert "USR2@120" in out and "#SBATCH --partition=debug" in out
     assert "srun" in out and "submitit" in out
     assert squeue_ids(cli.env) == before
     assert not (cli.home / "dlhpc.db").exists()

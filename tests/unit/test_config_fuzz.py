@@ -22,7 +22,8 @@ from dlhpc.config.serde import from_jsonable, to_jsonable
 from dlhpc.errors import ConfigError
 
 FUZZ = settings(
-    max_examples=120,
+    max_examples=100,
+    database=None,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

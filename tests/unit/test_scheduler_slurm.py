@@ -432,12 +432,26 @@ def test_submit_chunks_by_max_array_size(
     assert [t.trial_dir for t in tasks] == list(req.trial_dirs)
     assert len(fake.calls("sbatch")) == 3 and len(fake.calls("scontrol")) == 1
     assert [fake.submitted(str(i)) for i in (100, 101, 102)] == texts
-    assert "#SBATCH --array=0-3%3" in texts[0] and "#SBATCH --array=0-1%2" in texts[2]
+    # max_concurrent bounds the request: the three arrays' throttles add up to 3
+    assert "#SBATCH --array=0-3%1" in texts[0] and "#SBATCH --array=0-1%1" in texts[2]
     for i in (100, 101, 102):
         assert (req.folder / f"{i}_submission.sh").read_text(encoding="utf-8") == fake.submitted(
             str(i)
         )
     assert sched.calls == {"scontrol": 1, "sbatch": 3}
+
+
+def test_throttle_is_shared_among_chunks(
+    fake: FakeSlurm, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    sched = SlurmScheduler(fn=stand_in)
+    texts = sched.render(make_request(tmp_path, 10, max_concurrent=10, site_max=4))
+    arrays = [line for t in texts for line in t.splitlines() if "--array" in line]
+    assert arrays == ["#SBATCH --array=0-3%4", "#SBATCH --array=0-3%3", "#SBATCH --array=0-1%2"]
+    with caplog.at_level(logging.WARNING):
+        texts = sched.render(make_request(tmp_path, 3, max_concurrent=2, site_max=1))
+    assert all("--array=0-0%1" in t for t in texts) and len(texts) == 3
+    assert "cannot run at most 2" in caplog.text
 
 
 def test_site_max_array_size_lowers_chunks(fake: FakeSlurm, tmp_path: Path) -> None:

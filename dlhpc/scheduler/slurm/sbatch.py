@@ -133,8 +133,9 @@ def _setup_lines(env: dict[str, str]) -> list[str]:
     return lines
 
 
-def sbatch_parameters(request: JobRequest, n_tasks: int) -> dict[str, Any]:
-    """submitit ``update_parameters`` keywords for one chunk of ``n_tasks``."""
+def sbatch_parameters(request: JobRequest, n_tasks: int, throttle: int) -> dict[str, Any]:
+    """submitit ``update_parameters`` keywords for one chunk of ``n_tasks`` run at
+    most ``throttle`` at a time (``%throttle``; 0 = no limit)."""
     res = request.resources
     pre = request.preemption
     additional: dict[str, Any] = {
@@ -160,7 +161,7 @@ def sbatch_parameters(request: JobRequest, n_tasks: int) -> dict[str, Any]:
         "time": res.time_minutes,
         "wckey": None,
         "stderr_to_stdout": False,
-        "array_parallelism": request.max_concurrent or n_tasks,
+        "array_parallelism": throttle or n_tasks,
         "additional_parameters": additional,
     }
     setup = _setup_lines(request.env)
@@ -172,11 +173,13 @@ def sbatch_parameters(request: JobRequest, n_tasks: int) -> dict[str, Any]:
     return params
 
 
-def make_executor(request: JobRequest, n_tasks: int, run_sbatch: SbatchRunner) -> ArrayExecutor:
+def make_executor(
+    request: JobRequest, n_tasks: int, throttle: int, run_sbatch: SbatchRunner
+) -> ArrayExecutor:
     """The executor for one chunk of ``n_tasks``; creates no files."""
     if n_tasks < 1:
         raise ValueError("a chunk needs at least one task")
     executor = ArrayExecutor(request.folder, python=request.python or None, run_sbatch=run_sbatch)
-    executor.update_parameters(**sbatch_parameters(request, n_tasks))
+    executor.update_parameters(**sbatch_parameters(request, n_tasks, throttle))
     executor.parameters["map_count"] = n_tasks
     return executor

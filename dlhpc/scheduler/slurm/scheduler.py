@@ -5,7 +5,8 @@ Kindness to slurmctld, as a contract:
 * ``submit``: one ``sbatch --array`` per chunk of at most
   :meth:`SlurmScheduler.chunk_size` tasks (``MaxArraySize`` from one
   ``scontrol show config`` per instance, lowered by ``site.max_array_size``).
-  Every chunk is an array, also of one task.
+  Every chunk is an array, also of one task. ``max_concurrent`` limits the
+  whole request: the chunks' ``%N`` throttles add up to it.
 * ``poll``: at most one ``squeue`` (all of the user's jobs, ``--array
   --states=all``) and at most one ``sacct`` (only for ids squeue does not show
   as live) per call, whatever the number of ids.
@@ -157,18 +158,31 @@ class SlurmScheduler(BaseScheduler):
             raise SchedulerError(f"site max_array_size is {request.site.max_array_size}")
         return size
 
-    def _chunks(self, request: JobRequest) -> list[list[Path]]:
+    def _chunks(self, request: JobRequest) -> list[tuple[list[Path], int]]:
+        """(trial dirs, %throttle) per sbatch. ``max_concurrent`` bounds the whole
+        request, so it is shared out among the chunks (at least 1 each)."""
         dirs = list(request.trial_dirs)
         size = self.chunk_size(request)
-        return [dirs[i : i + size] for i in range(0, len(dirs), size)]
+        chunks = [dirs[i : i + size] for i in range(0, len(dirs), size)]
+        limit, k = request.max_concurrent, len(chunks)
+        if not limit:
+            return [(c, 0) for c in chunks]
+        if k > limit:
+            log.warning(
+                "%s: %d arrays cannot run at most %d tasks at a time; each runs 1 at a time",
+                request.name,
+                k,
+                limit,
+            )
+        return [(c, max(1, limit // k + (1 if i < limit % k else 0))) for i, c in enumerate(chunks)]
 
     # -- the contract --------------------------------------------------------
 
     def render(self, request: JobRequest) -> list[str]:
         """The sbatch script of each chunk, as submit writes it; no files, no sbatch."""
         texts = []
-        for chunk in self._chunks(request):
-            executor = make_executor(request, len(chunk), self._sbatch)
+        for chunk, throttle in self._chunks(request):
+            executor = make_executor(request, len(chunk), throttle, self._sbatch)
             command = executor._submitit_command_str
             texts.append(executor._make_submission_file_text(command, "dry-run"))
         return texts
@@ -187,9 +201,9 @@ class SlurmScheduler(BaseScheduler):
         """One array per chunk; on failure, SchedulerError.submitted has earlier chunks."""
         fn = self._callable()
         submitted: list[SubmittedTask] = []
-        for n, chunk in enumerate(self._chunks(request)):
+        for n, (chunk, throttle) in enumerate(self._chunks(request)):
             try:
-                executor = make_executor(request, len(chunk), self._sbatch)
+                executor = make_executor(request, len(chunk), throttle, self._sbatch)
                 jobs = executor.map_array(fn, [str(d) for d in chunk])
             except Exception as err:
                 raise SchedulerError(
