@@ -68,8 +68,12 @@ def main() -> int:
     while True:
         report = tick(store, pool)
         ticks.append(
-            {"duration_s": report.duration_s, "calls": report.scheduler_calls,
-             "polled": report.polled_jobs, "files": report.ingested_files}
+            {
+                "duration_s": report.duration_s,
+                "calls": report.scheduler_calls,
+                "polled": report.polled_jobs,
+                "files": report.ingested_files,
+            }
         )
         with store.read() as s:
             exp = s.get(Experiment, result.experiment_id)
@@ -80,7 +84,9 @@ def main() -> int:
         time.sleep(args.interval)
 
     busy = [t for t in ticks if t["polled"]]
-    per_tick_queries = [sum(v for k, v in t["calls"].items() if k in ("squeue", "sacct")) for t in ticks]
+    per_tick_queries = [
+        sum(v for k, v in t["calls"].items() if k in ("squeue", "sacct")) for t in ticks
+    ]
     summary = {
         "trials": args.trials,
         "final_state": state,
@@ -90,8 +96,11 @@ def main() -> int:
         "ticks": len(ticks),
         "max_slurm_queries_per_tick": max(per_tick_queries),
         "median_slurm_queries_per_tick": statistics.median(per_tick_queries),
-        "median_tick_s_while_jobs_polled": round(statistics.median(t["duration_s"] for t in busy), 3)
-        if busy else None,
+        "median_tick_s_while_jobs_polled": round(
+            statistics.median(t["duration_s"] for t in busy), 3
+        )
+        if busy
+        else None,
         "max_tick_s": round(max(t["duration_s"] for t in ticks), 3),
         "per_tick": ticks,
     }

@@ -46,7 +46,8 @@ def _best(exp: dict[str, Any]) -> dict[str, Any] | None:
     if not scored:
         return None
     pick = min if exp["smaller_is_better"] else max
-    return pick(scored, key=lambda t: t["best_metric"])
+    best: dict[str, Any] = pick(scored, key=lambda t: t["best_metric"])
+    return best
 
 
 def experiments_table(data: dict[str, Any]) -> Table:

@@ -13,6 +13,7 @@ trustworthy before a cross-field check uses it.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import math
 import re
@@ -161,7 +162,7 @@ def read_section(issues: Issues, value: Any, path: KeyPath, fields: Mapping[str,
         if name not in value or (raw is None and spec.nullable):
             if spec.required:
                 issues.add(here, "required field missing")
-            section[name] = spec.default
+            section[name] = copy.deepcopy(spec.default)  # never share a mutable default
             continue
         section.given.add(name)
         try:
@@ -169,7 +170,7 @@ def read_section(issues: Issues, value: Any, path: KeyPath, fields: Mapping[str,
         except Invalid as exc:
             for sub, message in exc.problems:
                 issues.add((*here, *sub), message)
-            section[name] = spec.default
+            section[name] = copy.deepcopy(spec.default)
     return section
 
 

@@ -58,7 +58,9 @@ def init_schema(engine: Engine) -> None:
                 session.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
                 return
     except SQLAlchemyError as err:
-        raise StoreError(f"cannot open the state database: {err.orig or err}") from err
+        raise StoreError(
+            f"cannot open the state database: {getattr(err, 'orig', None) or err}"
+        ) from err
     check_version(version)
 
 

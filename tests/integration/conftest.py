@@ -46,13 +46,21 @@ class Cli:
         self.env = {**env, "DLHPC_HOME": str(home), "DLHPC_SITE": "dev-cluster"}
         self.home = home
 
-    def __call__(self, *args: str, check: bool = True, **env: str) -> subprocess.CompletedProcess[str]:
+    def __call__(
+        self, *args: str, check: bool = True, **env: str
+    ) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
             [sys.executable, "-m", "dlhpc", *args],
-            env={**self.env, **env}, capture_output=True, text=True, timeout=300, check=False,
+            env={**self.env, **env},
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
         )
         if check and proc.returncode != 0:
-            raise AssertionError(f"dlhpc {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+            raise AssertionError(
+                f"dlhpc {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+            )
         return proc
 
     def json(self, *args: str) -> Any:
@@ -61,7 +69,9 @@ class Cli:
     def experiment(self, exp_id: int) -> dict[str, Any]:
         return self.json("status", str(exp_id))["experiments"][0]  # type: ignore[no-any-return]
 
-    def tick_until(self, exp_id: int, done: Callable[[dict[str, Any]], bool], timeout: float = 300) -> dict[str, Any]:
+    def tick_until(
+        self, exp_id: int, done: Callable[[dict[str, Any]], bool], timeout: float = 300
+    ) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while True:
             self("tick", "-q")

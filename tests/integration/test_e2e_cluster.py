@@ -32,20 +32,34 @@ def test_grid_example_runs_as_one_job_array_to_completion(cli: Cli) -> None:
     assert set(exp) >= {"id", "name", "state", "searcher", "metric", "smaller_is_better", "trials"}
     assert exp["searcher"] == "grid" and exp["metric"] == "val_accuracy"
     for t in exp["trials"]:
-        assert set(t) >= {"id", "state", "hparams", "steps_completed", "best_metric",
-                          "latest_metric", "restarts", "slurm_job_ids"}
+        assert set(t) >= {
+            "id",
+            "state",
+            "hparams",
+            "steps_completed",
+            "best_metric",
+            "latest_metric",
+            "restarts",
+            "slurm_job_ids",
+        }
         assert t["state"] == "COMPLETED" and t["steps_completed"] == 5
         assert 0.0 <= t["latest_metric"] <= 1.0 and t["best_metric"] >= t["latest_metric"] - 1e-12
         assert set(t["hparams"]) == {"lr", "hidden", "dropout", "batch_size"}
     assert {(t["hparams"]["lr"], t["hparams"]["hidden"]) for t in exp["trials"]} == {
-        (0.001, 32), (0.001, 64), (0.1, 32), (0.1, 64)
+        (0.001, 32),
+        (0.001, 64),
+        (0.1, 32),
+        (0.1, 64),
     }
     best = max(t["best_metric"] for t in exp["trials"])
     assert best > 0.8  # lr=0.1 trains the digits MLP well in 5 epochs
     # Slurm's own accounting agrees
     out = subprocess.run(
         ["sacct", "-X", "-n", "-P", "-j", jobs[0].split("_")[0], "--format=JobID,State"],
-        env=cli.env, capture_output=True, text=True, check=True,
+        env=cli.env,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     assert out.count("COMPLETED") == 4, out
     # the terminal view shows every trial and the metric
@@ -114,13 +128,18 @@ def test_reconciler_killed_mid_tick_loses_nothing_and_duplicates_nothing(cli: Cl
 def test_second_reconciler_exits_quietly(cli: Cli) -> None:
     cli("tick")  # creates the DB
     holder = subprocess.Popen(
-        [sys.executable, "-c", (
-            "import time; from dlhpc.store import Store; import os\n"
-            "s = Store(__import__('pathlib').Path(os.environ['DLHPC_HOME']))\n"
-            "with s.hold_lease():\n print('held', flush=True); time.sleep(30)\n"
-        )],
+        [
+            sys.executable,
+            "-c",
+            (
+                "import time; from dlhpc.store import Store; import os\n"
+                "s = Store(__import__('pathlib').Path(os.environ['DLHPC_HOME']))\n"
+                "with s.hold_lease():\n print('held', flush=True); time.sleep(30)\n"
+            ),
+        ],
         env=cli.env,
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"

@@ -522,6 +522,16 @@ def test_cancel_one_call(fake: FakeSlurm) -> None:
         sched.cancel(["5_1"])
 
 
+def test_default_callable_and_empty_request(fake: FakeSlurm, tmp_path: Path) -> None:
+    from dlhpc.harness.worker import run_trial
+
+    sched = SlurmScheduler()
+    assert sched._callable() is run_trial
+    assert sched.render(make_request(tmp_path, 0)) == []
+    assert sched.submit(make_request(tmp_path, 0)) == []
+    assert fake.calls("sbatch") == []
+
+
 def test_log_paths_and_registry(tmp_path: Path) -> None:
     sched = make_scheduler("slurm", local_root=tmp_path)
     assert isinstance(sched, SlurmScheduler)

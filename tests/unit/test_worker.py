@@ -1,4 +1,4 @@
-"""The in-job worker: runs entry.sh in the snapshot, publishes start/exit, passes hparams by file."""
+"""The in-job worker: runs entry.sh in the snapshot, records start/exit, hparams by file."""
 
 from __future__ import annotations
 

@@ -40,6 +40,7 @@ from dlhpc.scheduler.local.batch import (
 __all__ = ["LocalScheduler"]
 
 _PLACEHOLDER = "BATCHID"
+_RUNNER = "dlhpc.scheduler.local.runner"
 
 
 def _time(value: Any) -> datetime | None:
@@ -74,7 +75,7 @@ class LocalScheduler(BaseScheduler):
         lines = [
             f"# dlhpc local batch {request.name!r}: {n} task(s), "
             f"at most {self._parallel(request)} at a time",
-            f"# runner: {shlex.join([sys.executable, '-m', __package__ + '.runner', str(spec)])}",
+            f"# runner: {shlex.join([sys.executable, '-m', _RUNNER, str(spec)])}",
         ]
         lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(request.env.items())]
         command = self._command(request)
@@ -150,7 +151,7 @@ class LocalScheduler(BaseScheduler):
                     [
                         sys.executable,
                         "-m",
-                        f"{__package__}.runner",
+                        _RUNNER,
                         str(paths.spec),
                         "--lock-fd",
                         str(lock_fd),
