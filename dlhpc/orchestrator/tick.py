@@ -44,6 +44,7 @@ __all__ = ["EXIT_RECORD_GRACE", "TickReport", "tick"]
 EXIT_RECORD_GRACE = timedelta(seconds=60)
 _LIVE_ATTEMPT_STATES = {"PENDING", "RUNNING", "REQUEUED", "UNKNOWN"}
 _MAX_FAILED_SUBMISSIONS = 3
+_INGEST_BATCH = 64  # attempt folders per write transaction
 
 
 @dataclass
@@ -110,8 +111,7 @@ def _tick(store: Store, pool: SchedulerPool, report: TickReport) -> None:
             report.errors.append(f"poll {backend}: {err}")  # no states this pass, retry next
 
     failpoint("tick.after_poll")
-    for t in live_trials:
-        _ingest_trial(store, t, done_files, report)
+    _ingest(store, _pending_attempt_dirs(list(live_trials), done_files), report)
     failpoint("tick.after_ingest")
 
     for exp_id in exp_ids:
@@ -134,27 +134,37 @@ def _ingested_names(s: Session, trial_ids: list[int]) -> dict[tuple[int, str], s
     return out
 
 
-def _ingest_trial(
-    store: Store, trial: Trial, done: dict[tuple[int, str], set[str]], report: TickReport
-) -> None:
-    path = Path(trial.run_dir) if trial.run_dir else None
-    if path is None:
-        return
-    for adir in iter_attempt_dirs(path):
-        names = {p.name for p in adir.iterdir() if EVENT_FILE_RE.match(p.name)}
-        if not names - done.get((trial.id, adir.name), set()):
+def _pending_attempt_dirs(
+    trials: list[Trial], done: dict[tuple[int, str], set[str]]
+) -> list[tuple[int, Path]]:
+    """(trial id, attempt folder) pairs that hold event files not ingested yet."""
+    todo = []
+    for t in trials:
+        if not t.run_dir:
             continue
+        for adir in iter_attempt_dirs(Path(t.run_dir)):
+            names = {p.name for p in adir.iterdir() if EVENT_FILE_RE.match(p.name)}
+            if names - done.get((t.id, adir.name), set()):
+                todo.append((t.id, adir))
+    return todo
+
+
+def _ingest(store: Store, todo: list[tuple[int, Path]], report: TickReport) -> None:
+    """Ingest in batches: one transaction per batch (a commit costs fsyncs on NFS)."""
+    for i in range(0, len(todo), _INGEST_BATCH):
         with store.write() as s:
-            t = s.get(Trial, trial.id)
-            if t is None:
-                continue
-            exp = s.get(Experiment, t.experiment_id)
-            assert exp is not None  # foreign key
-            result = ingest_attempt(s, t, adir, utcnow())
-            refresh_trial_metrics(s, t, exp.metric, exp.smaller_is_better)
-        report.ingested_files += result.files
-        report.metrics += result.metrics
-        failpoint("tick.after_ingest_attempt")
+            touched: dict[int, Trial] = {}
+            for trial_id, adir in todo[i : i + _INGEST_BATCH]:
+                t = s.get(Trial, trial_id)
+                if t is None:
+                    continue
+                result = ingest_attempt(s, t, adir, utcnow())
+                report.ingested_files += result.files
+                report.metrics += result.metrics
+                touched[t.id] = t
+            for t in touched.values():
+                refresh_trial_metrics(s, t, t.experiment.metric, t.experiment.smaller_is_better)
+        failpoint("tick.after_ingest_batch")
 
 
 def _apply_status(a: Attempt, st: JobStatus | None, now: datetime) -> None:

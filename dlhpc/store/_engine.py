@@ -48,19 +48,24 @@ def make_engine(path: Path, *, writer: bool, journal_mode: str = "delete") -> En
     return engine
 
 
-def init_schema(engine: Engine) -> None:
-    """Create the tables and record the schema version on a new DB; check it on an old one."""
+def init_schema(writer: Engine, reader: Engine) -> None:
+    """Check the schema version; create the tables first on a new DB.
+
+    An existing DB is only read here, so opening a store (``dlhpc status``)
+    never waits for a reconciler's write transaction.
+    """
     try:
-        with Session(engine) as session, session.begin():
-            version = _read_version(session)
-            if version is None:
-                Base.metadata.create_all(session.connection())
-                session.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
-                return
+        version = read_version(reader)
+        if version is None:
+            with Session(writer) as session, session.begin():
+                version = _read_version(session)  # another process may have won the race
+                if version is None:
+                    Base.metadata.create_all(session.connection())
+                    session.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
+                    return
     except SQLAlchemyError as err:
-        raise StoreError(
-            f"cannot open the state database: {getattr(err, 'orig', None) or err}"
-        ) from err
+        cause = getattr(err, "orig", None) or err
+        raise StoreError(f"cannot open the state database: {cause}") from err
     check_version(version)
 
 

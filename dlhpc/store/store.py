@@ -61,7 +61,7 @@ class Store:
             raise StoreError(f"cannot create the state folder {home}: {err.strerror}") from err
         self._writer = make_engine(self.db_path, writer=True, journal_mode=journal_mode)
         self._reader = make_engine(self.db_path, writer=False)
-        init_schema(self._writer)
+        init_schema(self._writer, self._reader)
 
     def close(self) -> None:
         self._writer.dispose()

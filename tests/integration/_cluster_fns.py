@@ -27,12 +27,14 @@ def sleep_long(trial_dir: str) -> None:
 
 
 def record_signals(trial_dir: str) -> None:
-    """Append every USR2/TERM received to ``signals.txt``; run until killed."""
+    """Append every USR2/TERM received to ``signals.txt``; run until SIGTERM."""
     out = Path(trial_dir) / "signals.txt"
 
     def note(signum: int, _frame: FrameType | None) -> None:
         with out.open("a", encoding="utf-8") as f:
             f.write(f"{signal.Signals(signum).name} {time.time():.0f}\n")
+        if signum == signal.SIGTERM:
+            os._exit(128 + signum)  # be cancelled at once, not after KillWait
 
     for sig in (signal.SIGUSR2, signal.SIGTERM):
         signal.signal(sig, note)

@@ -113,7 +113,7 @@ def test_reconciler_killed_mid_tick_loses_nothing_and_duplicates_nothing(cli: Cl
     while jobs & squeue_ids(cli.env):  # let the jobs finish with no tick: files pile up
         assert time.monotonic() < deadline, "jobs did not finish"
         time.sleep(2)
-    for point in ("ingest.before_mark", "tick.after_ingest_attempt", "tick.after_ingest"):
+    for point in ("ingest.before_mark", "tick.after_ingest_batch", "tick.after_ingest"):
         proc = cli("tick", check=False, DLHPC_FAILPOINTS=point)
         assert proc.returncode == -signal.SIGKILL, (point, proc.returncode, proc.stderr)
     exp = cli.tick_until(exp_id, _done, timeout=60)

@@ -189,3 +189,31 @@ def test_lease_of_a_dead_process_on_this_host_is_taken_at_once(tmp_path: Path) -
         )
     with pytest.raises(LeaseHeldError), store.hold_lease():
         pass
+
+
+def test_readers_work_while_a_writer_holds_its_transaction(tmp_path: Path) -> None:
+    import threading
+
+    store = Store(tmp_path)
+    _exp_and_trial(store, tmp_path)
+    inside, release = threading.Event(), threading.Event()
+
+    def writer() -> None:
+        with store.write() as s:
+            t = s.scalar(select(Trial))
+            assert t is not None
+            t.state = "COMPLETED"
+            s.flush()  # the change is written to the DB file's pages, not yet committed
+            inside.set()
+            release.wait(10)
+
+    th = threading.Thread(target=writer)
+    th.start()
+    assert inside.wait(10)
+    reader = Store(tmp_path)  # another connection, as `dlhpc status` would open
+    with reader.read() as s:
+        assert s.scalar(select(Trial.state)) == "RUNNING"  # sees the last committed state
+    release.set()
+    th.join()
+    with reader.read() as s:
+        assert s.scalar(select(Trial.state)) == "COMPLETED"
