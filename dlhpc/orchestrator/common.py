@@ -12,6 +12,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from dlhpc._failpoints import failpoint
 from dlhpc.config.model import ExperimentConfig
 from dlhpc.config.serde import from_jsonable
 from dlhpc.errors import SchedulerError
@@ -25,6 +26,7 @@ __all__ = [
     "SchedulerPool",
     "config_of",
     "log_event",
+    "recover_submissions",
     "searcher_of",
     "submit_pending",
     "trial_seed",
@@ -146,6 +148,7 @@ def submit_pending(store: Store, pool: SchedulerPool, exp_id: int) -> list[Submi
     except SchedulerError as err:
         tasks = [t for t in err.submitted if isinstance(t, SubmittedTask)]
         error = str(err)
+    failpoint("submit.after_sbatch")
     _record_tasks(store, sub.id, trials, tasks, error)
     if error:
         raise SchedulerError(error, submitted=tasks)
@@ -182,3 +185,62 @@ def _record_tasks(
             f"{len(tasks)}/{len(trials)} trials submitted ({ids}){': ' + error if error else ''}",
             sub.experiment_id,
         )
+
+
+def recover_submissions(store: Store, pool: SchedulerPool, exp_id: int) -> int:
+    """Adopt the jobs of submissions a crashed launch or tick left SUBMITTING.
+
+    Runs under the lease, and whoever submits holds the lease until the attempts
+    are recorded, so any SUBMITTING row seen here is orphaned. Its jobs are found
+    by their unique job name and matched to its trials in task order; when none
+    exist the row is marked FAILED and its trials are submitted again. Returns
+    the number of adopted jobs.
+    """
+    with store.read() as session:
+        exp = session.get(Experiment, exp_id)
+        orphans = session.scalars(
+            select(Submission).where(
+                Submission.experiment_id == exp_id, Submission.state == "SUBMITTING"
+            )
+        ).all()
+        if exp is None or not orphans:
+            return 0
+        backend = exp.backend
+    adopted = 0
+    for sub in orphans:
+        job_ids = pool.get(backend).find_jobs(sub.name)
+        trial_ids = json.loads(sub.trial_ids_json)
+        now = utcnow()
+        with store.write() as session:
+            row = session.get(Submission, sub.id)
+            if row is None or row.state != "SUBMITTING":
+                continue
+            for trial_id, job_id in zip(trial_ids, job_ids, strict=False):
+                if session.scalar(select(Attempt.id).where(Attempt.trial_id == trial_id)):
+                    continue  # its files were ingested already
+                index = job_id.rsplit("_", 1)[1] if "_" in job_id else None
+                logs = pool.get(backend).log_paths(Path(row.folder), job_id)
+                session.add(
+                    Attempt(
+                        trial_id=trial_id,
+                        submission_id=row.id,
+                        attempt_key=f"{job_id}.r0",
+                        job_id=job_id,
+                        array_index=int(index) if index and index.isdigit() else None,
+                        state="PENDING",
+                        log_path=str(logs[0]) if logs else "",
+                        created_at=now,
+                    )
+                )
+                adopted += 1
+            row.state = "SUBMITTED" if job_ids else "FAILED"
+            row.error = (
+                "" if job_ids else "orphaned by a crash before its jobs were recorded; none found"
+            )
+            log_event(
+                session,
+                "submit.recovered" if job_ids else "submit.orphaned",
+                f"{row.name}: {len(job_ids)} job(s) found for {len(trial_ids)} trial(s)",
+                exp_id,
+            )
+    return adopted

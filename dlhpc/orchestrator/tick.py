@@ -26,6 +26,7 @@ from dlhpc.orchestrator.common import (
     SchedulerPool,
     config_of,
     log_event,
+    recover_submissions,
     searcher_of,
     submit_pending,
     trial_seed,
@@ -115,6 +116,11 @@ def _tick(store: Store, pool: SchedulerPool, report: TickReport) -> None:
     failpoint("tick.after_ingest")
 
     for exp_id in exp_ids:
+        try:
+            recover_submissions(store, pool, exp_id)
+        except SchedulerError as err:
+            report.errors.append(f"experiment {exp_id}: recovering a submission: {err}")
+            continue  # never resubmit while the orphan's jobs may exist
         _reconcile_experiment(store, pool, exp_id, statuses, report)
         try:
             report.submitted += len(submit_pending(store, pool, exp_id))

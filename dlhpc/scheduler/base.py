@@ -120,6 +120,12 @@ class BaseScheduler(ABC):
     def log_paths(self, folder: Path, job_id: str) -> list[Path]:
         """stdout/stderr files of a job, given the request's folder."""
 
+    def find_jobs(self, name: str) -> list[str]:
+        """Ids of the tasks submitted under job name ``name`` (queued, running or ended),
+        in submission order. Used only to adopt the jobs of a launch that crashed
+        between submitting and recording them; a backend that cannot tell returns []."""
+        return []
+
     def max_array_size(self) -> int:
         """Largest array (number of tasks) one submission may hold."""
         return 1_000_000

@@ -149,3 +149,23 @@ def test_second_reconciler_exits_quietly(cli: Cli) -> None:
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_launch_killed_between_sbatch_and_recording_is_adopted_not_resubmitted(cli: Cli) -> None:
+    proc = cli("launch", str(GRID), check=False, DLHPC_FAILPOINTS="submit.after_sbatch")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    (exp,) = cli.json("status")["experiments"]
+    assert exp["state"] == "ACTIVE" and all(not t["slurm_job_ids"] for t in exp["trials"])
+    done = cli.tick_until(exp["id"], _done)
+    assert done["state"] == "COMPLETED"
+    jobs = [j for t in done["trials"] for j in t["slurm_job_ids"]]
+    assert len(jobs) == 4 and len({j.split("_")[0] for j in jobs}) == 1
+    con = sqlite3.connect(cli.home / "dlhpc.db")
+    names = [r[0] for r in con.execute("SELECT name FROM submissions")]
+    con.close()
+    assert len(names) == 1  # adopted, never submitted a second time
+    out = subprocess.run(
+        ["sacct", "-X", "-n", "-P", f"--name={names[0]}", "--format=JobID"],
+        env=cli.env, capture_output=True, text=True, check=True,
+    ).stdout
+    assert sorted(out.split()) == sorted(jobs)  # Slurm saw exactly one array of 4

@@ -27,6 +27,7 @@ import getpass
 import importlib
 import logging
 import os
+import re
 import subprocess
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -298,6 +299,38 @@ class SlurmScheduler(BaseScheduler):
         ]
         if errors:
             raise SchedulerError(_failed("scancel", proc, " ".join(errors)))
+
+    def find_jobs(self, name: str) -> list[str]:
+        """One squeue (and, when accounting works, one sacct) by job name."""
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise ValueError(f"unsafe job name {name!r}")
+        out = self._checked(
+            ["squeue", "--noheader", "--array", "--states=all", f"--name={name}", "--format=%i"],
+            self._timeout,
+        )
+        found = {j for j in out.split() if TASK_ID_RE.match(j)}
+        if self._accounting:
+            proc = self._run(
+                [
+                    "sacct",
+                    "-X",
+                    "--noheader",
+                    "--parsable2",
+                    f"--name={name}",
+                    "--format=JobID",
+                    "--starttime=now-7days",
+                ],
+                self._timeout,
+            )
+            if proc.returncode == 0:
+                found |= {j for j in proc.stdout.split() if TASK_ID_RE.match(j)}
+
+        def order(job_id: str) -> tuple[int, int]:
+            m = TASK_ID_RE.match(job_id)
+            assert m is not None  # filtered above
+            return int(m["base"]), int(m["index"] or 0)
+
+        return sorted(found, key=order)
 
     def log_paths(self, folder: Path, job_id: str) -> list[Path]:
         """submitit's ``<id>_0_log.out`` and ``<id>_0_log.err`` in ``folder``."""
