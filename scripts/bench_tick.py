@@ -42,6 +42,12 @@ def main() -> int:
     parser.add_argument("--site", default="dev-cluster")
     parser.add_argument("--interval", type=float, default=2.0)
     parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument(
+        "--pileup",
+        action="store_true",
+        help="do not tick until every job has left the queue, then time the ticks that ingest"
+        " everything (a quiet machine: the jobs no longer compete for the CPUs)",
+    )
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="dlhpc-bench-"))
@@ -63,8 +69,20 @@ def main() -> int:
     launch_s = time.monotonic() - t0
     launch_calls = dict(pool.calls())
 
-    ticks = []
     deadline = time.monotonic() + args.timeout
+    if args.pileup:
+        import subprocess
+
+        jobs = set(result.job_ids)
+        while jobs & set(
+            subprocess.run(
+                ["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True, check=True
+            ).stdout.split()
+        ):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(2)
+    ticks = []
     while True:
         report = tick(store, pool)
         ticks.append(
@@ -89,6 +107,7 @@ def main() -> int:
     ]
     summary = {
         "trials": args.trials,
+        "pileup": args.pileup,
         "final_state": state,
         "launch_s": round(launch_s, 3),
         "launch_calls": launch_calls,

@@ -7,6 +7,7 @@ import sys
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from sqlalchemy import select
@@ -18,12 +19,15 @@ from dlhpc.config.serde import from_jsonable
 from dlhpc.errors import SchedulerError
 from dlhpc.orchestrator.runfiles import trial_spec, write_trial_spec
 from dlhpc.orchestrator.states import TrialState
+from dlhpc.protocol import trial_dir
 from dlhpc.scheduler import BaseScheduler, JobRequest, SubmittedTask, make_scheduler
-from dlhpc.search import BaseSearcher, make_searcher
+from dlhpc.search import BaseSearcher, Create, make_searcher
 from dlhpc.store import Attempt, Event, Experiment, Store, Submission, Trial, utcnow
 
 __all__ = [
     "SchedulerPool",
+    "add_trials",
+    "new_attempt",
     "config_of",
     "log_event",
     "recover_submissions",
@@ -75,6 +79,50 @@ def log_event(
 ) -> None:
     session.add(
         Event(experiment_id=exp_id, trial_id=trial_id, time=utcnow(), kind=kind, message=message)
+    )
+
+
+def add_trials(
+    session: Session,
+    exp_id: int,
+    creates: list[Create],
+    cfg: ExperimentConfig,
+    runs_root: Path,
+    now: datetime,
+) -> list[Trial]:
+    """Record new PENDING trials for the searcher's Create operations."""
+    trials = [
+        Trial(
+            experiment_id=exp_id,
+            request_id=op.request_id,
+            state=TrialState.PENDING.value,
+            hparams_json=json.dumps(op.hparams, sort_keys=True),
+            max_length=op.length,
+            seed=trial_seed(cfg.reproducibility.seed, op.request_id),
+            run_dir="",
+            created_at=now,
+        )
+        for op in creates
+    ]
+    session.add_all(trials)
+    session.flush()
+    for t in trials:
+        t.run_dir = str(trial_dir(runs_root, exp_id, t.id))
+    return trials
+
+
+def new_attempt(trial_id: int, sub_id: int, job_id: str, log_path: str, now: datetime) -> Attempt:
+    """The first attempt of a freshly submitted task (restarts come from the job's files)."""
+    index = job_id.rsplit("_", 1)[1] if "_" in job_id else None
+    return Attempt(
+        trial_id=trial_id,
+        submission_id=sub_id,
+        attempt_key=f"{job_id}.r0",
+        job_id=job_id,
+        array_index=int(index) if index and index.isdigit() else None,
+        state="PENDING",
+        log_path=log_path,
+        created_at=now,
     )
 
 
@@ -165,19 +213,7 @@ def _record_tasks(
         sub.state = "FAILED" if error and not tasks else "SUBMITTED"
         sub.error = error
         for trial, task in zip(trials, tasks, strict=False):  # tasks may be a prefix
-            index = task.job_id.rsplit("_", 1)[1] if "_" in task.job_id else None
-            session.add(
-                Attempt(
-                    trial_id=trial.id,
-                    submission_id=sub_id,
-                    attempt_key=f"{task.job_id}.r0",
-                    job_id=task.job_id,
-                    array_index=int(index) if index and index.isdigit() else None,
-                    state="PENDING",
-                    log_path=str(task.stdout),
-                    created_at=now,
-                )
-            )
+            session.add(new_attempt(trial.id, sub_id, task.job_id, str(task.stdout), now))
         ids = ", ".join(t.job_id for t in tasks[:3]) + (" ..." if len(tasks) > 3 else "")
         log_event(
             session,
@@ -218,19 +254,9 @@ def recover_submissions(store: Store, pool: SchedulerPool, exp_id: int) -> int:
             for trial_id, job_id in zip(trial_ids, job_ids, strict=False):
                 if session.scalar(select(Attempt.id).where(Attempt.trial_id == trial_id)):
                     continue  # its files were ingested already
-                index = job_id.rsplit("_", 1)[1] if "_" in job_id else None
                 logs = pool.get(backend).log_paths(Path(row.folder), job_id)
                 session.add(
-                    Attempt(
-                        trial_id=trial_id,
-                        submission_id=row.id,
-                        attempt_key=f"{job_id}.r0",
-                        job_id=job_id,
-                        array_index=int(index) if index and index.isdigit() else None,
-                        state="PENDING",
-                        log_path=str(logs[0]) if logs else "",
-                        created_at=now,
-                    )
+                    new_attempt(trial_id, row.id, job_id, str(logs[0]) if logs else "", now)
                 )
                 adopted += 1
             row.state = "SUBMITTED" if job_ids else "FAILED"

@@ -14,17 +14,17 @@ from dlhpc.config.serde import to_jsonable
 from dlhpc.errors import SchedulerError
 from dlhpc.orchestrator.common import (
     SchedulerPool,
+    add_trials,
     log_event,
     searcher_of,
     submit_pending,
-    trial_seed,
 )
 from dlhpc.orchestrator.runfiles import publish_staging, stage_run_folder
-from dlhpc.orchestrator.states import ExperimentState, TrialState
+from dlhpc.orchestrator.states import ExperimentState
 from dlhpc.protocol import experiment_dir, trial_dir
 from dlhpc.scheduler import JobRequest
 from dlhpc.search import Create
-from dlhpc.store import Experiment, Store, Trial, utcnow
+from dlhpc.store import Experiment, Store, utcnow
 from dlhpc.store.store import DB_NAME
 
 __all__ = ["DryRun", "LaunchResult", "launch", "plan_launch"]
@@ -126,24 +126,7 @@ def launch(cfg: ExperimentConfig, store: Store, pool: SchedulerPool) -> LaunchRe
                 session.add(exp)
                 session.flush()
                 exp.run_dir = str(experiment_dir(store.runs_root, exp.id))
-                trials = []
-                for op in creates:
-                    trials.append(
-                        Trial(
-                            experiment_id=exp.id,
-                            request_id=op.request_id,
-                            state=TrialState.PENDING.value,
-                            hparams_json=json.dumps(op.hparams, sort_keys=True),
-                            max_length=op.length,
-                            seed=trial_seed(cfg.reproducibility.seed, op.request_id),
-                            run_dir="",
-                            created_at=now,
-                        )
-                    )
-                session.add_all(trials)
-                session.flush()
-                for t in trials:
-                    t.run_dir = str(trial_dir(store.runs_root, exp.id, t.id))
+                add_trials(session, exp.id, creates, cfg, store.runs_root, now)
                 log_event(
                     session, "launch", f"launched {cfg.name} with {len(creates)} trials", exp.id
                 )

@@ -24,15 +24,15 @@ from dlhpc._failpoints import failpoint
 from dlhpc.errors import LeaseHeldError, SchedulerError
 from dlhpc.orchestrator.common import (
     SchedulerPool,
+    add_trials,
     config_of,
     log_event,
     recover_submissions,
     searcher_of,
     submit_pending,
-    trial_seed,
 )
 from dlhpc.orchestrator.states import ExperimentState, TrialState
-from dlhpc.protocol import EVENT_FILE_RE, iter_attempt_dirs, trial_dir
+from dlhpc.protocol import EVENT_FILE_RE, iter_attempt_dirs
 from dlhpc.scheduler import JobState, JobStatus
 from dlhpc.search import Create
 from dlhpc.store import Attempt, Experiment, IngestedFile, Store, Submission, Trial, utcnow
@@ -259,27 +259,12 @@ def _reconcile_experiment(
 
         live = [t for t in exp.trials if not TrialState(t.state).is_terminal]
         capacity = cfg.searcher.max_concurrent_trials or 1_000_000
-        new_trials = []
-        for op in searcher.ask(max(0, capacity - len(live))):
-            if isinstance(op, Create):
-                new_trials.append(
-                    Trial(
-                        experiment_id=exp_id,
-                        request_id=op.request_id,
-                        state=TrialState.PENDING.value,
-                        hparams_json=json.dumps(op.hparams, sort_keys=True),
-                        max_length=op.length,
-                        seed=trial_seed(cfg.reproducibility.seed, op.request_id),
-                        run_dir="",
-                        created_at=now,
-                    )
-                )
-            else:
+        ops = searcher.ask(max(0, capacity - len(live)))
+        for op in ops:
+            if not isinstance(op, Create):
                 log_event(s, "searcher.unsupported", f"{op!r} is not supported yet", exp_id)
-        s.add_all(new_trials)
-        s.flush()
-        for t in new_trials:
-            t.run_dir = str(trial_dir(store.runs_root, exp_id, t.id))
+        creates = [op for op in ops if isinstance(op, Create)]
+        add_trials(s, exp_id, creates, cfg, store.runs_root, now)
         exp.searcher_state = json.dumps(searcher.state_dict())
 
         failed_subs = s.scalars(
