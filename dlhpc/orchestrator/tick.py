@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from dlhpc._failpoints import failpoint
 from dlhpc.errors import LeaseHeldError, SchedulerError
@@ -231,7 +231,11 @@ def _reconcile_experiment(
 ) -> None:
     now = utcnow()
     with store.write() as s:
-        exp = s.get(Experiment, exp_id)
+        exp = s.get(
+            Experiment,
+            exp_id,
+            options=[selectinload(Experiment.trials).selectinload(Trial.attempts)],
+        )
         if exp is None or exp.state != ExperimentState.ACTIVE.value:
             return
         cfg = config_of(exp)
