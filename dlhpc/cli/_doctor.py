@@ -59,8 +59,11 @@ def _writable(path: Path) -> tuple[bool, str]:
 
 
 def _slurm_checks(site: SiteConfig) -> list[Check]:
+    if site.backend == "local":
+        return [Check("slurm", "skip", f"site {site.name} uses the local backend")]
     if shutil.which("sbatch") is None:
-        return [Check("slurm", "skip", "sbatch not on PATH: the local backend will be used")]
+        status = "fail" if site.backend == "slurm" else "skip"
+        return [Check("slurm", status, "sbatch not on PATH (the local backend runs trials here)")]
     checks = []
     code, out = _run(["sinfo", "-h", "-o", "%P"])
     if code != 0:

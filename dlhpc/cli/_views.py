@@ -77,7 +77,16 @@ def experiment_view(exp: dict[str, Any], note: str = "") -> RenderableType:
         f"metric: {exp['metric']} ({direction})",
         title_justify="left",
     )
-    for col in ("trial", "state", "progress", "best", "latest", "restarts", "jobs"):
+    metric = exp["metric"]
+    for col in (
+        "trial",
+        "state",
+        "progress",
+        f"best {metric}",
+        f"latest {metric}",
+        "restarts",
+        "jobs",
+    ):
         table.add_column(col, no_wrap=True)
     table.add_column("hparams", overflow="fold")
     best = _best(exp)

@@ -169,3 +169,15 @@ def test_launch_killed_between_sbatch_and_recording_is_adopted_not_resubmitted(c
         env=cli.env, capture_output=True, text=True, check=True,
     ).stdout
     assert sorted(out.split()) == sorted(jobs)  # Slurm saw exactly one array of 4
+
+
+def test_doctor_checks_the_dev_cluster(cli: Cli) -> None:
+    report = cli.json("doctor")
+    status = {c["name"]: c["status"] for c in report["checks"]}
+    assert status["slurm reachable"] == "ok" and status["accounting (sacct)"] == "ok"
+    assert status["site partitions"] == "ok" and status["state folder writable"] == "ok"
+    assert "database filesystem" in status
+    bad_site = cli.home.parent / "bad-site.yaml"
+    bad_site.write_text("backend: slurm\npartition: nosuchpartition\n")
+    proc = cli("doctor", "--site", str(bad_site), check=False)
+    assert proc.returncode == 1 and "nosuchpartition" in proc.stdout

@@ -121,3 +121,11 @@ def test_dry_run_on_local_backend_writes_nothing(exp_dir: Path, home: Path) -> N
     assert res.exit_code == 0, res.output
     assert "4 trial(s)" in res.output
     assert not home.exists()
+
+
+def test_doctor_on_a_local_site_skips_slurm(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DLHPC_SITE", "local")
+    res = _run("doctor", "--json")
+    assert res.exit_code == 0, res.output
+    checks = {c["name"]: c["status"] for c in json.loads(res.output)["checks"]}
+    assert checks["slurm"] == "skip" and checks["state folder writable"] == "ok"
