@@ -27,8 +27,17 @@ Event records (one JSON object per line, ``type`` first):
 
 * ``{"type": "start", "time", "host", "pid", "job_id", "restart", "rank", "nodes"}``
 * ``{"type": "metric", "time", "step", "metrics": {name: float}}``
-* ``{"type": "exit", "time", "code", "reason"}``; reason is ``completed`` or ``error``
+* ``{"type": "exit", "time", "code", "reason", "signal", "step", "checkpoint_step"}``;
+  reason is ``completed``, ``requeue`` (the script checkpointed and exited with
+  :data:`REQUEUE_EXIT_CODE` to be run again), ``signal`` (it died of a signal Slurm
+  sent, e.g. at preemption) or ``error``; ``signal`` names the first signal the
+  worker saw (``TERM``, ``USR2``...) or is null
 * ``{"type": "log", "time", "level", "message"}``
+
+Besides the immutable event files, an attempt folder holds two small files that
+are rewritten in place (atomically) and only read: ``heartbeat.json`` (the
+worker's liveness, every :data:`HEARTBEAT_INTERVAL_S`) and ``progress.json``
+(the training script's step and last checkpoint step, for lost-work accounting).
 """
 
 from __future__ import annotations
@@ -46,6 +55,11 @@ from typing import Any
 
 __all__ = [
     "EVENT_FILE_RE",
+    "HEARTBEAT_FILE",
+    "HEARTBEAT_INTERVAL_S",
+    "PROGRESS_FILE",
+    "REQUEUE_EXIT_CODE",
+    "read_small_json",
     "EventBatch",
     "EventWriter",
     "TrialSpec",
@@ -57,6 +71,11 @@ __all__ = [
     "read_event_batches",
     "trial_dir",
 ]
+
+REQUEUE_EXIT_CODE = 75  # sysexits' EX_TEMPFAIL: "checkpointed, run me again"
+HEARTBEAT_INTERVAL_S = 15.0
+HEARTBEAT_FILE = "heartbeat.json"
+PROGRESS_FILE = "progress.json"
 
 EVENT_FILE_RE = re.compile(r"^(?P<stream>[A-Za-z0-9_-]+)-(?P<seq>\d{8})\.jsonl$")
 _STREAM_RE = re.compile(r"^[A-Za-z0-9_]+(-[A-Za-z0-9_]+)*$")
@@ -122,6 +141,7 @@ class TrialSpec:
     metric: str
     smaller_is_better: bool
     env: dict[str, str] = field(default_factory=dict)
+    keep_latest: int = 1  # checkpoints of this trial to keep (checkpoint.keep_latest)
 
     def write(self, path: Path) -> None:
         atomic_write_text(path, json.dumps(asdict(self), indent=2, sort_keys=True))
@@ -202,3 +222,12 @@ def read_event_batches(attempt_path: Path, skip: Iterable[str] = ()) -> list[Eve
         records = [json.loads(line) for line in text.splitlines() if line.strip()]
         batches.append(EventBatch(p.name, records))
     return batches
+
+
+def read_small_json(path: Path) -> dict[str, Any] | None:
+    """A heartbeat or progress file, or None when absent or unreadable."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

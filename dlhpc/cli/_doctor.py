@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import shutil
+import sqlite3
 import subprocess
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,9 +16,10 @@ from rich.text import Text
 from dlhpc.cli._common import console, echo_json, site_option
 from dlhpc.config import load_site
 from dlhpc.config.model import SiteConfig
-from dlhpc.errors import DlhpcError, SchemaVersionError
-from dlhpc.store import Store, default_home
-from dlhpc.store._engine import SCHEMA_VERSION, check_version, make_engine, read_version
+from dlhpc.errors import DlhpcError, UsageError
+from dlhpc.store import default_home
+from dlhpc.store._engine import SCHEMA_VERSION, make_engine, read_version
+from dlhpc.store._engine import migrate as run_migrations
 
 __all__ = ["COMMANDS"]
 
@@ -137,22 +138,26 @@ def db() -> None:
 @db.command()
 @site_option
 def migrate(site: str | None) -> None:
-    """Bring an older state database to this dlhpc's schema version."""
+    """Back up an older state database, then bring it to this dlhpc's schema version."""
     cfg = load_site(site)
-    home = default_home(cfg.state_dir)
-    engine = make_engine(home / "dlhpc.db", writer=False)
-    version = read_version(engine)
-    engine.dispose()
-    steps: dict[int, Callable[[Path], None]] = {}  # from-version -> migration; none yet (v1)
+    db_file = default_home(cfg.state_dir) / "dlhpc.db"
+    if not db_file.exists():
+        raise UsageError(f"no state database at {db_file}")
+    reader = make_engine(db_file, writer=False)
+    version = read_version(reader)
+    reader.dispose()
     if version == SCHEMA_VERSION:
-        click.echo(f"{home / 'dlhpc.db'} is at schema v{version}: nothing to do")
+        click.echo(f"{db_file} is at schema v{version}: nothing to do")
         return
-    if version is None or version not in steps:
-        try:
-            check_version(version)
-        except SchemaVersionError as err:
-            raise SchemaVersionError(f"{err} (no migration from v{version} exists)") from err
-    Store(home).close()
+    backup = db_file.with_name(f"{db_file.name}.v{version}.bak")
+    with sqlite3.connect(db_file) as src, sqlite3.connect(backup) as dst:
+        src.backup(dst)  # a consistent copy even while readers are open
+    writer = make_engine(db_file, writer=True, journal_mode=cfg.journal_mode)
+    try:
+        start, end = run_migrations(writer)
+    finally:
+        writer.dispose()
+    click.echo(f"{db_file}: schema v{start} -> v{end} (backup: {backup})")
 
 
 @db.command("path")

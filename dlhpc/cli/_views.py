@@ -35,6 +35,15 @@ def _hparams(hp: dict[str, Any]) -> Text:
     return Text(" ".join(f"{k}={json.dumps(v)}" for k, v in sorted(hp.items())))
 
 
+def _restarts(t: dict[str, Any]) -> str:
+    causes = [a["cause"] for a in t["attempts"][:-1] if a["cause"]]
+    lost = sum(a["lost_steps"] or 0 for a in t["attempts"][:-1])
+    if not t["restarts"]:
+        return "0"
+    detail = ", ".join(f"{c} x{causes.count(c)}" for c in dict.fromkeys(causes))
+    return f"{t['restarts']} ({detail}; {lost} steps lost)" if detail else str(t["restarts"])
+
+
 def _bar(done: int, total: int, width: int = 8) -> str:
     total = max(total, 1)
     filled = min(width, round(width * min(done, total) / total))
@@ -98,7 +107,7 @@ def experiment_view(exp: dict[str, Any], note: str = "") -> RenderableType:
             _bar(t["steps_completed"], t["max_length"]),
             _metric(t["best_metric"]),
             _metric(t["latest_metric"]),
-            str(t["restarts"]),
+            _restarts(t),
             ",".join(t["slurm_job_ids"][-2:]),
             _hparams(t["hparams"]),
             style=style,

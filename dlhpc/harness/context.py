@@ -3,47 +3,78 @@
 Runs on compute nodes: it never opens the database, only writes event files
 through :mod:`dlhpc.protocol`. Importing it costs no torch import.
 
-Typical use::
+Typical use (the few lines a script adds)::
 
     import dlhpc
-    with dlhpc.init() as ctx:
-        lr = ctx.hparams["lr"]
-        for epoch in range(ctx.max_length):
-            ...
-            ctx.report(epoch + 1, {"val_loss": loss, "val_accuracy": acc})
+    ctx = dlhpc.init()
+    state = ctx.train_state(model=model, optimizer=opt, scheduler=sched)
+    state.restore()                          # resume from the newest verified checkpoint
+    while state.epoch < ctx.max_length:
+        for i, batch in enumerate(batches(epoch=state.epoch)):
+            if i < state.batch:
+                continue                     # mid-epoch resume: skip what was trained
+            ...                              # one training step
+            state.batch, state.step = i + 1, state.step + 1
+            ctx.step(state)                  # checkpoints and exits if preempted
+        state.epoch, state.batch = state.epoch + 1, 0
+        ctx.report(state.epoch, {"val_loss": ...})
+        ctx.checkpoint(state)
+    ctx.close()
 """
 
 from __future__ import annotations
 
+import atexit
+import json
 import math
 import os
+import signal
+import sys
+import threading
+import time
 from pathlib import Path
-from types import TracebackType
-from typing import Any
+from types import FrameType, TracebackType
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from dlhpc.errors import DlhpcError
-from dlhpc.protocol import EventWriter, TrialSpec
+from dlhpc.protocol import (
+    PROGRESS_FILE,
+    REQUEUE_EXIT_CODE,
+    EventWriter,
+    TrialSpec,
+    atomic_write_text,
+)
+
+if TYPE_CHECKING:
+    from dlhpc.harness.state import TrainState
 
 __all__ = ["TrialContext", "init"]
 
 ENV_TRIAL_DIR = "DLHPC_TRIAL_DIR"
 ENV_ATTEMPT_DIR = "DLHPC_ATTEMPT_DIR"
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)  # preemption, time limit (USR1 is NCCL's)
+_PROGRESS_EVERY_S = 5.0
 
 
-def _rank() -> int:
-    for var in ("RANK", "SLURM_PROCID"):
+def _int_env(*names: str, default: int) -> int:
+    for var in names:
         if os.environ.get(var, "").isdigit():
             return int(os.environ[var])
-    return 0
+    return default
 
 
 class TrialContext:
-    """Facts about the running trial and the channel to report metrics.
+    """Facts about the running trial, metric reporting, and preemption handling.
 
-    ``report`` buffers; records are published (atomically) every
-    ``flush_every`` reports, on :meth:`flush` and on :meth:`close`. Only rank 0
-    publishes metrics; other ranks' reports are dropped, so every rank may call
-    it unconditionally.
+    ``report`` buffers: records are published (atomically) when ``flush_every``
+    are pending or ``flush_interval_s`` has passed, and always before a
+    checkpoint, on :meth:`flush`, on :meth:`close` and when the trial stops, so
+    it is cheap to call every step. Only rank 0 publishes; other ranks' reports
+    are dropped, so every rank may call it unconditionally.
+
+    A SIGTERM (preemption) or SIGUSR2 (time limit near) makes :meth:`should_stop`
+    true; :meth:`step` then checkpoints the given state and exits with
+    :data:`~dlhpc.protocol.REQUEUE_EXIT_CODE` so the job is requeued and resumes.
     """
 
     def __init__(
@@ -51,15 +82,32 @@ class TrialContext:
         spec: TrialSpec | None,
         attempt_dir: Path | None,
         hparams: dict[str, Any],
-        flush_every: int = 1,
+        flush_every: int = 1000,
+        flush_interval_s: float = 30.0,
     ) -> None:
         self.spec = spec
         self.hparams: dict[str, Any] = dict(hparams)
-        self.rank = _rank()
+        self.rank = _int_env("RANK", "SLURM_PROCID", default=0)
+        self.local_rank = _int_env("LOCAL_RANK", "SLURM_LOCALID", default=0)
+        self.world_size = _int_env("WORLD_SIZE", "SLURM_NTASKS", default=1)
         self.flush_every = max(1, flush_every)
+        self.flush_interval_s = flush_interval_s
+        self.attempt_dir = attempt_dir
+        self.stop_reason: str | None = None
         self._writer: EventWriter | None = None
+        self._last_flush = time.monotonic()
+        self._last_progress = 0.0
+        self._step = 0
+        self._checkpoint_step: int | None = None
         if attempt_dir is not None and self.rank == 0:
             self._writer = EventWriter(attempt_dir, f"user-r{self.rank}")
+        if spec is not None and threading.current_thread() is threading.main_thread():
+            for sig in _STOP_SIGNALS:
+                signal.signal(sig, self._on_signal)
+        if self._writer is not None:
+            atexit.register(self.flush)  # a script that forgets close() keeps its metrics
+
+    # -- facts -------------------------------------------------------------
 
     @property
     def trial_id(self) -> int | None:
@@ -82,27 +130,86 @@ class TrialContext:
     def checkpoint_dir(self) -> Path | None:
         return Path(self.spec.checkpoint_dir) if self.spec else None
 
+    # -- metrics -------------------------------------------------------------
+
     def report(self, step: int, metrics: dict[str, float]) -> None:
         """Record ``metrics`` at ``step`` (the resource unit count, e.g. epoch)."""
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise DlhpcError(f"report(): step must be a non-negative int, got {step!r}")
-        clean: dict[str, float] = {}
-        for name, value in metrics.items():
-            v = float(value)
-            if not math.isfinite(v):
-                v = float("nan") if math.isnan(v) else v
-            clean[str(name)] = v
+        clean = {str(name): float(value) for name, value in metrics.items()}
         if self._writer is None:
             if self.spec is None:
-                print(f"[dlhpc] step {step}: {clean}", flush=True)
+                shown = {k: v if math.isfinite(v) else str(v) for k, v in clean.items()}
+                print(f"[dlhpc] step {step}: {shown}", flush=True)
             return
         self._writer.add("metric", step=step, metrics=clean)
-        if self._writer.pending() >= self.flush_every:
-            self._writer.flush()
+        if (
+            self._writer.pending() >= self.flush_every
+            or time.monotonic() - self._last_flush >= self.flush_interval_s
+        ):
+            self.flush()
 
     def flush(self) -> None:
         if self._writer is not None:
             self._writer.flush()
+        self._last_flush = time.monotonic()
+
+    # -- preemption, checkpoints ----------------------------------------------
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = signal.Signals(signum).name.removeprefix("SIG")
+
+    def should_stop(self) -> bool:
+        """True once the trial was asked to stop (preemption, time limit)."""
+        return self.stop_reason is not None
+
+    def train_state(self, **objects: Any) -> TrainState:
+        """A :class:`~dlhpc.harness.state.TrainState` in this trial's checkpoint folder.
+
+        Keyword arguments are passed on (model, optimizer, scheduler, scaler,
+        generators, ...). Needs torch.
+        """
+        from dlhpc.harness.state import TrainState
+
+        if self.spec is None:
+            raise DlhpcError("train_state() needs a dlhpc job (no checkpoint folder outside one)")
+        objects.setdefault("rank", self.rank)
+        objects.setdefault("keep_latest", self.spec.keep_latest)
+        return TrainState(Path(self.spec.checkpoint_dir), **objects)
+
+    def checkpoint(self, state: TrainState) -> None:
+        """Publish metrics reported so far, then a checkpoint of ``state``."""
+        self.flush()
+        state.save()
+        self._step = state.step
+        self._checkpoint_step = state.step
+        self._write_progress()
+
+    def step(self, state: TrainState | None = None) -> None:
+        """Call once per training step: keeps progress fresh and, when the trial must
+        stop, checkpoints ``state`` and exits for requeue (never returns then)."""
+        if state is not None:
+            self._step = state.step
+        now = time.monotonic()
+        if now - self._last_progress >= _PROGRESS_EVERY_S:
+            self._write_progress()
+        if self.should_stop():
+            if state is not None:
+                self.checkpoint(state)
+            self.exit_for_requeue()
+
+    def exit_for_requeue(self) -> NoReturn:
+        """Flush and exit with the code that tells dlhpc to run this trial again."""
+        self.close()
+        sys.exit(REQUEUE_EXIT_CODE)
+
+    def _write_progress(self) -> None:
+        self._last_progress = time.monotonic()
+        if self.attempt_dir is None or self.rank != 0:
+            return
+        body = {"time": time.time(), "step": self._step, "checkpoint_step": self._checkpoint_step}
+        atomic_write_text(self.attempt_dir / PROGRESS_FILE, json.dumps(body))
 
     def close(self) -> None:
         self.flush()
@@ -119,7 +226,11 @@ class TrialContext:
         self.close()
 
 
-def init(local_hparams: dict[str, Any] | None = None, flush_every: int = 1) -> TrialContext:
+def init(
+    local_hparams: dict[str, Any] | None = None,
+    flush_every: int = 1000,
+    flush_interval_s: float = 30.0,
+) -> TrialContext:
     """The context of the trial this process runs.
 
     Inside a dlhpc job the hyperparameters come from the trial's ``trial.json``.
@@ -133,7 +244,9 @@ def init(local_hparams: dict[str, Any] | None = None, flush_every: int = 1) -> T
                 "dlhpc.init(): not inside a dlhpc job (DLHPC_TRIAL_DIR unset); "
                 "pass local_hparams={...} to run the script by hand"
             )
-        return TrialContext(None, None, local_hparams, flush_every)
+        return TrialContext(None, None, local_hparams, flush_every, flush_interval_s)
     spec = TrialSpec.read(Path(trial_dir) / "trial.json")
     attempt = os.environ.get(ENV_ATTEMPT_DIR)
-    return TrialContext(spec, Path(attempt) if attempt else None, spec.hparams, flush_every)
+    return TrialContext(
+        spec, Path(attempt) if attempt else None, spec.hparams, flush_every, flush_interval_s
+    )

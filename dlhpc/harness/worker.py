@@ -3,25 +3,47 @@
 Called on the compute node, by submitit (``run_trial``) on Slurm or as
 ``python -m dlhpc.harness.worker TRIAL_DIR`` by the local backend. It never
 opens the database: it publishes ``start`` and ``exit`` records into the
-attempt's folder (see :mod:`dlhpc.protocol`) and runs ``entry.sh`` (site
-modules, ``environment.setup``, the entrypoint) in the code snapshot, with the
-trial's facts in ``DLHPC_*`` variables. Hyperparameters reach the script only
-through ``trial.json``.
+attempt's folder (see :mod:`dlhpc.protocol`), keeps ``heartbeat.json`` fresh,
+and runs ``entry.sh`` (site modules, ``environment.setup``, the entrypoint) in
+the code snapshot, with the trial's facts in ``DLHPC_*`` variables.
+Hyperparameters reach the script only through ``trial.json``.
+
+Signals. Slurm signals every process of the job (preemption: TERM, then KILL
+after the grace time; time limit: USR2 ``lead_time`` seconds before). The
+worker forwards what it receives to the entrypoint's process group (so the
+local backend's cancel works the same), notes the first signal, and when the
+script exits with :data:`~dlhpc.protocol.REQUEUE_EXIT_CODE` after a USR2 it asks
+Slurm to requeue this array task (``scontrol requeue``). After a TERM Slurm
+requeues preempted jobs itself; anything else is for the reconciler.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from types import FrameType
 
 from dlhpc.errors import DlhpcError
 from dlhpc.harness.context import ENV_ATTEMPT_DIR, ENV_TRIAL_DIR
-from dlhpc.protocol import EventWriter, TrialSpec, attempt_key
+from dlhpc.protocol import (
+    HEARTBEAT_FILE,
+    HEARTBEAT_INTERVAL_S,
+    PROGRESS_FILE,
+    REQUEUE_EXIT_CODE,
+    EventWriter,
+    TrialSpec,
+    atomic_write_text,
+    attempt_key,
+    read_small_json,
+)
 
 __all__ = ["TrialFailed", "job_identity", "run_trial"]
 
@@ -62,6 +84,36 @@ def _child_env(spec: TrialSpec, trial_dir: Path, attempt_dir: Path) -> dict[str,
     return env
 
 
+class _Heartbeat(threading.Thread):
+    """Rewrites ``heartbeat.json`` every interval until stopped (liveness for the reconciler)."""
+
+    def __init__(self, path: Path, interval: float) -> None:
+        super().__init__(name="dlhpc-heartbeat", daemon=True)
+        self.path = path
+        self.interval = interval
+        self.stopped = threading.Event()
+
+    def beat(self) -> None:
+        # a full or flaky filesystem must not kill the training; staleness shows it
+        with contextlib.suppress(OSError):
+            atomic_write_text(self.path, json.dumps({"time": time.time(), "pid": os.getpid()}))
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            self.beat()
+
+
+def _requeue_self(job_id: str) -> str:
+    """Ask Slurm to requeue this array task; returns "" or the error."""
+    try:
+        proc = subprocess.run(
+            ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return str(err)
+    return "" if proc.returncode == 0 else (proc.stderr or proc.stdout).strip()
+
+
 def run_entrypoint(trial_dir: Path) -> int:
     """Run the trial once; returns the entrypoint's exit code (signals as 128+n)."""
     spec = TrialSpec.read(trial_dir / "trial.json")
@@ -78,16 +130,26 @@ def run_entrypoint(trial_dir: Path) -> int:
         nodes=os.environ.get("SLURM_JOB_NODELIST", socket.gethostname()),
     )
     events.flush()
+    heartbeat = _Heartbeat(attempt_dir / HEARTBEAT_FILE, HEARTBEAT_INTERVAL_S)
+    if rank == 0:
+        heartbeat.beat()
+        heartbeat.start()
 
+    # Its own process group, so that forwarding reaches the training process and
+    # not just the shell running entry.sh.
     proc = subprocess.Popen(
         ["bash", spec.entry_script],
         cwd=spec.code_dir,
         env=_child_env(spec, trial_dir, attempt_dir),
+        start_new_session=True,
     )
+    received: list[str] = []
 
     def forward(signum: int, _frame: FrameType | None) -> None:
+        received.append(signal.Signals(signum).name.removeprefix("SIG"))
         if proc.poll() is None:
-            proc.send_signal(signum)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signum)
 
     previous = {s: signal.signal(s, forward) for s in _FORWARDED}
     try:
@@ -95,10 +157,33 @@ def run_entrypoint(trial_dir: Path) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        heartbeat.stopped.set()
     if code < 0:
         code = 128 - code
-    events.add("exit", code=code, reason="completed" if code == 0 else "error")
+    first = received[0] if received else None
+    if code == 0:
+        reason = "completed"
+    elif code == REQUEUE_EXIT_CODE:
+        reason = "requeue"
+    elif first is not None:
+        reason = "signal"
+    else:
+        reason = "error"
+    progress = read_small_json(attempt_dir / PROGRESS_FILE) or {}
+    events.add(
+        "exit",
+        code=code,
+        reason=reason,
+        signal=first,
+        step=progress.get("step"),
+        checkpoint_step=progress.get("checkpoint_step"),
+    )
     events.flush()
+    if rank == 0 and reason == "requeue" and first == "USR2" and "SLURM_JOB_ID" in os.environ:
+        error = _requeue_self(job_id)  # Slurm kills this run and queues the task again
+        if error:
+            events.add("log", level="warning", message=f"scontrol requeue {job_id}: {error}")
+            events.flush()
     return code
 
 

@@ -144,7 +144,9 @@ def _unsubmitted(session: Session, exp_id: int) -> list[Trial]:
             select(Attempt.trial_id).where(Attempt.trial_id.in_([t.id for t in trials]))
         )
     )
-    return [t for t in trials if t.id not in with_attempts and t.id not in in_flight]
+    return [
+        t for t in trials if (t.needs_job or t.id not in with_attempts) and t.id not in in_flight
+    ]
 
 
 def submit_pending(store: Store, pool: SchedulerPool, exp_id: int) -> list[SubmittedTask]:
@@ -214,6 +216,9 @@ def _record_tasks(
         sub.error = error
         for trial, task in zip(trials, tasks, strict=False):  # tasks may be a prefix
             session.add(new_attempt(trial.id, sub_id, task.job_id, str(task.stdout), now))
+            row = session.get(Trial, trial.id)
+            if row is not None:
+                row.needs_job = False
         ids = ", ".join(t.job_id for t in tasks[:3]) + (" ..." if len(tasks) > 3 else "")
         log_event(
             session,
@@ -252,12 +257,18 @@ def recover_submissions(store: Store, pool: SchedulerPool, exp_id: int) -> int:
             if row is None or row.state != "SUBMITTING":
                 continue
             for trial_id, job_id in zip(trial_ids, job_ids, strict=False):
-                if session.scalar(select(Attempt.id).where(Attempt.trial_id == trial_id)):
+                known = select(Attempt.id).where(
+                    Attempt.trial_id == trial_id, Attempt.job_id == job_id
+                )
+                if session.scalar(known):
                     continue  # its files were ingested already
                 logs = pool.get(backend).log_paths(Path(row.folder), job_id)
                 session.add(
                     new_attempt(trial_id, row.id, job_id, str(logs[0]) if logs else "", now)
                 )
+                trial = session.get(Trial, trial_id)
+                if trial is not None:
+                    trial.needs_job = False
                 adopted += 1
             row.state = "SUBMITTED" if job_ids else "FAILED"
             row.error = (

@@ -65,6 +65,10 @@ def entry_script_text(cfg: ExperimentConfig, experiment_id: int) -> str:
         "#!/bin/bash",
         f"# dlhpc experiment {experiment_id} ({cfg.name}): written at launch, run by the",
         "# worker in the code snapshot. Hyperparameters are in $DLHPC_TRIAL_DIR/trial.json.",
+        "",
+        "# Slurm signals every process of the job (TERM at preemption, USR2 before the time",
+        "# limit). The training process handles them; this shell must not die of them first.",
+        "trap ':' TERM USR2 INT",
     ]
     if cfg.site.modules:
         lines += ["", "# site modules", *cfg.site.modules]
@@ -124,6 +128,7 @@ def trial_spec(
         metric=cfg.searcher.metric,
         smaller_is_better=cfg.searcher.smaller_is_better,
         env=env,
+        keep_latest=cfg.checkpoint.keep_latest,
     )
 
 

@@ -31,18 +31,22 @@ from dlhpc.orchestrator.common import (
     searcher_of,
     submit_pending,
 )
+from dlhpc.orchestrator.recovery import judge
 from dlhpc.orchestrator.states import ExperimentState, TrialState
-from dlhpc.protocol import EVENT_FILE_RE, iter_attempt_dirs
+from dlhpc.protocol import (
+    EVENT_FILE_RE,
+    HEARTBEAT_FILE,
+    PROGRESS_FILE,
+    iter_attempt_dirs,
+    read_small_json,
+)
 from dlhpc.scheduler import JobState, JobStatus
 from dlhpc.search import Create
 from dlhpc.store import Attempt, Experiment, IngestedFile, Store, Submission, Trial, utcnow
 from dlhpc.store.ingest import ingest_attempt, refresh_trial_metrics
 
-__all__ = ["EXIT_RECORD_GRACE", "TickReport", "tick"]
+__all__ = ["TickReport", "tick"]
 
-# How long a job may be gone from Slurm before its exit record must have appeared
-# (shared filesystems show files late); past it the attempt is taken as lost.
-EXIT_RECORD_GRACE = timedelta(seconds=60)
 _LIVE_ATTEMPT_STATES = {"PENDING", "RUNNING", "REQUEUED", "UNKNOWN"}
 _MAX_FAILED_SUBMISSIONS = 3
 _INGEST_BATCH = 64  # attempt folders per write transaction
@@ -174,39 +178,41 @@ def _ingest(store: Store, todo: list[tuple[int, Path]], report: TickReport) -> N
 
 
 def _apply_status(a: Attempt, st: JobStatus | None, now: datetime) -> None:
-    """Update one attempt from the scheduler's view (its exit record wins)."""
-    if a.exit_code is not None:
-        a.state = JobState.COMPLETED.value if a.exit_code == 0 else JobState.FAILED.value
-        return
+    """Record the scheduler's view of the attempt's job (its exit record is kept apart)."""
     if st is None:
         return
     a.raw_state = st.raw_state or st.state.value
     a.node_list = st.node_list or a.node_list
     a.started_at = a.started_at or st.start
+    a.state = st.state.value
     if st.state.is_terminal or st.state == JobState.UNKNOWN:
-        a.state = st.state.value
         a.ended_at = a.ended_at or st.end
         a.terminal_seen_at = a.terminal_seen_at or now
     else:
-        a.state = st.state.value
         a.terminal_seen_at = None
 
 
-def _trial_state(t: Trial, a: Attempt | None, now: datetime) -> tuple[TrialState, str]:
-    if a is None:
-        return TrialState.PENDING, ""
-    if a.exit_code is not None:
-        if a.exit_code == 0:
-            return TrialState.COMPLETED, ""
-        return TrialState.FAILED, f"exit code {a.exit_code} (job {a.job_id})"
-    if a.terminal_seen_at is not None and now - a.terminal_seen_at > EXIT_RECORD_GRACE:
-        return (
-            TrialState.FAILED,
-            f"job {a.job_id} ended {a.raw_state or a.state} without an exit record",
-        )
-    if a.started_at is not None or a.state == JobState.RUNNING.value:
-        return TrialState.RUNNING, ""
-    return TrialState.PENDING, ""
+def _attempt_file(t: Trial, a: Attempt, name: str) -> dict[str, object] | None:
+    return (
+        read_small_json(Path(t.run_dir) / "attempts" / a.attempt_key / name) if t.run_dir else None
+    )
+
+
+def _heartbeat_age(t: Trial, a: Attempt | None) -> timedelta | None:
+    beat = _attempt_file(t, a, HEARTBEAT_FILE) if a is not None else None
+    if beat is None or not isinstance(beat.get("time"), int | float):
+        return None
+    return timedelta(seconds=max(0.0, time.time() - float(beat["time"])))  # type: ignore[arg-type]
+
+
+def _lost_steps(t: Trial, a: Attempt) -> int | None:
+    if a.lost_steps is not None:
+        return a.lost_steps
+    progress = _attempt_file(t, a, PROGRESS_FILE) or {}
+    step, ckpt = progress.get("step"), progress.get("checkpoint_step")
+    if not isinstance(step, int):
+        return None
+    return max(0, step - (ckpt if isinstance(ckpt, int) else 0))
 
 
 def _log_tail(a: Attempt, lines: int = 5) -> str:
@@ -240,26 +246,14 @@ def _reconcile_experiment(
             return
         cfg = config_of(exp)
         searcher = searcher_of(cfg, exp.searcher_state)
+        cancels: dict[str, list[str]] = defaultdict(list)
         for t in exp.trials:
-            if TrialState(t.state).is_terminal:
-                continue
-            for a in t.attempts:
-                if a.state in _LIVE_ATTEMPT_STATES or a.exit_code is not None:
-                    _apply_status(a, statuses.get(a.job_id), now)
-            current = t.attempts[-1] if t.attempts else None
-            state, error = _trial_state(t, current, now)
-            if state.value == t.state:
-                continue
-            t.state = state.value
-            if state.is_terminal:
-                t.ended_at = now
-                t.error = (
-                    "\n".join(x for x in (error, _log_tail(current)) if x) if current else error
-                )
-                if t.latest_metric is not None:
-                    searcher.tell(t.request_id, t.steps_completed, t.latest_metric)
-                searcher.tell_exited(t.request_id)
-            log_event(s, f"trial.{state.value.lower()}", error or state.value, exp_id, t.id)
+            if not TrialState(t.state).is_terminal:
+                _reconcile_trial(s, t, cfg.max_restarts, statuses, now, cancels[exp.backend])
+                if TrialState(t.state).is_terminal:
+                    if t.latest_metric is not None:
+                        searcher.tell(t.request_id, t.steps_completed, t.latest_metric)
+                    searcher.tell_exited(t.request_id)
 
         live = [t for t in exp.trials if not TrialState(t.state).is_terminal]
         capacity = cfg.searcher.max_concurrent_trials or 1_000_000
@@ -284,6 +278,89 @@ def _reconcile_experiment(
             ok = any(t.state == TrialState.COMPLETED.value for t in exp.trials)
             _finish(s, exp, ExperimentState.COMPLETED if ok else ExperimentState.FAILED, "", now)
             report.finished.append(exp_id)
+    for backend, job_ids in cancels.items():
+        if job_ids:
+            pool.get(backend).cancel(job_ids)  # their trials were resubmitted: stop the zombies
+
+
+def _reconcile_trial(
+    s: Session,
+    t: Trial,
+    max_restarts: int,
+    statuses: dict[str, JobStatus],
+    now: datetime,
+    cancels: list[str],
+) -> None:
+    """Bring one live trial's state up to date and decide on a restart."""
+    for a in t.attempts:
+        if a.state in _LIVE_ATTEMPT_STATES:
+            _apply_status(a, statuses.get(a.job_id), now)
+    for a in t.attempts[:-1]:  # requeued by Slurm or resubmitted: a newer attempt exists
+        if a.state in _LIVE_ATTEMPT_STATES:
+            a.state = "SUPERSEDED"
+        if not a.cause:
+            a.cause = "requeued"
+            a.lost_steps = _lost_steps(t, a)
+    t.restarts = max(0, len(t.attempts) - 1)
+    if t.needs_job:
+        return  # already judged; waits for its new job
+    current = t.attempts[-1] if t.attempts else None
+    status = statuses.get(current.job_id) if current is not None else None
+    verdict = judge(current, status, _heartbeat_age(t, current), now)
+    if current is not None and verdict.cause and (verdict.resubmit or verdict.state.is_terminal):
+        current.cause = verdict.cause
+        current.lost_steps = _lost_steps(t, current)
+    if verdict.resubmit and current is not None:
+        if verdict.cancel_job:
+            cancels.append(current.job_id)
+            current.state = "SUPERSEDED"
+        if verdict.counted and t.crashes >= max_restarts:
+            _end_trial(
+                s,
+                t,
+                TrialState.FAILED,
+                now,
+                current,
+                f"crashed {t.crashes + 1} time(s)"
+                f" (max_restarts {max_restarts}); last: exit code {current.exit_code}"
+                f" of job {current.job_id}",
+            )
+            return
+        t.crashes += int(verdict.counted)
+        t.needs_job = True
+        t.state = TrialState.PENDING.value
+        log_event(
+            s,
+            "trial.restart",
+            f"attempt {current.attempt_key} ended ({verdict.cause}); submitting again"
+            f" (restart {t.restarts + 1}, crashes {t.crashes}/{max_restarts})",
+            t.experiment_id,
+            t.id,
+        )
+        return
+    if verdict.state.value != t.state:
+        if verdict.state.is_terminal:
+            _end_trial(s, t, verdict.state, now, current, "")
+        else:
+            t.state = verdict.state.value
+            log_event(
+                s,
+                f"trial.{verdict.state.value.lower()}",
+                verdict.state.value,
+                t.experiment_id,
+                t.id,
+            )
+
+
+def _end_trial(
+    s: Session, t: Trial, state: TrialState, now: datetime, last: Attempt | None, error: str
+) -> None:
+    t.state = state.value
+    t.ended_at = now
+    t.needs_job = False
+    if error:
+        t.error = "\n".join(x for x in (error, _log_tail(last) if last else "") if x)
+    log_event(s, f"trial.{state.value.lower()}", error or state.value, t.experiment_id, t.id)
 
 
 def _finish(s: Session, exp: Experiment, state: ExperimentState, why: str, now: datetime) -> None:

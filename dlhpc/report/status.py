@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
@@ -24,9 +25,28 @@ def _trial(t: Trial) -> dict[str, Any]:
         "best_metric": t.best_metric,
         "latest_metric": t.latest_metric,
         "restarts": t.restarts,
-        "slurm_job_ids": [a.job_id for a in t.attempts],
+        "crashes": t.crashes,
+        "slurm_job_ids": list(dict.fromkeys(a.job_id for a in t.attempts)),
         "error": t.error,
+        "attempts": [
+            {
+                "key": a.attempt_key,
+                "job_id": a.job_id,
+                "state": a.state,
+                "cause": a.cause,
+                "exit_code": a.exit_code,
+                "lost_steps": a.lost_steps,
+                "node_list": a.node_list,
+                "started_at": _iso(a.started_at),
+                "ended_at": _iso(a.ended_at),
+            }
+            for a in t.attempts
+        ],
     }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() + "Z" if value else None
 
 
 def status_data(session: Session, experiment_id: int | None = None) -> dict[str, Any]:
@@ -51,8 +71,8 @@ def status_data(session: Session, experiment_id: int | None = None) -> dict[str,
                 "metric": e.metric,
                 "smaller_is_better": e.smaller_is_better,
                 "backend": e.backend,
-                "created_at": e.created_at.isoformat() + "Z",
-                "ended_at": e.ended_at.isoformat() + "Z" if e.ended_at else None,
+                "created_at": _iso(e.created_at),
+                "ended_at": _iso(e.ended_at),
                 "run_dir": e.run_dir,
                 "trials": [_trial(t) for t in e.trials],
             }

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from dlhpc.errors import SchemaVersionError, StoreError
 from dlhpc.store.models import Base, Meta
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_MS = 30_000
 
 
@@ -94,6 +94,28 @@ def _read_version(session: Session) -> int | None:
         return None
     value = session.scalar(select(Meta.value).where(Meta.key == "schema_version"))
     return int(value) if value is not None else None
+
+
+def migrate(writer: Engine) -> tuple[int, int]:
+    """Apply every migration from the DB's version to SCHEMA_VERSION; returns (from, to)."""
+    from dlhpc.store._migrations import MIGRATIONS
+
+    with Session(writer) as session, session.begin():
+        start = _read_version(session)
+        if start is None:
+            raise StoreError("the state database has no schema version (not a dlhpc database?)")
+        if start > SCHEMA_VERSION:
+            check_version(start)
+        version = start
+        while version < SCHEMA_VERSION:
+            if version not in MIGRATIONS:
+                raise SchemaVersionError(f"no migration from schema v{version}")
+            MIGRATIONS[version](session.connection())
+            version += 1
+        meta = session.get(Meta, "schema_version")
+        assert meta is not None  # read above
+        meta.value = str(version)
+    return start, version
 
 
 def read_version(engine: Engine) -> int | None:

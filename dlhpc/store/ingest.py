@@ -97,8 +97,12 @@ def ingest_attempt(
                 attempt.node_list = str(rec.get("nodes", "")) or attempt.node_list
             elif kind == "exit":
                 attempt.exit_code = int(rec.get("code", 1))
-                attempt.exit_reason = str(rec.get("reason", ""))
+                sig = rec.get("signal")
+                attempt.exit_reason = str(rec.get("reason", "")) + (f"/{sig}" if sig else "")
                 attempt.ended_at = _ts(rec.get("time"))
+                at, ckpt = rec.get("step"), rec.get("checkpoint_step")
+                if isinstance(at, int):
+                    attempt.lost_steps = max(0, at - (ckpt if isinstance(ckpt, int) else 0))
                 result.exited = True
             elif kind == "log":
                 session.add(

@@ -95,7 +95,11 @@ class Trial(Base):
     steps_completed: Mapped[int] = mapped_column(Integer, default=0)
     best_metric: Mapped[float | None] = mapped_column(Float, nullable=True)
     latest_metric: Mapped[float | None] = mapped_column(Float, nullable=True)
-    restarts: Mapped[int] = mapped_column(Integer, default=0)
+    restarts: Mapped[int] = mapped_column(Integer, default=0)  # every new attempt after the first
+    # restarts caused by the trial's own failures; only these count toward max_restarts (v2)
+    crashes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # the latest attempt is over and the trial waits for a new job (v2)
+    needs_job: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
     error: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(DateTime)
     ended_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
@@ -143,6 +147,10 @@ class Attempt(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime)
     # first tick that saw the job terminal without its exit record (grace for FS lag)
     terminal_seen_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    # why the attempt ended: completed, crash, preempted, timeout, requeued, lost, cancelled (v2)
+    cause: Mapped[str] = mapped_column(String(32), default="", server_default="")
+    # steps trained since the last published checkpoint when it was interrupted (v2)
+    lost_steps: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     trial: Mapped[Trial] = relationship(back_populates="attempts")
 

@@ -129,3 +129,42 @@ def test_doctor_on_a_local_site_skips_slurm(home: Path, monkeypatch: pytest.Monk
     assert res.exit_code == 0, res.output
     checks = {c["name"]: c["status"] for c in json.loads(res.output)["checks"]}
     assert checks["slurm"] == "skip" and checks["state folder writable"] == "ok"
+
+
+def _trial_script(exp_dir: Path, body: str) -> None:
+    (exp_dir / "flaky.py").write_text(
+        "import os, sys, dlhpc\nfrom pathlib import Path\nctx = dlhpc.init()\n"
+        "marks = Path(ctx.checkpoint_dir); marks.mkdir(parents=True, exist_ok=True)\n"
+        "n = len(list(marks.glob('run-*'))); (marks / f'run-{n}').touch()\n" + body
+    )
+
+
+def test_crash_is_restarted_and_counted(exp_dir: Path) -> None:
+    _trial_script(
+        exp_dir, "ctx.report(1, {'loss': 1.0 + n}); ctx.close(); sys.exit(1 if n == 0 else 0)\n"
+    )
+    (exp_dir / "exp.yaml").write_text(
+        "name: flaky\nentrypoint: python flaky.py\nmax_restarts: 2\n"
+        "hyperparameters:\n  x: 1\nsearcher: {name: single, metric: loss}\n"
+    )
+    exp_id = json.loads(_run("launch", str(exp_dir / "exp.yaml"), "--json").output)["experiment_id"]
+    exp = _tick_until_over(exp_id)
+    (t,) = exp["trials"]
+    assert exp["state"] == "COMPLETED" and t["state"] == "COMPLETED"
+    assert t["restarts"] == 1 and t["crashes"] == 1 and len(t["slurm_job_ids"]) == 2
+    assert [a["cause"] for a in t["attempts"]] == ["crash", "completed"]
+    assert t["latest_metric"] == 2.0  # the second run's value replaced the first's
+
+
+def test_crashes_past_max_restarts_fail_the_trial_with_its_error(exp_dir: Path) -> None:
+    _trial_script(exp_dir, "print('boom: bad batch', file=sys.stderr); sys.exit(4)\n")
+    (exp_dir / "exp.yaml").write_text(
+        "name: doomed\nentrypoint: python flaky.py\nmax_restarts: 2\n"
+        "hyperparameters:\n  x: 1\nsearcher: {name: single, metric: loss}\n"
+    )
+    exp_id = json.loads(_run("launch", str(exp_dir / "exp.yaml"), "--json").output)["experiment_id"]
+    exp = _tick_until_over(exp_id)
+    (t,) = exp["trials"]
+    assert exp["state"] == "FAILED" and t["state"] == "FAILED"
+    assert t["restarts"] == 2 and t["crashes"] == 2  # 3 attempts in all
+    assert "max_restarts 2" in t["error"] and "boom: bad batch" in t["error"]

@@ -62,17 +62,50 @@ def _exp_and_trial(store: Store, tmp_path: Path) -> int:
 def test_new_db_records_schema_version(tmp_path: Path) -> None:
     Store(tmp_path).close()
     con = sqlite3.connect(tmp_path / "dlhpc.db")
-    assert con.execute("select value from meta where key='schema_version'").fetchone() == ("1",)
+    assert con.execute("select value from meta where key='schema_version'").fetchone() == ("2",)
 
 
-def test_old_schema_gets_clear_message(tmp_path: Path) -> None:
-    Store(tmp_path).close()
-    con = sqlite3.connect(tmp_path / "dlhpc.db")
-    con.execute("update meta set value='0' where key='schema_version'")
+def _make_v1_db(home: Path) -> None:
+    """A database as schema v1 made it (v2 added four columns)."""
+    Store(home).close()
+    con = sqlite3.connect(home / "dlhpc.db")
+    for table, column in (
+        ("trials", "crashes"),
+        ("trials", "needs_job"),
+        ("attempts", "cause"),
+        ("attempts", "lost_steps"),
+    ):
+        con.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+    con.execute("update meta set value='1' where key='schema_version'")
     con.commit()
     con.close()
+
+
+def test_old_schema_gets_clear_message_and_migrates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from dlhpc.cli.main import cli
+
+    home = tmp_path / "home"
+    _make_v1_db(home)
     with pytest.raises(SchemaVersionError, match="dlhpc db migrate"):
-        Store(tmp_path)
+        Store(home)
+    monkeypatch.setenv("DLHPC_HOME", str(home))
+    monkeypatch.setenv("DLHPC_SITE", "local")
+    res = CliRunner().invoke(cli, ["status"])
+    assert res.exit_code == 1 and "dlhpc db migrate" in res.output
+    res = CliRunner().invoke(cli, ["db", "migrate"])
+    assert res.exit_code == 0, res.output
+    assert "v1 -> v2" in res.output and (home / "dlhpc.db.v1.bak").exists()
+    store = Store(home)  # opens without complaint now
+    _exp_and_trial(store, tmp_path)
+    with store.read() as s:
+        t = s.scalar(select(Trial))
+        assert t is not None and t.crashes == 0 and t.needs_job is False
+    res = CliRunner().invoke(cli, ["db", "migrate"])
+    assert res.exit_code == 0 and "nothing to do" in res.output
 
 
 def test_second_reconciler_is_refused_then_takes_expired_lease(tmp_path: Path) -> None:

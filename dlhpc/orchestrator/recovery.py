@@ -1,0 +1,105 @@
+"""What happened to a trial's current attempt, and what to do about it.
+
+:func:`judge` is pure: given the attempt as ingested (its exit record, if any),
+the scheduler's view of its job and the age of its heartbeat, it returns a
+:class:`Verdict`. The rules:
+
+* exit 0: the trial is COMPLETED;
+* the script checkpointed and exited to be requeued, or died of a signal Slurm
+  sent (preemption TERM, time-limit USR2): not the trial's fault. While Slurm
+  still has the job (it requeues preempted and self-requeued tasks under the same
+  id) wait for the next attempt; once the job is gone, submit the trial again;
+* any other non-zero exit is a crash: it counts toward ``max_restarts``;
+* no exit record: while the job runs, a heartbeat older than
+  :data:`HEARTBEAT_STALE` means a dead node or a hung job: cancel it and submit
+  again; once the job is gone (after :data:`EXIT_RECORD_GRACE` for slow shared
+  filesystems), submit again, counting it as a crash only when Slurm says FAILED.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from dlhpc.orchestrator.states import TrialState
+from dlhpc.protocol import REQUEUE_EXIT_CODE
+from dlhpc.scheduler import JobState, JobStatus
+from dlhpc.store import Attempt
+
+__all__ = ["EXIT_RECORD_GRACE", "HEARTBEAT_STALE", "Verdict", "judge", "split_reason"]
+
+EXIT_RECORD_GRACE = timedelta(seconds=60)
+HEARTBEAT_STALE = timedelta(seconds=float(os.environ.get("DLHPC_HEARTBEAT_STALE_S", "180")))
+# a job that left the queue right after its exit record needs no long wait
+_INTERRUPTED_GRACE = timedelta(seconds=5)
+
+_LIVE = {JobState.PENDING, JobState.RUNNING, JobState.REQUEUED}
+_CAUSE_OF_STATE = {
+    JobState.NODE_FAIL: "node_fail",
+    JobState.PREEMPTED: "preempted",
+    JobState.TIMEOUT: "timeout",
+    JobState.CANCELLED: "cancelled",
+    JobState.FAILED: "crash",
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    state: TrialState
+    cause: str = ""  # why the attempt ended; recorded on it
+    resubmit: bool = False  # the attempt is over and the trial needs a new job
+    counted: bool = False  # a crash of the trial's own (counts toward max_restarts)
+    cancel_job: bool = False  # the job is still in Slurm but dead to us: scancel it
+
+
+def split_reason(exit_reason: str) -> tuple[str, str | None]:
+    """``"requeue/USR2"`` -> ``("requeue", "USR2")``."""
+    reason, _, sig = exit_reason.partition("/")
+    return reason, sig or None
+
+
+def _signal_cause(sig: str | None, reason: str) -> str:
+    if sig == "USR2":
+        return "timeout"
+    if sig == "TERM":
+        return "preempted"
+    return "requeue" if reason == "requeue" else "signal"
+
+
+def _waiting(a: Attempt, st: JobStatus | None) -> TrialState:
+    started = a.started_at is not None or (st is not None and st.state == JobState.RUNNING)
+    return TrialState.RUNNING if started else TrialState.PENDING
+
+
+def judge(
+    a: Attempt | None, st: JobStatus | None, heartbeat_age: timedelta | None, now: datetime
+) -> Verdict:
+    """The verdict on the current attempt ``a`` (see the module docstring)."""
+    if a is None:
+        return Verdict(TrialState.PENDING)
+    gone_for = now - a.terminal_seen_at if a.terminal_seen_at is not None else None
+    live = st is not None and st.state in _LIVE
+    if a.exit_code is not None:
+        if a.exit_code == 0:
+            return Verdict(TrialState.COMPLETED, cause="completed")
+        reason, sig = split_reason(a.exit_reason)
+        if a.exit_code == REQUEUE_EXIT_CODE or reason in ("requeue", "signal"):
+            cause = _signal_cause(sig, reason)
+            if live or gone_for is None or gone_for <= _INTERRUPTED_GRACE:
+                return Verdict(TrialState.PENDING, cause=cause)  # Slurm may bring it back
+            return Verdict(TrialState.PENDING, cause=cause, resubmit=True)
+        return Verdict(TrialState.PENDING, cause="crash", resubmit=True, counted=True)
+    if live:
+        assert st is not None  # live implies a status
+        if (
+            st.state == JobState.RUNNING
+            and heartbeat_age is not None
+            and heartbeat_age > HEARTBEAT_STALE
+        ):
+            return Verdict(TrialState.PENDING, cause="lost", resubmit=True, cancel_job=True)
+        return Verdict(_waiting(a, st))
+    if gone_for is None or gone_for <= EXIT_RECORD_GRACE:
+        return Verdict(_waiting(a, st))
+    cause = _CAUSE_OF_STATE.get(st.state, "lost") if st is not None else "lost"
+    return Verdict(TrialState.PENDING, cause=cause, resubmit=True, counted=cause == "crash")

@@ -1,0 +1,27 @@
+"""Schema migrations: ``MIGRATIONS[v]`` brings a database from version v to v + 1.
+
+Each runs inside one write transaction with the version bump, so a migration
+that fails half-way leaves the database as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import Connection
+
+__all__ = ["MIGRATIONS"]
+
+
+def _v1_to_v2(conn: Connection) -> None:
+    """Restart bookkeeping: trials.crashes/needs_job, attempts.cause/lost_steps."""
+    for stmt in (
+        "ALTER TABLE trials ADD COLUMN crashes INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE trials ADD COLUMN needs_job BOOLEAN NOT NULL DEFAULT 0",
+        "ALTER TABLE attempts ADD COLUMN cause VARCHAR(32) NOT NULL DEFAULT ''",
+        "ALTER TABLE attempts ADD COLUMN lost_steps INTEGER",
+    ):
+        conn.exec_driver_sql(stmt)
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2}

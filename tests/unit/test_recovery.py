@@ -1,0 +1,173 @@
+"""The restart rules (orchestrator.recovery.judge) as a table."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+
+from dlhpc.orchestrator.recovery import HEARTBEAT_STALE, judge
+from dlhpc.orchestrator.states import TrialState
+from dlhpc.scheduler import JobState, JobStatus
+from dlhpc.store import Attempt
+
+NOW = datetime(2026, 1, 1, 12, 0, 0)
+LONG_AGO = NOW - timedelta(minutes=10)
+
+
+def _attempt(
+    code: int | None = None, reason: str = "", gone: datetime | None = None, started: bool = True
+) -> Attempt:
+    return Attempt(
+        trial_id=1,
+        attempt_key="5_0.r0",
+        job_id="5_0",
+        state="RUNNING",
+        exit_code=code,
+        exit_reason=reason,
+        terminal_seen_at=gone,
+        started_at=NOW if started else None,
+        created_at=NOW,
+    )
+
+
+def _st(state: JobState) -> JobStatus:
+    return JobStatus("5_0", state)
+
+
+R = JobState.RUNNING
+P = JobState.PENDING
+
+
+@pytest.mark.parametrize(
+    ("attempt", "status", "hb", "state", "cause", "resubmit", "counted", "cancel"),
+    [
+        (None, None, None, TrialState.PENDING, "", False, False, False),
+        (_attempt(started=False), _st(P), None, TrialState.PENDING, "", False, False, False),
+        (_attempt(), _st(R), timedelta(seconds=5), TrialState.RUNNING, "", False, False, False),
+        (
+            _attempt(0, "completed"),
+            _st(R),
+            None,
+            TrialState.COMPLETED,
+            "completed",
+            False,
+            False,
+            False,
+        ),
+        # checkpointed at a time-limit signal; Slurm requeues the same task: wait
+        (
+            _attempt(75, "requeue/USR2"),
+            _st(P),
+            None,
+            TrialState.PENDING,
+            "timeout",
+            False,
+            False,
+            False,
+        ),
+        # ... but the job is gone (e.g. scancel --signal): submit again, not counted
+        (
+            _attempt(75, "requeue/USR2", LONG_AGO),
+            _st(JobState.CANCELLED),
+            None,
+            TrialState.PENDING,
+            "timeout",
+            True,
+            False,
+            False,
+        ),
+        # preempted (TERM), killed before checkpointing: not the trial's fault
+        (
+            _attempt(143, "signal/TERM", LONG_AGO),
+            _st(JobState.CANCELLED),
+            None,
+            TrialState.PENDING,
+            "preempted",
+            True,
+            False,
+            False,
+        ),
+        # a crash of the user's code counts
+        (
+            _attempt(1, "error"),
+            _st(JobState.FAILED),
+            None,
+            TrialState.PENDING,
+            "crash",
+            True,
+            True,
+            False,
+        ),
+        # node died: running in Slurm, heartbeat stale -> cancel and resubmit, not counted
+        (
+            _attempt(),
+            _st(R),
+            HEARTBEAT_STALE + timedelta(seconds=1),
+            TrialState.PENDING,
+            "lost",
+            True,
+            False,
+            True,
+        ),
+        # gone from Slurm without an exit record, within the grace: wait for the files
+        (
+            _attempt(gone=NOW - timedelta(seconds=5)),
+            _st(JobState.NODE_FAIL),
+            None,
+            TrialState.RUNNING,
+            "",
+            False,
+            False,
+            False,
+        ),
+        (
+            _attempt(gone=LONG_AGO),
+            _st(JobState.NODE_FAIL),
+            None,
+            TrialState.PENDING,
+            "node_fail",
+            True,
+            False,
+            False,
+        ),
+        (
+            _attempt(gone=LONG_AGO),
+            _st(JobState.FAILED),
+            None,
+            TrialState.PENDING,
+            "crash",
+            True,
+            True,
+            False,
+        ),
+        (
+            _attempt(gone=LONG_AGO),
+            _st(JobState.UNKNOWN),
+            None,
+            TrialState.PENDING,
+            "lost",
+            True,
+            False,
+            False,
+        ),
+    ],
+)
+def test_judge(
+    attempt: Attempt | None,
+    status: JobStatus | None,
+    hb: timedelta | None,
+    state: TrialState,
+    cause: str,
+    resubmit: bool,
+    counted: bool,
+    cancel: bool,
+) -> None:
+    v = judge(attempt, status, hb, NOW)
+    assert (v.state, v.cause, v.resubmit, v.counted, v.cancel_job) == (
+        state,
+        cause,
+        resubmit,
+        counted,
+        cancel,
+    )
