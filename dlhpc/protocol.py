@@ -142,6 +142,7 @@ class TrialSpec:
     smaller_is_better: bool
     env: dict[str, str] = field(default_factory=dict)
     keep_latest: int = 1  # checkpoints of this trial to keep (checkpoint.keep_latest)
+    deterministic: bool = False  # reproducibility.deterministic
 
     def write(self, path: Path) -> None:
         atomic_write_text(path, json.dumps(asdict(self), indent=2, sort_keys=True))

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypeGuard
 
 from dlhpc._failpoints import failpoint
 from dlhpc.protocol import _fsync_dir, atomic_write_bytes
@@ -117,15 +117,20 @@ def _scan(root: Path) -> list[_Entry]:
     return sorted(entries, key=lambda e: (e.step, e.seq), reverse=True)
 
 
-def _hash_file(path: Path) -> tuple[int, str]:
-    """(size, sha256) of ``path``; fsyncs it on the way."""
+def _is_count(v: object) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _hash_file(path: Path, sync: bool = False) -> tuple[int, str]:
+    """(size, sha256) of ``path``; fsyncs it too if ``sync``."""
     h = hashlib.sha256()
     size = 0
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
             size += len(chunk)
-        os.fsync(f.fileno())
+        if sync:
+            os.fsync(f.fileno())
     return size, h.hexdigest()
 
 
@@ -143,7 +148,7 @@ def _seal(folder: Path) -> dict[str, FileRecord]:
                 raise ValueError(f"write_files may not create {MANIFEST_NAME}")
             if not stat.S_ISREG(os.lstat(p).st_mode):
                 raise ValueError(f"checkpoint file {rel} is not a regular file")
-            files[rel] = FileRecord(*_hash_file(p))
+            files[rel] = FileRecord(*_hash_file(p, sync=True))
     if not files:
         raise ValueError("write_files wrote no files")
     for d in reversed(dirs):
@@ -181,10 +186,9 @@ def publish_checkpoint(
     folder that readers skip and :func:`prune` removes. ``metadata`` must be
     JSON-serialisable. Nothing existing is modified or deleted.
     """
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+    if not _is_count(step):
         raise ValueError(f"checkpoint step must be a non-negative int, got {step!r}")
-    meta = dict(metadata or {})
-    json.dumps(meta, allow_nan=False)  # fail before writing gigabytes
+    meta = json.loads(json.dumps(metadata or {}, allow_nan=False))  # fail before any I/O
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-ckpt-{step}-{uuid.uuid4().hex}"
     tmp.mkdir()
@@ -230,7 +234,7 @@ def _parse_manifest(folder: Path, step: int) -> Checkpoint | str:
         return f"manifest is not valid JSON: {e}"
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         return "manifest has an unknown format"
-    if m.get("step") != step or isinstance(m.get("step"), bool):
+    if m.get("step") != step or not _is_count(m.get("step")):
         return f"manifest step {m.get('step')!r} != folder step {step}"
     created, files_raw, meta = m.get("created"), m.get("files"), m.get("metadata")
     if not isinstance(created, (int, float)) or isinstance(created, bool):
@@ -242,13 +246,9 @@ def _parse_manifest(folder: Path, step: int) -> Checkpoint | str:
         parts = PurePosixPath(rel).parts
         if not parts or PurePosixPath(rel).is_absolute() or ".." in parts or rel == MANIFEST_NAME:
             return f"manifest: unsafe file name {rel!r}"
-        if not isinstance(rec, dict):
-            return f"manifest: bad record for {rel}"
-        size, sha = rec.get("size"), rec.get("sha256")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            return f"manifest: bad size for {rel}"
-        if not isinstance(sha, str) or not _SHA_RE.match(sha):
-            return f"manifest: bad sha256 for {rel}"
+        size, sha = (rec.get("size"), rec.get("sha256")) if isinstance(rec, dict) else (0, 0)
+        if not _is_count(size) or not isinstance(sha, str) or not _SHA_RE.match(sha):
+            return f"manifest: bad size or sha256 for {rel}"
         files[rel] = FileRecord(size, sha)
     return Checkpoint(folder, step, float(created), files, meta)
 

@@ -127,6 +127,11 @@ class TrialContext:
         return self.spec.seed if self.spec else 0
 
     @property
+    def deterministic(self) -> bool:
+        """``reproducibility.deterministic``: the script should pick deterministic kernels."""
+        return bool(self.spec and self.spec.deterministic)
+
+    @property
     def checkpoint_dir(self) -> Path | None:
         return Path(self.spec.checkpoint_dir) if self.spec else None
 

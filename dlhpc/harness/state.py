@@ -207,8 +207,9 @@ class TrainState:
         """Load the newest verified checkpoint into every object; False if there is none.
 
         Torn or corrupt checkpoints are skipped and listed in ``self.skipped``.
-        Raises :class:`StateMismatchError` (before changing anything) when the
-        checkpoint's components do not match the objects given.
+        Raises :class:`StateMismatchError`, before changing anything, when the
+        checkpoint's components do not match the objects given; errors from
+        ``load_state_dict`` itself (e.g. a shape mismatch) propagate as they are.
         """
         ckpt, torn = latest_verified(self.checkpoint_dir, verify_hashes=True)
         self.skipped = [(t.path, t.reason) for t in torn]

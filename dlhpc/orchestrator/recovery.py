@@ -31,8 +31,9 @@ __all__ = ["EXIT_RECORD_GRACE", "HEARTBEAT_STALE", "Verdict", "judge", "split_re
 
 EXIT_RECORD_GRACE = timedelta(seconds=60)
 HEARTBEAT_STALE = timedelta(seconds=float(os.environ.get("DLHPC_HEARTBEAT_STALE_S", "180")))
-# a job that left the queue right after its exit record needs no long wait
-_INTERRUPTED_GRACE = timedelta(seconds=5)
+# after an interruption Slurm may requeue the same task (preemption, time limit):
+# give it this long to show up again before submitting the trial anew
+_INTERRUPTED_GRACE = timedelta(seconds=20)
 
 _LIVE = {JobState.PENDING, JobState.RUNNING, JobState.REQUEUED}
 _CAUSE_OF_STATE = {

@@ -129,6 +129,7 @@ def trial_spec(
         smaller_is_better=cfg.searcher.smaller_is_better,
         env=env,
         keep_latest=cfg.checkpoint.keep_latest,
+        deterministic=cfg.reproducibility.deterministic,
     )
 
 

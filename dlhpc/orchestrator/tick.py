@@ -311,8 +311,10 @@ def _reconcile_trial(
         current.cause = verdict.cause
         current.lost_steps = _lost_steps(t, current)
     if verdict.resubmit and current is not None:
+        # Cancel the old job whatever Slurm last said of it: if Slurm requeued it
+        # meanwhile, two runs of one trial would share its checkpoint folder.
+        cancels.append(current.job_id)
         if verdict.cancel_job:
-            cancels.append(current.job_id)
             current.state = "SUPERSEDED"
         if verdict.counted and t.crashes >= max_restarts:
             _end_trial(

@@ -2,13 +2,19 @@
 
 Inside a dlhpc job the hyperparameters, the number of epochs (``max_length``)
 and the seed come from the trial; run by hand (``python train.py``) it uses
-DEFAULTS. Reports train_loss, val_loss and val_accuracy after every epoch.
+DEFAULTS. Reports train_loss, val_loss and val_accuracy after every epoch and
+checkpoints the full training state then; when the job is preempted or reaches
+its time limit it checkpoints mid-epoch and exits, and the next attempt resumes
+exactly where it stopped (bitwise, with ``reproducibility.deterministic``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
+import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,6 +24,7 @@ from sklearn.model_selection import train_test_split
 from torch import nn
 
 import dlhpc
+from dlhpc.harness.state import TrainState
 
 # Used only outside a dlhpc job; inside one, trial.json wins.
 DEFAULTS: dict[str, Any] = {
@@ -43,58 +50,94 @@ def load_data() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
     )
 
 
-def seed_everything(seed: int) -> torch.Generator:
+def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    return torch.Generator().manual_seed(seed)
+
+
+def weights_sha256(model: nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def main() -> None:
     torch.set_num_threads(int(os.environ.get("SLURM_CPUS_PER_TASK", "1")))
-    with dlhpc.init(local_hparams=DEFAULTS) as ctx:
-        hp = ctx.hparams
-        lr, hidden = float(hp["lr"]), int(hp["hidden"])
-        dropout, batch_size = float(hp["dropout"]), int(hp["batch_size"])
-        gen = seed_everything(ctx.seed)
-        x_train, y_train, x_val, y_val = load_data()
+    ctx = dlhpc.init(local_hparams=DEFAULTS)
+    if ctx.deterministic:
+        torch.use_deterministic_algorithms(True)
+    hp = ctx.hparams
+    lr, hidden = float(hp["lr"]), int(hp["hidden"])
+    dropout, batch_size = float(hp["dropout"]), int(hp["batch_size"])
+    step_sleep = float(hp.get("step_sleep", 0.0))  # slows steps down, for preemption demos
+    seed_everything(ctx.seed)
+    x_train, y_train, x_val, y_val = load_data()
 
-        model = nn.Sequential(
-            nn.Linear(x_train.shape[1], hidden),
-            nn.ReLU(),
-            nn.Dropout(dropout),
-            nn.Linear(hidden, 10),
+    model = nn.Sequential(
+        nn.Linear(x_train.shape[1], hidden),
+        nn.ReLU(),
+        nn.Dropout(dropout),
+        nn.Linear(hidden, 10),
+    )
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    loss_fn = nn.CrossEntropyLoss()
+
+    # The full training state: weights, optimizer, RNGs, position, extras.
+    if ctx.checkpoint_dir is not None:
+        state = ctx.train_state(model=model, optimizer=optimizer)
+    else:  # a run by hand keeps its checkpoints here
+        state = TrainState(Path("checkpoints-local"), model=model, optimizer=optimizer)
+    if state.restore():
+        print(f"resumed at epoch {state.epoch}, batch {state.batch}, step {state.step}", flush=True)
+
+    val_accuracy = float("nan")
+    while state.epoch < ctx.max_length:
+        model.train()
+        # The epoch's order depends on the seed and epoch only, so a resumed epoch
+        # replays it and skips the batches already trained.
+        order = torch.randperm(
+            len(x_train), generator=torch.Generator().manual_seed(ctx.seed * 10_007 + state.epoch)
         )
-        optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-        loss_fn = nn.CrossEntropyLoss()
+        if state.batch == 0:
+            state.extras["loss_sum"] = 0.0
+        for i, idx in enumerate(torch.split(order, batch_size)):
+            if i < state.batch:
+                continue
+            optimizer.zero_grad()
+            loss = loss_fn(model(x_train[idx]), y_train[idx])
+            loss.backward()
+            optimizer.step()
+            state.extras["loss_sum"] += loss.item() * len(idx)
+            state.batch, state.step = i + 1, state.step + 1
+            if step_sleep:
+                time.sleep(step_sleep)
+            ctx.step(state)  # on preemption: checkpoint here and exit for requeue
 
-        val_accuracy = float("nan")
-        for epoch in range(1, ctx.max_length + 1):
-            model.train()
-            total_loss = 0.0
-            for idx in torch.split(torch.randperm(len(x_train), generator=gen), batch_size):
-                optimizer.zero_grad()
-                loss = loss_fn(model(x_train[idx]), y_train[idx])
-                loss.backward()
-                optimizer.step()
-                total_loss += loss.item() * len(idx)
-
-            model.eval()
-            with torch.no_grad():
-                logits = model(x_val)
-                val_loss = loss_fn(logits, y_val).item()
-                val_accuracy = (logits.argmax(dim=1) == y_val).float().mean().item()
-            train_loss = total_loss / len(x_train)
-            ctx.report(
-                epoch,
-                {"train_loss": train_loss, "val_loss": val_loss, "val_accuracy": val_accuracy},
-            )
-            print(
-                f"epoch {epoch}/{ctx.max_length} train_loss={train_loss:.4f} "
-                f"val_loss={val_loss:.4f} val_accuracy={val_accuracy:.4f}",
-                flush=True,
-            )
-        print(f"final val_accuracy={val_accuracy:.4f}", flush=True)
+        model.eval()
+        with torch.no_grad():
+            logits = model(x_val)
+            val_loss = loss_fn(logits, y_val).item()
+            val_accuracy = (logits.argmax(dim=1) == y_val).float().mean().item()
+        train_loss = state.extras["loss_sum"] / len(x_train)
+        state.epoch, state.batch = state.epoch + 1, 0
+        ctx.report(
+            state.epoch,
+            {"train_loss": train_loss, "val_loss": val_loss, "val_accuracy": val_accuracy},
+        )
+        ctx.checkpoint(state)
+        print(
+            f"epoch {state.epoch}/{ctx.max_length} train_loss={train_loss:.4f} "
+            f"val_loss={val_loss:.4f} val_accuracy={val_accuracy:.4f}",
+            flush=True,
+        )
+    sha = weights_sha256(model)
+    if ctx.checkpoint_dir is not None:
+        (ctx.checkpoint_dir / "final_weights.sha256").write_text(sha + "\n")
+    print(f"final val_accuracy={val_accuracy:.4f} weights_sha256={sha}", flush=True)
+    ctx.close()
 
 
 if __name__ == "__main__":

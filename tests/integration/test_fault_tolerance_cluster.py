@@ -1,0 +1,153 @@
+"""Trials survive preemption and time limits on the real dev cluster, resuming exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dlhpc.protocol import TrialSpec
+from tests.integration.conftest import REPO, Cli
+
+pytestmark = pytest.mark.cluster
+
+DIGITS = REPO / "templates" / "examples" / "digits"
+TERMINAL = {"COMPLETED", "FAILED", "KILLED"}
+
+
+def _experiment(
+    tmp_path: Path, name: str, extra: str = "", epochs: int = 6, sleep: float = 0.08
+) -> Path:
+    exp = tmp_path / f"{name}.yaml"
+    exp.write_text(
+        f"name: {name}\nentrypoint: python train.py\nworkdir: {DIGITS}\n"
+        "resources: {cpus_per_task: 1, mem: 1G, time: '00:10:00'}\n"
+        "hyperparameters:\n"
+        "  lr: {type: log, minval: -2, maxval: -1, count: 2}\n"
+        "  hidden: 32\n  dropout: 0.2\n  batch_size: 64\n"
+        f"  step_sleep: {sleep}\n"
+        f"searcher: {{name: grid, metric: val_accuracy, smaller_is_better: false, max_length: {epochs}}}\n"
+        "reproducibility: {seed: 7, deterministic: true}\n"
+        "max_restarts: 2\n" + extra
+    )
+    return exp
+
+
+def _reference_sha(tmp_path: Path, trial: dict[str, Any], epochs: int, seed: int) -> str:
+    """The final weights of the same trial trained without interruption (a plain process)."""
+    tdir = tmp_path / f"ref-{trial['id']}"
+    ckpt = tmp_path / f"ref-ckpt-{trial['id']}"
+    TrialSpec(
+        experiment_id=0,
+        trial_id=trial["id"],
+        hparams={**trial["hparams"], "step_sleep": 0.0},
+        max_length=epochs,
+        seed=seed,
+        experiment_dir=str(tmp_path),
+        code_dir=str(DIGITS),
+        entry_script="",
+        checkpoint_dir=str(ckpt),
+        metric="val_accuracy",
+        smaller_is_better=False,
+        deterministic=True,
+    ).write(tdir / "trial.json")
+    env = {**os.environ, "DLHPC_TRIAL_DIR": str(tdir), "DLHPC_ATTEMPT_DIR": str(tdir / "a")}
+    subprocess.run(
+        [sys.executable, "train.py"],
+        cwd=DIGITS,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return (ckpt / "final_weights.sha256").read_text().strip()
+
+
+def _seed_of(cli: Cli, trial_id: int) -> int:
+    import sqlite3
+
+    con = sqlite3.connect(cli.home / "dlhpc.db")
+    (seed,) = con.execute("SELECT seed FROM trials WHERE id = ?", (trial_id,)).fetchone()
+    con.close()
+    return int(seed)
+
+
+def _final_sha(cli: Cli, exp_id: int, trial_id: int) -> str:
+    path = cli.home / "scratch" / "checkpoints" / f"exp-{exp_id:06d}" / f"trial-{trial_id:06d}"
+    return (path / "final_weights.sha256").read_text().strip()
+
+
+def _wait_running_with_progress(cli: Cli, exp_id: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        cli("tick", "-q")
+        exp = cli.experiment(exp_id)
+        running = [t for t in exp["trials"] if t["state"] == "RUNNING"]
+        if len(running) == len(exp["trials"]) and all(t["steps_completed"] >= 1 for t in running):
+            return
+        time.sleep(1)
+    raise AssertionError(json.dumps(cli.experiment(exp_id), indent=1))
+
+
+def _check_exact(cli: Cli, tmp_path: Path, exp: dict[str, Any], epochs: int) -> None:
+    for t in exp["trials"]:
+        assert t["state"] == "COMPLETED" and t["steps_completed"] == epochs, t
+        ref = _reference_sha(tmp_path, t, epochs, _seed_of(cli, t["id"]))
+        assert _final_sha(cli, exp["id"], t["id"]) == ref, f"trial {t['id']} weights differ"
+
+
+def test_preempted_trials_checkpoint_requeue_and_finish_bitwise_identical(
+    cli: Cli, tmp_path: Path
+) -> None:
+    epochs = 6
+    exp_id = cli.json("launch", str(_experiment(tmp_path, "ft-preempt", epochs=epochs)))[
+        "experiment_id"
+    ]
+    # the trials also run epochs 1.. with metrics; wait until they are mid-training
+    time.sleep(3)
+    _wait_running_with_progress(cli, exp_id)
+    # a high-priority job that needs both whole nodes preempts (requeues) them
+    hog = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "-p",
+            "high",
+            "-N2",
+            "--exclusive",
+            "-t",
+            "2",
+            "--job-name=chaos-hog",
+            "--wrap",
+            "sleep 15",
+        ],
+        env=cli.env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    try:
+        exp = cli.tick_until(exp_id, lambda e: e["state"] in TERMINAL, timeout=400)
+    finally:
+        subprocess.run(["scancel", hog], env=cli.env, check=False)
+    assert exp["state"] == "COMPLETED", json.dumps(exp, indent=1)
+    for t in exp["trials"]:
+        causes = [a["cause"] for a in t["attempts"]]
+        assert t["restarts"] >= 1 and "preempted" in causes, causes
+        assert t["crashes"] == 0
+    _check_exact(cli, tmp_path, exp, epochs)
+    # metrics exactly once per (step, name), with no gap
+    import sqlite3
+
+    con = sqlite3.connect(cli.home / "dlhpc.db")
+    rows = con.execute("SELECT trial_id, step, name FROM metrics").fetchall()
+    assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    con.close()
+    assert len(rows) == len(set(rows)) == 2 * epochs * 3
+    assert {r[1] for r in rows} == set(range(1, epochs + 1))
