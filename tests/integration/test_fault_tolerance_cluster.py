@@ -124,6 +124,7 @@ def test_preempted_trials_checkpoint_requeue_and_finish_bitwise_identical(
             "-t",
             "2",
             "--job-name=chaos-hog",
+            "--output=/dev/null",
             "--wrap",
             "sleep 15",
         ],
