@@ -32,6 +32,7 @@ Event records (one JSON object per line, ``type`` first):
   :data:`REQUEUE_EXIT_CODE` to be run again), ``signal`` (it died of a signal Slurm
   sent, e.g. at preemption) or ``error``; ``signal`` names the first signal the
   worker saw (``TERM``, ``USR2``...) or is null
+* ``{"type": "checkpoint", "time", "step", "path", "size"}``: a checkpoint was published
 * ``{"type": "log", "time", "level", "message"}``
 
 Besides the immutable event files, an attempt folder holds two small files that

@@ -181,14 +181,26 @@ class TrialContext:
             raise DlhpcError("train_state() needs a dlhpc job (no checkpoint folder outside one)")
         objects.setdefault("rank", self.rank)
         objects.setdefault("keep_latest", self.spec.keep_latest)
+        objects.setdefault("on_event", self.log)
         return TrainState(Path(self.spec.checkpoint_dir), **objects)
+
+    def log(self, level: str, message: str) -> None:
+        """A line for the trial's history (``dlhpc status``/reports) and stderr."""
+        print(f"[dlhpc {level}] {message}", file=sys.stderr, flush=True)
+        if self._writer is not None:
+            self._writer.add("log", level=level, message=message)
 
     def checkpoint(self, state: TrainState) -> None:
         """Publish metrics reported so far, then a checkpoint of ``state``."""
         self.flush()
-        state.save()
+        ckpt = state.save()
         self._step = state.step
         self._checkpoint_step = state.step
+        if ckpt is not None and self._writer is not None:
+            self._writer.add(
+                "checkpoint", step=ckpt.step, path=str(ckpt.path), size=ckpt.size_bytes
+            )
+            self._writer.flush()
         self._write_progress()
 
     def step(self, state: TrainState | None = None) -> None:

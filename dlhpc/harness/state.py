@@ -134,6 +134,7 @@ class TrainState:
         extras_fn: Callable[[], dict[str, Any]] | None = None,
         rank: int = 0,
         keep_latest: int = 1,
+        on_event: Callable[[str, str], None] | None = None,
     ) -> None:
         if not isinstance(keep_latest, int) or keep_latest < 1:
             raise ValueError(f"keep_latest must be an int >= 1, got {keep_latest!r}")
@@ -153,6 +154,7 @@ class TrainState:
         self.restored_from: Checkpoint | None = None
         self.last_checkpoint: Checkpoint | None = None  # newest restored or saved
         self.skipped: list[tuple[Path, str]] = []
+        self.on_event = on_event  # (level, message): torn checkpoints, restores
 
     def _objects(self) -> dict[str, Stateful | None]:
         model = _unwrap(self.model) if self.model is not None else None
@@ -213,6 +215,8 @@ class TrainState:
         """
         ckpt, torn = latest_verified(self.checkpoint_dir, verify_hashes=True)
         self.skipped = [(t.path, t.reason) for t in torn]
+        for path, reason in self.skipped:
+            self._tell("warning", f"skipped torn checkpoint {path}: {reason}")
         if ckpt is None:
             return False
         if STATE_FILE not in ckpt.files:
@@ -233,7 +237,12 @@ class TrainState:
         self.epoch, self.batch, self.step = counters["epoch"], counters["batch"], counters["step"]
         self.extras = dict(payload["extras"])
         self.restored_from = self.last_checkpoint = ckpt
+        self._tell("info", f"restored {ckpt.path.name} (epoch {self.epoch}, step {self.step})")
         return True
+
+    def _tell(self, level: str, message: str) -> None:
+        if self.on_event is not None:
+            self.on_event(level, message)
 
     def _check(self, payload: Any, ckpt: Checkpoint) -> None:
         if not isinstance(payload, dict) or payload.get("format") != _FORMAT:

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from dlhpc._failpoints import failpoint
 from dlhpc.protocol import read_event_batches
-from dlhpc.store.models import Attempt, Event, IngestedFile, Metric, Trial
+from dlhpc.store.models import Attempt, Checkpoint, Event, IngestedFile, Metric, Trial
 
 __all__ = ["IngestResult", "ingest_attempt", "refresh_trial_metrics"]
 
@@ -104,6 +104,21 @@ def ingest_attempt(
                 if isinstance(at, int):
                     attempt.lost_steps = max(0, at - (ckpt if isinstance(ckpt, int) else 0))
                 result.exited = True
+            elif kind == "checkpoint":
+                stmt_ck = (
+                    sqlite_insert(Checkpoint)
+                    .values(
+                        trial_id=trial.id,
+                        attempt_id=attempt.id,
+                        step=int(rec.get("step", 0)),
+                        path=str(rec.get("path", "")),
+                        size_bytes=int(rec.get("size", 0)),
+                        state="ACTIVE",
+                        created_at=_ts(rec.get("time")) or now,
+                    )
+                    .on_conflict_do_nothing(index_elements=["trial_id", "path"])
+                )
+                session.execute(stmt_ck)
             elif kind == "log":
                 session.add(
                     Event(

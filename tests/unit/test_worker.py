@@ -90,3 +90,69 @@ def test_worker_without_a_scheduler_identity_refuses(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 1 and "DLHPC_JOB_ID" in proc.stderr
+
+
+STOPPABLE = """#!/bin/bash
+trap ':' TERM USR2 INT  # as in every entry.sh dlhpc writes
+python - <<'PY'
+import time, dlhpc
+ctx = dlhpc.init()
+open("ready", "w").close()
+for step in range(1, 10_000):
+    time.sleep(0.01)
+    ctx.report(step, {"m": float(step)})
+    ctx.step()
+PY
+"""
+
+
+def _start_and_signal(tdir: Path, sig: int, env_extra: dict[str, str]) -> int:
+    import signal
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(env_extra)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dlhpc.harness.worker", str(tdir)],
+        env=env,
+    )
+    ready = tdir.parent.parent / "code" / "ready"
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert time.monotonic() < deadline, "script never started"
+        time.sleep(0.05)
+    proc.send_signal(sig)  # Slurm signals the worker and the script; the worker forwards
+    return proc.wait(timeout=60)
+
+
+def test_term_makes_the_script_exit_for_requeue_with_its_metrics(tmp_path: Path) -> None:
+    import signal
+
+    tdir = _trial(tmp_path, STOPPABLE, {})
+    code = _start_and_signal(tdir, signal.SIGTERM, {"DLHPC_JOB_ID": "local-x_0"})
+    assert code == 75
+    records = [r for b in read_event_batches(tdir / "attempts" / "local-x_0.r0") for r in b.records]
+    exit_rec = next(r for r in records if r["type"] == "exit")
+    assert (exit_rec["reason"], exit_rec["signal"]) == ("requeue", "TERM")
+    steps = [r["step"] for r in records if r["type"] == "metric"]
+    assert steps and steps == list(range(1, len(steps) + 1))  # flushed at the stop, no gap
+
+
+def test_usr2_requeues_the_array_task_through_scontrol(tmp_path: Path) -> None:
+    import signal
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/scontrol.args\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    tdir = _trial(tmp_path, STOPPABLE, {})
+    slurm = {
+        "SLURM_JOB_ID": "80",
+        "SLURM_ARRAY_JOB_ID": "77",
+        "SLURM_ARRAY_TASK_ID": "3",
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+    }
+    assert _start_and_signal(tdir, signal.SIGUSR2, slurm) == 75
+    assert (tmp_path / "scontrol.args").read_text().split() == ["requeue", "77_3"]
+    records = [r for b in read_event_batches(tdir / "attempts" / "77_3.r0") for r in b.records]
+    assert next(r for r in records if r["type"] == "exit")["signal"] == "USR2"
