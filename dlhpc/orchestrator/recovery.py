@@ -10,10 +10,12 @@ the scheduler's view of its job and the age of its heartbeat, it returns a
   still has the job (it requeues preempted and self-requeued tasks under the same
   id) wait for the next attempt; once the job is gone, submit the trial again;
 * any other non-zero exit is a crash: it counts toward ``max_restarts``;
-* no exit record: while the job runs, a heartbeat older than
-  :data:`HEARTBEAT_STALE` means a dead node or a hung job: cancel it and submit
+* no exit record: the worker itself died (node loss, ``kill -9`` of the job, the
+  whole job OOM-killed), which is not the script's fault (a crashing script leaves
+  the worker alive to record its exit code). While the job runs, a heartbeat older
+  than :data:`HEARTBEAT_STALE` means a dead node or a hung job: cancel it and submit
   again; once the job is gone (after :data:`EXIT_RECORD_GRACE` for slow shared
-  filesystems), submit again, counting it as a crash only when Slurm says FAILED.
+  filesystems), submit again. Neither counts toward ``max_restarts``.
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ _CAUSE_OF_STATE = {
     JobState.PREEMPTED: "preempted",
     JobState.TIMEOUT: "timeout",
     JobState.CANCELLED: "cancelled",
-    JobState.FAILED: "crash",
 }
 
 
@@ -103,4 +104,4 @@ def judge(
     if gone_for is None or gone_for <= EXIT_RECORD_GRACE:
         return Verdict(_waiting(a, st))
     cause = _CAUSE_OF_STATE.get(st.state, "lost") if st is not None else "lost"
-    return Verdict(TrialState.PENDING, cause=cause, resubmit=True, counted=cause == "crash")
+    return Verdict(TrialState.PENDING, cause=cause, resubmit=True)

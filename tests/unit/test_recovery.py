@@ -131,14 +131,15 @@ P = JobState.PENDING
             False,
             False,
         ),
+        # the worker itself died (kill -9 of the job): not the script's fault
         (
             _attempt(gone=LONG_AGO),
             _st(JobState.FAILED),
             None,
             TrialState.PENDING,
-            "crash",
+            "lost",
             True,
-            True,
+            False,
             False,
         ),
         (

@@ -107,7 +107,6 @@ PY
 
 
 def _start_and_signal(tdir: Path, sig: int, env_extra: dict[str, str]) -> int:
-    import signal
     import time
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
