@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -32,7 +34,8 @@ def _experiment(
         "  lr: {type: log, minval: -2, maxval: -1, count: 2}\n"
         "  hidden: 32\n  dropout: 0.2\n  batch_size: 64\n"
         f"  step_sleep: {sleep}\n"
-        f"searcher: {{name: grid, metric: val_accuracy, smaller_is_better: false, max_length: {epochs}}}\n"
+        "searcher: {name: grid, metric: val_accuracy, smaller_is_better: false,"
+        f" max_length: {epochs}}}\n"
         "reproducibility: {seed: 7, deterministic: true}\n"
         "max_restarts: 2\n" + extra
     )
@@ -152,3 +155,64 @@ def test_preempted_trials_checkpoint_requeue_and_finish_bitwise_identical(
     con.close()
     assert len(rows) == len(set(rows)) == 2 * epochs * 3
     assert {r[1] for r in rows} == set(range(1, epochs + 1))
+
+
+def _job_pids(cli: Cli, task: str) -> list[int]:
+    """Pids of a running array task's processes (batch shell, srun, worker, training).
+
+    `scontrol listpids` cannot be used: it asks the local slurmd, and the dev
+    cluster's nodes are not this host's name. Every process of the job carries
+    SLURM_JOB_ID in its environment; slurmstepd, which does not, stays alive.
+    """
+    raw = subprocess.run(
+        ["squeue", "-h", "-j", task, "-o", "%A"],
+        env=cli.env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()[0]
+    marker = f"SLURM_JOB_ID={raw}\0".encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if marker in (proc / "environ").read_bytes():
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_hung_job_is_found_by_its_stale_heartbeat_cancelled_and_resumed(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """A frozen job (as on a dead or hung node: Slurm still says RUNNING, nothing moves)."""
+    epochs = 4
+    path = _experiment(tmp_path, "ft-hung", epochs=epochs, sleep=0.1)
+    exp_id = cli.json("launch", str(path))["experiment_id"]
+    _wait_running_with_progress(cli, exp_id)
+    victim = cli.experiment(exp_id)["trials"][0]
+    job = victim["slurm_job_ids"][-1]
+    frozen = _job_pids(cli, job)
+    assert frozen, f"no processes found for job {job}"
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        stale = {"DLHPC_HEARTBEAT_STALE_S": "40"}
+        deadline = time.monotonic() + 240
+        while True:
+            cli("tick", "-q", **stale)
+            exp = cli.experiment(exp_id)
+            if exp["state"] in TERMINAL:
+                break
+            assert time.monotonic() < deadline, json.dumps(exp, indent=1)
+            time.sleep(3)
+    finally:
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    assert exp["state"] == "COMPLETED", json.dumps(exp, indent=1)
+    t = next(t for t in exp["trials"] if t["id"] == victim["id"])
+    assert [a["cause"] for a in t["attempts"]][0] == "lost" and t["crashes"] == 0
+    _check_exact(cli, tmp_path, exp, epochs)
