@@ -168,3 +168,15 @@ def test_crashes_past_max_restarts_fail_the_trial_with_its_error(exp_dir: Path) 
     assert exp["state"] == "FAILED" and t["state"] == "FAILED"
     assert t["restarts"] == 2 and t["crashes"] == 2  # 3 attempts in all
     assert "max_restarts 2" in t["error"] and "boom: bad batch" in t["error"]
+
+
+def test_launch_follow_ticks_until_the_experiment_ends(exp_dir: Path) -> None:
+    (exp_dir / "exp.yaml").write_text(
+        "name: follow\nentrypoint: python train.py\n"
+        "hyperparameters:\n  x: {type: double, minval: 0.1, maxval: 0.2, count: 2}\n"
+        "searcher: {name: grid, metric: loss, max_length: 2}\n"
+    )
+    res = _run("launch", str(exp_dir / "exp.yaml"), "--follow", "--interval", "0.3")
+    assert res.exit_code == 0, res.output
+    assert "experiment 1 launched" in res.output
+    assert "[COMPLETED]" in res.output and res.output.count("COMPLETED") >= 3
