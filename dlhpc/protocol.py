@@ -34,6 +34,8 @@ Event records (one JSON object per line, ``type`` first):
   worker saw (``TERM``, ``USR2``...) or is null
 * ``{"type": "checkpoint", "time", "step", "path", "size"}``: a checkpoint was published
 * ``{"type": "log", "time", "level", "message"}``
+* ``{"type": "gpu", "time", "host", "gpus": [...]}``: GPU samples of one node, stream
+  ``gpu-n<node>`` (see :mod:`dlhpc.harness.telemetry`); not ingested into the database
 
 Besides the immutable event files, an attempt folder holds two small files that
 are rewritten in place (atomically) and only read: ``heartbeat.json`` (the
@@ -144,6 +146,7 @@ class TrialSpec:
     env: dict[str, str] = field(default_factory=dict)
     keep_latest: int = 1  # checkpoints of this trial to keep (checkpoint.keep_latest)
     deterministic: bool = False  # reproducibility.deterministic
+    deepspeed: dict[str, Any] | None = None  # the resolved `deepspeed.config` mapping
 
     def write(self, path: Path) -> None:
         atomic_write_text(path, json.dumps(asdict(self), indent=2, sort_keys=True))

@@ -26,6 +26,7 @@ import time
 
 T_START = time.time()  # before the heavy imports
 
+import atexit  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
@@ -38,7 +39,9 @@ from torch import nn  # noqa: E402
 
 import dlhpc  # noqa: E402
 
-DIGITS_TRAIN = Path(__file__).resolve().parents[1] / "templates" / "examples" / "digits" / "train.py"
+DIGITS_TRAIN = (
+    Path(__file__).resolve().parents[1] / "templates" / "examples" / "digits" / "train.py"
+)
 
 
 class Log:
@@ -47,7 +50,9 @@ class Log:
 
     def __call__(self, ev: str, **fields: Any) -> None:
         if self.f is not None:
-            self.f.write(json.dumps({"ev": ev, "t": time.time(), "pid": os.getpid(), **fields}) + "\n")
+            self.f.write(
+                json.dumps({"ev": ev, "t": time.time(), "pid": os.getpid(), **fields}) + "\n"
+            )
 
 
 def _digits_module() -> Any:
@@ -62,6 +67,7 @@ def main() -> int:
     log = Log(os.environ.get("BENCH_FAULT_LOG"))
     exit_after = int(os.environ.get("BENCH_FAULT_EXIT_AFTER", "0"))
     log("start", t_start=T_START)
+    atexit.register(log, "atexit_last")  # registered first: runs after dlhpc's flush at exit
     torch.set_num_threads(int(os.environ.get("SLURM_CPUS_PER_TASK", "1")))
     ctx = dlhpc.init()
     hp = ctx.hparams
@@ -85,7 +91,8 @@ def main() -> int:
         lr = float(hp.get("lr", 1e-2))
         steps_per_epoch = (len(x_train) + batch_size - 1) // batch_size
     else:
-        in_dim, width, depth = int(hp["in_dim"]), int(hp["width"]), int(hp["depth"])
+        width, depth = int(hp["width"]), int(hp["depth"])
+        in_dim = int(hp["in_dim"])
         layers: list[nn.Module] = [nn.Linear(in_dim, width), nn.ReLU()]
         for _ in range(depth - 1):
             layers += [nn.Linear(width, width), nn.ReLU()]
@@ -110,28 +117,35 @@ def main() -> int:
             epoch=state.epoch,
             batch=state.batch,
             bytes=ckpt.size_bytes if ckpt is not None else None,
-            stop=ctx.should_stop(),
+            stop=in_stop,  # the checkpoint of ctx.step() at a stop signal
         )
         return ckpt
 
+    in_stop = False
     state.save = timed_save  # type: ignore[method-assign]
     log("setup", params=n_params, steps_per_epoch=steps_per_epoch)
     t0 = time.time()
     restored = state.restore()
-    log("restore", t0=t0, t1=time.time(), restored=restored, step=state.step,
-        bytes=state.restored_from.size_bytes if state.restored_from else None)
+    log(
+        "restore",
+        t0=t0,
+        t1=time.time(),
+        restored=restored,
+        step=state.step,
+        bytes=state.restored_from.size_bytes if state.restored_from else None,
+    )
 
     trained_here = 0
     while state.epoch < ctx.max_length:
         model.train()
-        order = torch.randperm(
-            steps_per_epoch * batch_size,
-            generator=torch.Generator().manual_seed(ctx.seed * 10_007 + state.epoch),
-        )
-        if kind == "digits":
-            batches = torch.split(order, batch_size)
+        if kind == "digits":  # the example's epoch order
+            order = torch.randperm(
+                len(x_train),
+                generator=torch.Generator().manual_seed(ctx.seed * 10_007 + state.epoch),
+            )
+            batches: Any = torch.split(order, batch_size)
         else:
-            batches = tuple(range(steps_per_epoch))  # type: ignore[assignment]
+            batches = range(steps_per_epoch)
         for i, idx in enumerate(batches):
             if i < state.batch:
                 continue
@@ -140,7 +154,7 @@ def main() -> int:
                 x, y = x_train[idx], y_train[idx]
             else:
                 g = torch.Generator().manual_seed(state.step)
-                x = torch.randn(batch_size, model[0].in_features, generator=g)
+                x = torch.randn(batch_size, in_dim, generator=g)
                 y = torch.randint(0, 10, (batch_size,), generator=g)
             loss = loss_fn(model(x), y)
             loss.backward()
@@ -153,6 +167,7 @@ def main() -> int:
             log("step", step=state.step, epoch=state.epoch)
             if ctx.should_stop():
                 log("stop_seen", step=state.step, reason=ctx.stop_reason)
+                in_stop = True
             if exit_after and trained_here >= exit_after:
                 ctx.close()
                 return 0

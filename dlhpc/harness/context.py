@@ -34,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from dlhpc.errors import DlhpcError
 from dlhpc.protocol import (
@@ -46,9 +46,10 @@ from dlhpc.protocol import (
 )
 
 if TYPE_CHECKING:
+    from dlhpc.harness.checkpoint import Checkpoint
     from dlhpc.harness.state import TrainState
 
-__all__ = ["TrialContext", "init"]
+__all__ = ["Saveable", "TrialContext", "init"]
 
 ENV_TRIAL_DIR = "DLHPC_TRIAL_DIR"
 ENV_ATTEMPT_DIR = "DLHPC_ATTEMPT_DIR"
@@ -61,6 +62,15 @@ def _int_env(*names: str, default: int) -> int:
         if os.environ.get(var, "").isdigit():
             return int(os.environ[var])
     return default
+
+
+class Saveable(Protocol):
+    """What :meth:`TrialContext.checkpoint` saves: a TrainState, or the DeepSpeed
+    equivalent (:class:`dlhpc.harness.deepspeed.EngineState`)."""
+
+    step: int
+
+    def save(self) -> Checkpoint | None: ...
 
 
 class TrialContext:
@@ -190,7 +200,7 @@ class TrialContext:
         if self._writer is not None:
             self._writer.add("log", level=level, message=message)
 
-    def checkpoint(self, state: TrainState) -> None:
+    def checkpoint(self, state: Saveable) -> None:
         """Publish metrics reported so far, then a checkpoint of ``state``."""
         self.flush()
         ckpt = state.save()
@@ -203,18 +213,22 @@ class TrialContext:
             self._writer.flush()
         self._write_progress()
 
-    def step(self, state: TrainState | None = None) -> None:
+    def step(self, state: Saveable | None = None) -> None:
         """Call once per training step: keeps progress fresh and, when the trial must
         stop, checkpoints ``state`` and exits for requeue (never returns then)."""
-        if state is not None:
-            self._step = state.step
-        now = time.monotonic()
-        if now - self._last_progress >= _PROGRESS_EVERY_S:
-            self._write_progress()
+        self.progress(state.step if state is not None else None)
         if self.should_stop():
             if state is not None:
                 self.checkpoint(state)
             self.exit_for_requeue()
+
+    def progress(self, step: int | None) -> None:
+        """Note the training step (None: unchanged) for lost-work accounting; writes
+        ``progress.json`` (rank 0) at most every few seconds. Never stops the trial."""
+        if step is not None:
+            self._step = step
+        if time.monotonic() - self._last_progress >= _PROGRESS_EVERY_S:
+            self._write_progress()
 
     def exit_for_requeue(self) -> NoReturn:
         """Flush and exit with the code that tells dlhpc to run this trial again."""

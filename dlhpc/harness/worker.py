@@ -33,6 +33,8 @@ from types import FrameType
 
 from dlhpc.errors import DlhpcError
 from dlhpc.harness.context import ENV_ATTEMPT_DIR, ENV_TRIAL_DIR
+from dlhpc.harness.distributed import slurm_rank_env
+from dlhpc.harness.telemetry import start_gpu_sampler
 from dlhpc.protocol import (
     HEARTBEAT_FILE,
     HEARTBEAT_INTERVAL_S,
@@ -81,6 +83,15 @@ def _child_env(spec: TrialSpec, trial_dir: Path, attempt_dir: Path) -> dict[str,
     env[ENV_ATTEMPT_DIR] = str(attempt_dir)
     env["DLHPC_EXPERIMENT_ID"] = str(spec.experiment_id)
     env["DLHPC_TRIAL_ID"] = str(spec.trial_id)
+    # torch.distributed's RANK, WORLD_SIZE, ..., MASTER_PORT for this srun task. They
+    # replace inherited values (sbatch exports the submitter's environment, which may
+    # hold stale ones); the experiment's or site's env (spec.env) wins over them.
+    try:
+        rank_env = slurm_rank_env(env)
+    except DlhpcError as err:
+        print(f"dlhpc worker: {err}; rank variables not set", file=sys.stderr, flush=True)
+        rank_env = {}
+    env.update({k: v for k, v in rank_env.items() if k not in spec.env})
     return env
 
 
@@ -134,6 +145,9 @@ def run_entrypoint(trial_dir: Path) -> int:
     if rank == 0:
         heartbeat.beat()
         heartbeat.start()
+    # GPU telemetry: one sampler per node (a no-op with one info line without NVML)
+    local_rank = int(os.environ.get("SLURM_LOCALID") or 0)
+    sampler = start_gpu_sampler(attempt_dir, os.environ) if local_rank == 0 else None
 
     # Its own process group, so that forwarding reaches the training process and
     # not just the shell running entry.sh.
@@ -158,6 +172,8 @@ def run_entrypoint(trial_dir: Path) -> int:
         for s, handler in previous.items():
             signal.signal(s, handler)
         heartbeat.stopped.set()
+        if sampler is not None:
+            sampler.stop()
     if code < 0:
         code = 128 - code
     first = received[0] if received else None

@@ -8,7 +8,10 @@ the scheduler's view of its job and the age of its heartbeat, it returns a
 * the script checkpointed and exited to be requeued, or died of a signal Slurm
   sent (preemption TERM, time-limit USR2): not the trial's fault. While Slurm
   still has the job (it requeues preempted and self-requeued tasks under the same
-  id) wait for the next attempt; once the job is gone, submit the trial again;
+  id) wait for the next attempt; once the job is gone, submit the trial again.
+  The cause says which signal: TERM is ``preempted`` (``cancelled`` when Slurm
+  says CANCELLED: ``scancel`` sends TERM too), USR2 ``timeout``, also on an
+  attempt superseded by Slurm's requeue of the task (else ``requeued``);
 * any other non-zero exit is a crash: it counts toward ``max_restarts``;
 * no exit record: the worker itself died (node loss, ``kill -9`` of the job, the
   whole job OOM-killed), which is not the script's fault (a crashing script leaves
@@ -29,7 +32,14 @@ from dlhpc.protocol import REQUEUE_EXIT_CODE
 from dlhpc.scheduler import JobState, JobStatus
 from dlhpc.store import Attempt
 
-__all__ = ["EXIT_RECORD_GRACE", "HEARTBEAT_STALE", "Verdict", "judge", "split_reason"]
+__all__ = [
+    "EXIT_RECORD_GRACE",
+    "HEARTBEAT_STALE",
+    "Verdict",
+    "judge",
+    "split_reason",
+    "superseded_cause",
+]
 
 EXIT_RECORD_GRACE = timedelta(seconds=60)
 HEARTBEAT_STALE = timedelta(seconds=float(os.environ.get("DLHPC_HEARTBEAT_STALE_S", "180")))
@@ -69,6 +79,25 @@ def _signal_cause(sig: str | None, reason: str) -> str:
     return "requeue" if reason == "requeue" else "signal"
 
 
+def superseded_cause(a: Attempt) -> str:
+    """Why an attempt that a newer one (Slurm's requeue of the same task) replaced
+    ended: a time-limit signal in its exit record is a timeout, else "requeued"."""
+    if a.exit_code is not None and a.exit_code != 0 and split_reason(a.exit_reason)[1] == "USR2":
+        return "timeout"
+    return "requeued"
+
+
+def _last_state(a: Attempt, st: JobStatus | None) -> JobState | None:
+    """The job's state: polled now, or as recorded on the attempt (an ended attempt
+    is no longer polled, so ``st`` is None on the passes after Slurm's verdict)."""
+    if st is not None:
+        return st.state
+    try:
+        return JobState(a.state)
+    except ValueError:
+        return None
+
+
 def _waiting(a: Attempt, st: JobStatus | None) -> TrialState:
     started = a.started_at is not None or (st is not None and st.state == JobState.RUNNING)
     return TrialState.RUNNING if started else TrialState.PENDING
@@ -88,6 +117,8 @@ def judge(
         reason, sig = split_reason(a.exit_reason)
         if a.exit_code == REQUEUE_EXIT_CODE or reason in ("requeue", "signal"):
             cause = _signal_cause(sig, reason)
+            if cause == "preempted" and _last_state(a, st) == JobState.CANCELLED:
+                cause = "cancelled"  # scancel sends TERM too; Slurm's state tells them apart
             if live or gone_for is None or gone_for <= _INTERRUPTED_GRACE:
                 return Verdict(TrialState.PENDING, cause=cause)  # Slurm may bring it back
             return Verdict(TrialState.PENDING, cause=cause, resubmit=True)
@@ -103,5 +134,6 @@ def judge(
         return Verdict(_waiting(a, st))
     if gone_for is None or gone_for <= EXIT_RECORD_GRACE:
         return Verdict(_waiting(a, st))
-    cause = _CAUSE_OF_STATE.get(st.state, "lost") if st is not None else "lost"
+    last = _last_state(a, st)
+    cause = _CAUSE_OF_STATE.get(last, "lost") if last is not None else "lost"
     return Verdict(TrialState.PENDING, cause=cause, resubmit=True)

@@ -130,6 +130,7 @@ def trial_spec(
         env=env,
         keep_latest=cfg.checkpoint.keep_latest,
         deterministic=cfg.reproducibility.deterministic,
+        deepspeed=cfg.deepspeed.config if cfg.deepspeed else None,
     )
 
 

@@ -31,7 +31,7 @@ from dlhpc.orchestrator.common import (
     searcher_of,
     submit_pending,
 )
-from dlhpc.orchestrator.recovery import judge
+from dlhpc.orchestrator.recovery import judge, superseded_cause
 from dlhpc.orchestrator.states import ExperimentState, TrialState
 from dlhpc.protocol import (
     EVENT_FILE_RE,
@@ -299,7 +299,7 @@ def _reconcile_trial(
         if a.state in _LIVE_ATTEMPT_STATES:
             a.state = "SUPERSEDED"
         if not a.cause:
-            a.cause = "requeued"
+            a.cause = superseded_cause(a)
             a.lost_steps = _lost_steps(t, a)
     t.restarts = max(0, len(t.attempts) - 1)
     if t.needs_job:

@@ -7,19 +7,17 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dlhpc.protocol import TrialSpec
-from tests.integration.conftest import REPO, Cli
+from tests.integration._reference import DIGITS, final_sha, reference_shas, seed_of
+from tests.integration.conftest import Cli
 
 pytestmark = pytest.mark.cluster
 
-DIGITS = REPO / "templates" / "examples" / "digits"
 TERMINAL = {"COMPLETED", "FAILED", "KILLED"}
 
 
@@ -42,50 +40,6 @@ def _experiment(
     return exp
 
 
-def _reference_sha(tmp_path: Path, trial: dict[str, Any], epochs: int, seed: int) -> str:
-    """The final weights of the same trial trained without interruption (a plain process)."""
-    tdir = tmp_path / f"ref-{trial['id']}"
-    ckpt = tmp_path / f"ref-ckpt-{trial['id']}"
-    TrialSpec(
-        experiment_id=0,
-        trial_id=trial["id"],
-        hparams={**trial["hparams"], "step_sleep": 0.0},
-        max_length=epochs,
-        seed=seed,
-        experiment_dir=str(tmp_path),
-        code_dir=str(DIGITS),
-        entry_script="",
-        checkpoint_dir=str(ckpt),
-        metric="val_accuracy",
-        smaller_is_better=False,
-        deterministic=True,
-    ).write(tdir / "trial.json")
-    env = {**os.environ, "DLHPC_TRIAL_DIR": str(tdir), "DLHPC_ATTEMPT_DIR": str(tdir / "a")}
-    subprocess.run(
-        [sys.executable, "train.py"],
-        cwd=DIGITS,
-        env=env,
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return (ckpt / "final_weights.sha256").read_text().strip()
-
-
-def _seed_of(cli: Cli, trial_id: int) -> int:
-    import sqlite3
-
-    con = sqlite3.connect(cli.home / "dlhpc.db")
-    (seed,) = con.execute("SELECT seed FROM trials WHERE id = ?", (trial_id,)).fetchone()
-    con.close()
-    return int(seed)
-
-
-def _final_sha(cli: Cli, exp_id: int, trial_id: int) -> str:
-    path = cli.home / "scratch" / "checkpoints" / f"exp-{exp_id:06d}" / f"trial-{trial_id:06d}"
-    return (path / "final_weights.sha256").read_text().strip()
-
-
 def _wait_running_with_progress(cli: Cli, exp_id: int, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -101,8 +55,12 @@ def _wait_running_with_progress(cli: Cli, exp_id: int, timeout: float = 120) -> 
 def _check_exact(cli: Cli, tmp_path: Path, exp: dict[str, Any], epochs: int) -> None:
     for t in exp["trials"]:
         assert t["state"] == "COMPLETED" and t["steps_completed"] == epochs, t
-        ref = _reference_sha(tmp_path, t, epochs, _seed_of(cli, t["id"]))
-        assert _final_sha(cli, exp["id"], t["id"]) == ref, f"trial {t['id']} weights differ"
+    seeds = {t["id"]: seed_of(cli, t["id"]) for t in exp["trials"]}
+    refs = reference_shas(tmp_path, exp["trials"], epochs, seeds)
+    for t in exp["trials"]:
+        assert final_sha(cli, exp["id"], t["id"]) == refs[t["id"]], (
+            f"trial {t['id']} weights differ"
+        )
 
 
 def test_preempted_trials_checkpoint_requeue_and_finish_bitwise_identical(

@@ -77,10 +77,12 @@ P = JobState.PENDING
             False,
             False,
         ),
-        # preempted (TERM), killed before checkpointing: not the trial's fault
+        # preempted (TERM), killed before checkpointing: not the trial's fault (the
+        # worker's exit ends the job FAILED before Slurm requeues it; CANCELLED would
+        # be a scancel, see test_scancel_is_cancelled_not_preempted)
         (
             _attempt(143, "signal/TERM", LONG_AGO),
-            _st(JobState.CANCELLED),
+            _st(JobState.FAILED),
             None,
             TrialState.PENDING,
             "preempted",
@@ -172,3 +174,32 @@ def test_judge(
         counted,
         cancel,
     )
+
+
+def test_scancel_is_cancelled_not_preempted() -> None:
+    """scancel sends TERM as preemption does; Slurm's CANCELLED tells them apart."""
+    a = _attempt(75, "requeue/TERM", gone=LONG_AGO)
+    assert judge(a, _st(JobState.CANCELLED), None, NOW).cause == "cancelled"
+    assert judge(a, _st(JobState.FAILED), None, NOW).cause == "preempted"
+
+
+def test_superseded_attempt_keeps_its_time_limit_cause() -> None:
+    """An attempt Slurm requeued after the time-limit signal is a timeout."""
+    from dlhpc.orchestrator.recovery import superseded_cause
+
+    assert superseded_cause(_attempt(75, "requeue/USR2")) == "timeout"
+    assert superseded_cause(_attempt(75, "requeue/TERM")) == "requeued"
+    assert superseded_cause(_attempt()) == "requeued"
+
+
+def test_cause_uses_the_state_recorded_once_the_job_is_no_longer_polled() -> None:
+    """After Slurm's final state the attempt is not polled again: judge reads it
+    from the attempt (as _apply_status recorded it)."""
+    a = _attempt(75, "requeue/TERM", gone=LONG_AGO)
+    a.state = "CANCELLED"
+    assert judge(a, None, None, NOW).cause == "cancelled"
+    b = _attempt(gone=LONG_AGO)
+    b.state = "NODE_FAIL"
+    assert judge(b, None, None, NOW).cause == "node_fail"
+    b.state = "UNKNOWN"
+    assert judge(b, None, None, NOW).cause == "lost"
