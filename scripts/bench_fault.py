@@ -404,6 +404,9 @@ def _lost_run(
     p2 = _spawn(trial_dir, "1.r1", log2, exit_after=1)
     rc2 = p2.wait(timeout=timeout)
     ev2 = _read_log(log2)
+    if rc2 != 0 or not any(e["ev"] == "step" for e in ev2):
+        err = log2.with_suffix(".err").read_text()[-3000:]
+        raise RuntimeError(f"resume exited {rc2} without a step: {err}")
     start2 = next(e for e in ev2 if e["ev"] == "start")
     setup2 = next(e for e in ev2 if e["ev"] == "setup")
     rest2 = next(e for e in ev2 if e["ev"] == "restore")
