@@ -7,11 +7,13 @@
     eval "$(scripts/dev-cluster env)"
     python scripts/bench_fault.py requeue             # signal -> first step of the next attempt
 
-``overhead`` runs in this process: a bare training loop and the same loop with
-``ctx.report(step, ...)`` and ``ctx.step(state)`` every step (in a fake trial folder), in
-interleaved blocks (A/B, then B/A), one torch thread; medians of the blocks' mean step times,
-for a tiny model (the per-call cost shows) and a digits-sized MLP; plus the cost per call
-of each API alone.
+``overhead`` runs in this process, one torch thread: a bare training loop and the same loop
+with ``ctx.report(step, ...)`` and ``ctx.step(state)`` every step (in a fake trial folder), for
+a tiny model (the per-call cost shows) and a digits-sized MLP. Interleaved two ways: blocks of
+``--block`` steps (A/B, then B/A; block medians, means and thread-CPU means, paired by round)
+and single steps in turn (medians per arm: robust on a noisy machine). Plus the cost per call
+of each API alone, and of one flush of 1000 buffered records; ``estimate`` = the alternating
+steps' median difference + that flush spread over its 1000 steps.
 
 ``lost`` runs ``scripts/bench_fault_train.py`` as a plain process in a fake trial folder,
 SIGTERMs it at a seeded random moment (uniform over two epochs, after the first epoch
@@ -23,9 +25,11 @@ parameter MLP with Adam (a ~450 MB checkpoint).
 
 ``requeue`` needs the dev cluster: launches the digits example (one trial, through
 ``dlhpc launch``; the entrypoint runs train.py under ``scripts/bench_fault_entry.py``, which
-only timestamps it), ticks (``dlhpc tick`` every ``--interval`` s, as cron would, only
-faster), signals the running job with ``scancel --signal`` and times the way to the first
-training step of the next attempt, in parts.
+only timestamps it), ticks (``dlhpc tick`` every ``--interval`` s at a random phase, as cron
+would), interrupts the running job (``--mode term|usr2``: ``scancel --signal``; ``preempt``: a
+``high`` job on the trial's node, only when no other job runs there) and times the way to the
+first training step of the next attempt, in parts. Repetitions that something else
+interrupted (a shared cluster) are discarded and replaced (``discarded`` in the JSON).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import sqlite3
 import statistics
@@ -304,6 +309,7 @@ def cmd_overhead(args: argparse.Namespace) -> dict[str, Any]:
     signal.signal(signal.SIGUSR2, signal.SIG_DFL)
     ctx.close()
     out["event_files_written"] = len(list(attempt.glob("user-r0-*.jsonl")))
+    shutil.rmtree(root, ignore_errors=True)
     return out
 
 
@@ -852,6 +858,7 @@ def cmd_requeue(args: argparse.Namespace) -> dict[str, Any]:
         "medians": {k: r(med([x[k] for x in reps if x.get(k) is not None])) for k in keys},
         "reps": reps,
         "discarded": discarded,
+        "work_dir": str(work),  # DLHPC_HOMEs (database, run folders, job logs) of each repetition
     }
 
 
