@@ -143,7 +143,9 @@ _SEARCHER_FIELDS = {
     "max_concurrent_trials": Field(integer(min=0), default=0),
     "max_length": Field(integer(min=1), nullable=True),
     "divisor": Field(integer(min=2), default=3),
-    "max_rungs": Field(integer(min=1), default=5),
+    "max_rungs": Field(integer(min=1), nullable=True),
+    "min_length": Field(integer(min=1), nullable=True),
+    "stop_once": Field(boolean, default=False),
     "seed": Field(integer(min=0, max=2**32 - 1), default=0),
     "mode": Field(choice("aggressive", "standard", "conservative"), nullable=True),
 }
@@ -165,6 +167,22 @@ def read_searcher(issues: Issues, value: Any, space: Mapping[str, HParam]) -> Se
         issues.add((*path, "mode"), f"only applies to searcher 'hyperband', not {name!r}")
     if mode is None and name == "hyperband":
         mode = "standard"
+    adaptive = name in _ADAPTIVE
+    for key in ("min_length", "stop_once"):
+        given = s[key] is not None and s[key] is not False
+        if given and not adaptive and issues.ok((*path, "name")):
+            issues.add((*path, key), f"only applies to searchers {_ADAPTIVE_LIST}, not {name!r}")
+    if s["stop_once"] and name == "hyperband":
+        issues.add((*path, "stop_once"), "only applies to 'sha' and 'asha', not 'hyperband'")
+    max_rungs, min_length = s["max_rungs"], s["min_length"]
+    if max_rungs is not None and min_length is not None:
+        issues.add((*path, "min_length"), "give 'max_rungs' or 'min_length', not both")
+    if min_length is not None and max_length is not None and min_length > max_length:
+        issues.add((*path, "min_length"), f"must be <= max_length ({max_length}), got {min_length}")
+    if max_rungs is None:
+        max_rungs = 5
+        if min_length is not None and max_length is not None and min_length <= max_length:
+            max_rungs = _rungs_between(min_length, max_length, s["divisor"] or 2)
     if name == "grid":
         for hp in space.values():
             if hp.type in ("int", "double", "log") and hp.count is None:
@@ -180,7 +198,22 @@ def read_searcher(issues: Issues, value: Any, space: Mapping[str, HParam]) -> Se
         max_concurrent_trials=s["max_concurrent_trials"],
         max_length=max_length if max_length is not None else 1,
         divisor=s["divisor"],
-        max_rungs=s["max_rungs"],
+        max_rungs=max_rungs,
         seed=s["seed"],
         mode=mode,
+        min_length=min_length,
+        stop_once=bool(s["stop_once"]),
     )
+
+
+_ADAPTIVE = ("sha", "asha", "hyperband")
+_ADAPTIVE_LIST = "'sha', 'asha', 'hyperband'"
+
+
+def _rungs_between(min_length: int, max_length: int, divisor: int) -> int:
+    """Rungs from ``min_length`` up to ``max_length``, each ``divisor`` times the last."""
+    rungs, length = 1, max_length
+    while length // divisor >= min_length:
+        length //= divisor
+        rungs += 1
+    return rungs

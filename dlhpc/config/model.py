@@ -68,6 +68,8 @@ class SearcherConfig:
     max_rungs: int = 5
     seed: int = 0
     mode: str | None = None  # hyperband: aggressive|standard|conservative
+    min_length: int | None = None  # sha/asha/hyperband: the first rung's length (sets max_rungs)
+    stop_once: bool = False  # sha/asha: never pause; stop weak trials while they run
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,10 @@ from dlhpc.store.lease import LeaseLostError
 from dlhpc.store.models import (
     Attempt,
     Checkpoint,
+    Decision,
     Event,
     Experiment,
+    GpuSample,
     IngestedFile,
     Metric,
     Submission,
@@ -16,8 +18,10 @@ from dlhpc.store.store import Store, default_home, utcnow
 __all__ = [
     "Attempt",
     "Checkpoint",
+    "Decision",
     "Event",
     "Experiment",
+    "GpuSample",
     "IngestedFile",
     "LeaseLostError",
     "Metric",

@@ -24,4 +24,18 @@ def _v1_to_v2(conn: Connection) -> None:
         conn.exec_driver_sql(stmt)
 
 
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2}
+def _v2_to_v3(conn: Connection) -> None:
+    """Adaptive search and telemetry: trials.told_step/stop_requested_at, the
+    decisions and gpu_samples tables (created from the models, so they match)."""
+    from dlhpc.store.models import Decision, GpuSample
+
+    for stmt in (
+        "ALTER TABLE trials ADD COLUMN told_step INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE trials ADD COLUMN stop_requested_at DATETIME",
+    ):
+        conn.exec_driver_sql(stmt)
+    Decision.__table__.create(conn)  # type: ignore[attr-defined]
+    GpuSample.__table__.create(conn)  # type: ignore[attr-defined]
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}

@@ -27,8 +27,10 @@ __all__ = [
     "Attempt",
     "Base",
     "Checkpoint",
+    "Decision",
     "Event",
     "Experiment",
+    "GpuSample",
     "IngestedFile",
     "Lease",
     "Meta",
@@ -100,6 +102,10 @@ class Trial(Base):
     crashes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # the latest attempt is over and the trial waits for a new job (v2)
     needs_job: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    # the highest metric step already told to the searcher (v3)
+    told_step: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # the searcher stopped the trial while its job was live; the job must end (v3)
+    stop_requested_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
     error: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(DateTime)
     ended_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
@@ -203,3 +209,36 @@ class Event(Base):
     time: Mapped[datetime] = mapped_column(DateTime)
     kind: Mapped[str] = mapped_column(String(32))
     message: Mapped[str] = mapped_column(Text)
+
+
+class Decision(Base):
+    """A searcher decision acted on (v3): a promotion (``promote``: the trial may
+    train to ``length``) or an early stop (``stop``). ``result_time`` is when the
+    newest result the searcher had seen was written by its job, so
+    ``acted_at - result_time`` is the decision latency."""
+
+    __tablename__ = "decisions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id"), index=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    length: Mapped[int] = mapped_column(Integer)
+    result_time: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    decided_at: Mapped[datetime] = mapped_column(DateTime)
+    acted_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+
+
+class GpuSample(Base):
+    """One GPU's telemetry sample from an attempt's ``gpu`` records (v3)."""
+
+    __tablename__ = "gpu_samples"
+    __table_args__ = (UniqueConstraint("attempt_id", "host", "gpu_index", "time"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id"), index=True)
+    time: Mapped[float] = mapped_column(Float)
+    host: Mapped[str] = mapped_column(String(255))
+    gpu_index: Mapped[int] = mapped_column(Integer)
+    util: Mapped[int | None] = mapped_column(Integer, nullable=True)  # percent
+    mem_used: Mapped[int | None] = mapped_column(Integer, nullable=True)  # bytes
+    mem_total: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    power_w: Mapped[float | None] = mapped_column(Float, nullable=True)

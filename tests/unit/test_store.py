@@ -22,7 +22,7 @@ from dlhpc.store import (
     utcnow,
 )
 from dlhpc.store.ingest import ingest_attempt, refresh_trial_metrics
-from dlhpc.store.models import Lease
+from dlhpc.store.models import Decision, Lease
 
 
 def _exp_and_trial(store: Store, tmp_path: Path) -> int:
@@ -62,14 +62,18 @@ def _exp_and_trial(store: Store, tmp_path: Path) -> int:
 def test_new_db_records_schema_version(tmp_path: Path) -> None:
     Store(tmp_path).close()
     con = sqlite3.connect(tmp_path / "dlhpc.db")
-    assert con.execute("select value from meta where key='schema_version'").fetchone() == ("2",)
+    assert con.execute("select value from meta where key='schema_version'").fetchone() == ("3",)
 
 
 def _make_v1_db(home: Path) -> None:
-    """A database as schema v1 made it (v2 added four columns)."""
+    """A database as schema v1 made it (v2 added four columns, v3 two and two tables)."""
     Store(home).close()
     con = sqlite3.connect(home / "dlhpc.db")
+    con.execute("DROP TABLE decisions")
+    con.execute("DROP TABLE gpu_samples")
     for table, column in (
+        ("trials", "told_step"),
+        ("trials", "stop_requested_at"),
         ("trials", "crashes"),
         ("trials", "needs_job"),
         ("attempts", "cause"),
@@ -98,12 +102,14 @@ def test_old_schema_gets_clear_message_and_migrates(
     assert res.exit_code == 1 and "dlhpc db migrate" in res.output
     res = CliRunner().invoke(cli, ["db", "migrate"])
     assert res.exit_code == 0, res.output
-    assert "v1 -> v2" in res.output and (home / "dlhpc.db.v1.bak").exists()
+    assert "v1 -> v3" in res.output and (home / "dlhpc.db.v1.bak").exists()
     store = Store(home)  # opens without complaint now
     _exp_and_trial(store, tmp_path)
     with store.read() as s:
         t = s.scalar(select(Trial))
         assert t is not None and t.crashes == 0 and t.needs_job is False
+        assert t.told_step == 0 and t.stop_requested_at is None
+        assert s.scalar(select(func.count()).select_from(Decision)) == 0
     res = CliRunner().invoke(cli, ["db", "migrate"])
     assert res.exit_code == 0 and "nothing to do" in res.output
 
