@@ -62,6 +62,7 @@ __all__ = [
     "HEARTBEAT_INTERVAL_S",
     "PROGRESS_FILE",
     "REQUEUE_EXIT_CODE",
+    "STOP_FILE",
     "read_small_json",
     "EventBatch",
     "EventWriter",
@@ -79,6 +80,8 @@ REQUEUE_EXIT_CODE = 75  # sysexits' EX_TEMPFAIL: "checkpointed, run me again"
 HEARTBEAT_INTERVAL_S = 15.0
 HEARTBEAT_FILE = "heartbeat.json"
 PROGRESS_FILE = "progress.json"
+# in the trial folder: the searcher stopped the trial; its job should end at the next step
+STOP_FILE = "stop.json"
 
 EVENT_FILE_RE = re.compile(r"^(?P<stream>[A-Za-z0-9_-]+)-(?P<seq>\d{8})\.jsonl$")
 _STREAM_RE = re.compile(r"^[A-Za-z0-9_]+(-[A-Za-z0-9_]+)*$")

@@ -40,6 +40,7 @@ from dlhpc.errors import DlhpcError
 from dlhpc.protocol import (
     PROGRESS_FILE,
     REQUEUE_EXIT_CODE,
+    STOP_FILE,
     EventWriter,
     TrialSpec,
     atomic_write_text,
@@ -55,6 +56,7 @@ ENV_TRIAL_DIR = "DLHPC_TRIAL_DIR"
 ENV_ATTEMPT_DIR = "DLHPC_ATTEMPT_DIR"
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)  # preemption, time limit (USR1 is NCCL's)
 _PROGRESS_EVERY_S = 5.0
+_STOP_FILE_EVERY_S = 2.0  # how often should_stop() looks for the searcher's stop file
 
 
 def _int_env(*names: str, default: int) -> int:
@@ -85,6 +87,9 @@ class TrialContext:
     A SIGTERM (preemption) or SIGUSR2 (time limit near) makes :meth:`should_stop`
     true; :meth:`step` then checkpoints the given state and exits with
     :data:`~dlhpc.protocol.REQUEUE_EXIT_CODE` so the job is requeued and resumes.
+    So does the searcher's decision to stop the trial early (the reconciler
+    writes :data:`~dlhpc.protocol.STOP_FILE` into the trial folder; it is looked
+    for every couple of seconds), after which the trial is not run again.
     """
 
     def __init__(
@@ -94,6 +99,7 @@ class TrialContext:
         hparams: dict[str, Any],
         flush_every: int = 1000,
         flush_interval_s: float = 30.0,
+        trial_dir: Path | None = None,
     ) -> None:
         self.spec = spec
         self.hparams: dict[str, Any] = dict(hparams)
@@ -109,6 +115,8 @@ class TrialContext:
         self._last_progress = 0.0
         self._step = 0
         self._checkpoint_step: int | None = None
+        self._stop_file = trial_dir / STOP_FILE if trial_dir is not None else None
+        self._last_stop_check = time.monotonic()
         if attempt_dir is not None and self.rank == 0:
             self._writer = EventWriter(attempt_dir, f"user-r{self.rank}")
         if spec is not None and threading.current_thread() is threading.main_thread():
@@ -176,7 +184,13 @@ class TrialContext:
             self.stop_reason = signal.Signals(signum).name.removeprefix("SIG")
 
     def should_stop(self) -> bool:
-        """True once the trial was asked to stop (preemption, time limit)."""
+        """True once the trial was asked to stop (preemption, time limit, searcher)."""
+        if self.stop_reason is None and self._stop_file is not None:
+            now = time.monotonic()
+            if now - self._last_stop_check >= _STOP_FILE_EVERY_S:
+                self._last_stop_check = now
+                if self._stop_file.exists():
+                    self.stop_reason = "searcher"
         return self.stop_reason is not None
 
     def train_state(self, **objects: Any) -> TrainState:
@@ -233,6 +247,10 @@ class TrialContext:
     def exit_for_requeue(self) -> NoReturn:
         """Flush and exit with the code that tells dlhpc to run this trial again."""
         self.close()
+        # A second TERM/USR2 during interpreter shutdown must not turn 75 into 128+n.
+        if threading.current_thread() is threading.main_thread():
+            for sig in _STOP_SIGNALS:
+                signal.signal(sig, signal.SIG_IGN)
         sys.exit(REQUEUE_EXIT_CODE)
 
     def _write_progress(self) -> None:
@@ -279,5 +297,10 @@ def init(
     spec = TrialSpec.read(Path(trial_dir) / "trial.json")
     attempt = os.environ.get(ENV_ATTEMPT_DIR)
     return TrialContext(
-        spec, Path(attempt) if attempt else None, spec.hparams, flush_every, flush_interval_s
+        spec,
+        Path(attempt) if attempt else None,
+        spec.hparams,
+        flush_every,
+        flush_interval_s,
+        trial_dir=Path(trial_dir),
     )

@@ -17,12 +17,13 @@ from dlhpc._failpoints import failpoint
 from dlhpc.config.model import ExperimentConfig
 from dlhpc.config.serde import from_jsonable
 from dlhpc.errors import SchedulerError
+from dlhpc.orchestrator.clock import SYSTEM_CLOCK, Clock
 from dlhpc.orchestrator.runfiles import trial_spec, write_trial_spec
 from dlhpc.orchestrator.states import TrialState
 from dlhpc.protocol import trial_dir
 from dlhpc.scheduler import BaseScheduler, JobRequest, SubmittedTask, make_scheduler
 from dlhpc.search import BaseSearcher, Create, make_searcher
-from dlhpc.store import Attempt, Event, Experiment, Store, Submission, Trial, utcnow
+from dlhpc.store import Attempt, Decision, Event, Experiment, Store, Submission, Trial, utcnow
 
 __all__ = [
     "SchedulerPool",
@@ -30,6 +31,7 @@ __all__ = [
     "new_attempt",
     "config_of",
     "log_event",
+    "mark_promotions_acted",
     "recover_submissions",
     "searcher_of",
     "submit_pending",
@@ -149,7 +151,9 @@ def _unsubmitted(session: Session, exp_id: int) -> list[Trial]:
     ]
 
 
-def submit_pending(store: Store, pool: SchedulerPool, exp_id: int) -> list[SubmittedTask]:
+def submit_pending(
+    store: Store, pool: SchedulerPool, exp_id: int, clock: Clock = SYSTEM_CLOCK
+) -> list[SubmittedTask]:
     """Submit every PENDING trial of the experiment that has no job yet, as one request.
 
     The submission row (with its unique job name) is committed before ``sbatch``
@@ -170,7 +174,7 @@ def submit_pending(store: Store, pool: SchedulerPool, exp_id: int) -> list[Submi
             state="SUBMITTING",
             trial_ids_json=json.dumps([t.id for t in trials]),
             folder=str(Path(exp.run_dir) / "jobs"),
-            created_at=utcnow(),
+            created_at=clock.now(),
         )
         session.add(sub)
         specs = [
@@ -199,16 +203,20 @@ def submit_pending(store: Store, pool: SchedulerPool, exp_id: int) -> list[Submi
         tasks = [t for t in err.submitted if isinstance(t, SubmittedTask)]
         error = str(err)
     failpoint("submit.after_sbatch")
-    _record_tasks(store, sub.id, trials, tasks, error)
+    _record_tasks(store, sub.id, trials, tasks, error, clock.now())
     if error:
         raise SchedulerError(error, submitted=tasks)
     return tasks
 
 
 def _record_tasks(
-    store: Store, sub_id: int, trials: list[Trial], tasks: list[SubmittedTask], error: str
+    store: Store,
+    sub_id: int,
+    trials: list[Trial],
+    tasks: list[SubmittedTask],
+    error: str,
+    now: datetime,
 ) -> None:
-    now = utcnow()
     with store.write() as session:
         sub = session.get(Submission, sub_id)
         assert sub is not None  # committed by the caller before submitting
@@ -219,6 +227,7 @@ def _record_tasks(
             row = session.get(Trial, trial.id)
             if row is not None:
                 row.needs_job = False
+        mark_promotions_acted(session, [t.id for t, _ in zip(trials, tasks, strict=False)], now)
         ids = ", ".join(t.job_id for t in tasks[:3]) + (" ..." if len(tasks) > 3 else "")
         log_event(
             session,
@@ -226,6 +235,20 @@ def _record_tasks(
             f"{len(tasks)}/{len(trials)} trials submitted ({ids}){': ' + error if error else ''}",
             sub.experiment_id,
         )
+
+
+def mark_promotions_acted(session: Session, trial_ids: list[int], now: datetime) -> None:
+    """A promoted trial's new job is submitted: its promotion decision is acted on."""
+    if not trial_ids:
+        return
+    for d in session.scalars(
+        select(Decision).where(
+            Decision.trial_id.in_(trial_ids),
+            Decision.kind == "promote",
+            Decision.acted_at.is_(None),
+        )
+    ):
+        d.acted_at = now
 
 
 def recover_submissions(store: Store, pool: SchedulerPool, exp_id: int) -> int:
@@ -269,6 +292,7 @@ def recover_submissions(store: Store, pool: SchedulerPool, exp_id: int) -> int:
                 trial = session.get(Trial, trial_id)
                 if trial is not None:
                     trial.needs_job = False
+                mark_promotions_acted(session, [trial_id], now)
                 adopted += 1
             row.state = "SUBMITTED" if job_ids else "FAILED"
             row.error = (

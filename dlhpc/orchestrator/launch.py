@@ -61,7 +61,8 @@ class LaunchResult:
 
 def _initial_trials(cfg: ExperimentConfig) -> tuple[list[Create], str]:
     searcher = searcher_of(cfg, "{}")
-    creates = [op for op in searcher.ask(_ASK_ALL) if isinstance(op, Create)]
+    slots = cfg.searcher.max_concurrent_trials or _ASK_ALL
+    creates = [op for op in searcher.ask(slots) if isinstance(op, Create)]
     return creates, json.dumps(searcher.state_dict())
 
 

@@ -155,3 +155,26 @@ def test_usr2_requeues_the_array_task_through_scontrol(tmp_path: Path) -> None:
     assert (tmp_path / "scontrol.args").read_text().split() == ["requeue", "77_3"]
     records = [r for b in read_event_batches(tdir / "attempts" / "77_3.r0") for r in b.records]
     assert next(r for r in records if r["type"] == "exit")["signal"] == "USR2"
+
+
+def test_searcher_stop_file_ends_the_trial_at_its_next_step(tmp_path: Path) -> None:
+    import time
+
+    from dlhpc.protocol import STOP_FILE
+
+    tdir = _trial(tmp_path, STOPPABLE, {})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["DLHPC_JOB_ID"] = "local-s_0"
+    proc = subprocess.Popen([sys.executable, "-m", "dlhpc.harness.worker", str(tdir)], env=env)
+    ready = tdir.parent.parent / "code" / "ready"
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert time.monotonic() < deadline, "script never started"
+        time.sleep(0.05)
+    (tdir / STOP_FILE).write_text("{}")
+    t0 = time.monotonic()
+    assert proc.wait(timeout=60) == 75
+    assert time.monotonic() - t0 < 10  # looked for every 2 s
+    records = [r for b in read_event_batches(tdir / "attempts" / "local-s_0.r0") for r in b.records]
+    exit_rec = next(r for r in records if r["type"] == "exit")
+    assert exit_rec["code"] == 75 and exit_rec.get("signal") is None

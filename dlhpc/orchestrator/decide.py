@@ -1,0 +1,186 @@
+"""The searcher's side of a reconciliation pass: tell it results, act on its answer.
+
+Runs inside the experiment's write transaction in :mod:`dlhpc.orchestrator.tick`,
+with the trials already brought up to date, so the searcher's state, the told
+positions (``Trial.told_step``) and every decision commit together: a reconciler
+killed at any line tells nothing twice and loses no decision.
+
+Acting on operations:
+
+* ``Create``: a new PENDING trial (submitted by the same pass).
+* ``Continue``: a PAUSED trial (or one waiting for a job) gets the longer grant
+  and waits for a new job, which resumes it from its checkpoint; a trial whose
+  job is still ending gets it when the job has ended (a pending ``promote``
+  :class:`~dlhpc.store.Decision`).
+* ``Stop``: a PAUSED trial, or one whose job has not started, is
+  STOPPED_EARLY at once (a queued job is cancelled); a running one is asked to
+  stop through :data:`~dlhpc.protocol.STOP_FILE` (the harness exits at its next
+  step) and cancelled if it has not ended within :data:`STOP_GRACE`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from dlhpc.config.model import ExperimentConfig
+from dlhpc.orchestrator.common import add_trials, log_event
+from dlhpc.orchestrator.states import TrialState
+from dlhpc.protocol import STOP_FILE
+from dlhpc.search import BaseSearcher, Continue, Create, Stop
+from dlhpc.store import Decision, Experiment, Metric, Trial
+
+__all__ = ["STOP_GRACE", "SearchPass", "pending_promotion", "running_trials"]
+
+STOP_GRACE = timedelta(seconds=float(os.environ.get("DLHPC_STOP_GRACE_S", "60")))
+_RUNNING = {TrialState.PENDING.value, TrialState.RUNNING.value}
+
+
+def _dt(epoch: float | None) -> datetime | None:
+    if epoch is None:
+        return None
+    return datetime.fromtimestamp(epoch, tz=timezone.utc).replace(tzinfo=None)
+
+
+def running_trials(trials: list[Trial]) -> int:
+    """Trials that hold or wait for a job (PAUSED ones hold nothing)."""
+    return sum(t.state in _RUNNING for t in trials)
+
+
+def pending_promotion(s: Session, t: Trial) -> Decision | None:
+    """A promotion decided while the trial's job was still running, not applied yet."""
+    return s.scalar(
+        select(Decision)
+        .where(
+            Decision.trial_id == t.id,
+            Decision.kind == "promote",
+            Decision.acted_at.is_(None),
+            Decision.length > t.max_length,
+        )
+        .order_by(Decision.id.desc())
+        .limit(1)
+    )
+
+
+@dataclass
+class SearchPass:
+    """Tell the searcher what happened to ``was_live`` trials, then act on its ops."""
+
+    s: Session
+    exp: Experiment
+    cfg: ExperimentConfig
+    searcher: BaseSearcher
+    now: datetime
+    runs_root: Path
+    cancels: list[str] = field(default_factory=list)  # job ids to scancel after commit
+    stopped_running: list[Trial] = field(default_factory=list)  # need a stop file
+    decisions: int = 0
+
+    def tell(self, was_live: list[Trial]) -> None:
+        """New metric points in step order, then ``tell_exited`` for trials that ended."""
+        by_id = {t.id: t for t in was_live}
+        rows = self.s.execute(
+            select(Metric.trial_id, Metric.step, Metric.value)
+            .join(Trial, Trial.id == Metric.trial_id)
+            .where(
+                Metric.trial_id.in_(list(by_id)),
+                Metric.name == self.cfg.searcher.metric,
+                Metric.step > Trial.told_step,
+            )
+            .order_by(Metric.trial_id, Metric.step)
+        ).all()
+        for trial_id, step, value in rows:
+            t = by_id[trial_id]
+            self.searcher.tell(t.request_id, step, float("nan") if value is None else value)
+            t.told_step = step
+        for t in was_live:
+            if TrialState(t.state).is_terminal:
+                self.searcher.tell_exited(t.request_id)
+
+    def _newest_result(self) -> datetime | None:
+        newest = self.s.scalar(
+            select(func.max(Metric.time))
+            .join(Trial, Trial.id == Metric.trial_id)
+            .where(Trial.experiment_id == self.exp.id, Metric.name == self.cfg.searcher.metric)
+        )
+        return _dt(newest)
+
+    def decide(self) -> list[Trial]:
+        """Ask for as much work as there are free slots and act on it; returns new trials."""
+        trials = list(self.exp.trials)
+        limit = self.cfg.searcher.max_concurrent_trials or 1_000_000
+        ops = self.searcher.ask(max(0, limit - running_trials(trials)))
+        by_rid = {t.request_id: t for t in trials}
+        result_time = self._newest_result() if ops else None
+        creates = [op for op in ops if isinstance(op, Create)]
+        for op in ops:
+            if isinstance(op, Continue):
+                self._promote(by_rid[op.request_id], op.length, result_time)
+            elif isinstance(op, Stop):
+                self._stop(by_rid[op.request_id], result_time)
+        return add_trials(self.s, self.exp.id, creates, self.cfg, self.runs_root, self.now)
+
+    def _record(self, t: Trial, kind: str, length: int, result_time: datetime | None) -> Decision:
+        d = Decision(
+            experiment_id=self.exp.id,
+            trial_id=t.id,
+            kind=kind,
+            length=length,
+            result_time=result_time,
+            decided_at=self.now,
+        )
+        self.s.add(d)
+        self.decisions += 1
+        return d
+
+    def _promote(self, t: Trial, length: int, result_time: datetime | None) -> None:
+        self._record(t, "promote", length, result_time)  # acted on when submitted
+        if TrialState(t.state).is_terminal:
+            return
+        current = t.attempts[-1] if t.attempts else None
+        job_over = current is None or current.exit_code is not None or t.needs_job
+        if t.state == TrialState.PAUSED.value or job_over:
+            t.max_length = length
+            t.needs_job = True
+            t.state = TrialState.PENDING.value
+        log_event(self.s, "trial.promoted", f"promoted to length {length}", self.exp.id, t.id)
+
+    def _stop(self, t: Trial, result_time: datetime | None) -> None:
+        d = self._record(t, "stop", t.told_step, result_time)
+        if TrialState(t.state).is_terminal:
+            d.acted_at = self.now
+            return
+        current = t.attempts[-1] if t.attempts else None
+        started = current is not None and (
+            current.started_at is not None or current.state == "RUNNING"
+        )
+        if t.state == TrialState.RUNNING.value and started and not t.needs_job:
+            t.stop_requested_at = self.now
+            self.stopped_running.append(t)
+        else:  # paused, or its job has not started: nothing to lose
+            if current is not None and current.exit_code is None and not t.needs_job:
+                self.cancels.append(current.job_id)
+                current.state = "CANCELLED"
+            t.state = TrialState.STOPPED_EARLY.value
+            t.ended_at = self.now
+            t.needs_job = False
+            self.searcher.tell_exited(t.request_id)
+        d.acted_at = self.now
+        log_event(self.s, "trial.stop", "stopped early by the searcher", self.exp.id, t.id)
+
+
+def write_stop_files(trials: list[Trial]) -> None:
+    """Ask the jobs of ``trials`` to stop (idempotent; after the decision committed)."""
+    from dlhpc.protocol import atomic_write_text
+
+    for t in trials:
+        if not t.run_dir:
+            continue
+        path = Path(t.run_dir) / STOP_FILE
+        if not path.exists():
+            atomic_write_text(path, '{"reason": "searcher"}\n')

@@ -1,0 +1,226 @@
+"""One live trial per call: bring its attempts and state up to date.
+
+:func:`reconcile_trial` applies the scheduler's view to the trial's attempts,
+asks :func:`~dlhpc.orchestrator.recovery.judge` about the current one, and acts:
+a restart (the job is cancelled and the trial waits for a new one), a pause (the
+job trained to its grant and ended; the searcher decides what comes next), an
+end (COMPLETED, FAILED after ``max_restarts`` crashes), or the end of a trial
+the searcher stopped while it ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from dlhpc.orchestrator.clock import Clock
+from dlhpc.orchestrator.common import log_event
+from dlhpc.orchestrator.decide import STOP_GRACE, pending_promotion
+from dlhpc.orchestrator.recovery import judge, superseded_cause
+from dlhpc.orchestrator.states import TrialState
+from dlhpc.protocol import HEARTBEAT_FILE, PROGRESS_FILE, read_small_json
+from dlhpc.scheduler import JobState, JobStatus
+from dlhpc.store import Attempt, Trial
+
+__all__ = ["LIVE_ATTEMPT_STATES", "TrialPass", "reconcile_trial"]
+
+LIVE_ATTEMPT_STATES = {"PENDING", "RUNNING", "REQUEUED", "UNKNOWN"}
+
+
+@dataclass
+class TrialPass:
+    """What one pass over an experiment's trials needs and collects."""
+
+    statuses: dict[str, JobStatus]
+    clock: Clock
+    max_restarts: int
+    final_length: int  # the searcher's max_length: a trial that reached it is done
+    cancels: list[str] = field(default_factory=list)  # job ids to scancel after commit
+    stopping: list[Trial] = field(default_factory=list)  # stop requested, job still live
+
+    @property
+    def now(self) -> datetime:
+        return self.clock.now()
+
+
+def _apply_status(a: Attempt, st: JobStatus | None, now: datetime) -> None:
+    """Record the scheduler's view of the attempt's job (its exit record is kept apart)."""
+    if st is None:
+        return
+    a.raw_state = st.raw_state or st.state.value
+    a.node_list = st.node_list or a.node_list
+    a.started_at = a.started_at or st.start
+    a.state = st.state.value
+    if st.state.is_terminal or st.state == JobState.UNKNOWN:
+        a.ended_at = a.ended_at or st.end
+        a.terminal_seen_at = a.terminal_seen_at or now
+    else:
+        a.terminal_seen_at = None
+
+
+def _attempt_file(t: Trial, a: Attempt, name: str) -> dict[str, object] | None:
+    return (
+        read_small_json(Path(t.run_dir) / "attempts" / a.attempt_key / name) if t.run_dir else None
+    )
+
+
+def _heartbeat_age(t: Trial, a: Attempt | None, clock: Clock) -> timedelta | None:
+    beat = _attempt_file(t, a, HEARTBEAT_FILE) if a is not None else None
+    if beat is None or not isinstance(beat.get("time"), int | float):
+        return None
+    return timedelta(seconds=max(0.0, clock.time() - float(beat["time"])))  # type: ignore[arg-type]
+
+
+def _lost_steps(t: Trial, a: Attempt) -> int | None:
+    if a.lost_steps is not None:
+        return a.lost_steps
+    progress = _attempt_file(t, a, PROGRESS_FILE) or {}
+    step, ckpt = progress.get("step"), progress.get("checkpoint_step")
+    if not isinstance(step, int):
+        return None
+    return max(0, step - (ckpt if isinstance(ckpt, int) else 0))
+
+
+def _log_tail(a: Attempt, lines: int = 5) -> str:
+    if not a.log_path:
+        return ""
+    err = Path(a.log_path).with_name(Path(a.log_path).name.replace(".out", ".err"))
+    try:
+        text = err.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join([ln for ln in text.splitlines() if ln.strip()][-lines:])
+
+
+def end_trial(
+    s: Session, t: Trial, state: TrialState, now: datetime, last: Attempt | None, error: str
+) -> None:
+    t.state = state.value
+    t.ended_at = now
+    t.needs_job = False
+    if error:
+        t.error = "\n".join(x for x in (error, _log_tail(last) if last else "") if x)
+    log_event(s, f"trial.{state.value.lower()}", error or state.value, t.experiment_id, t.id)
+
+
+def _settle_stop(s: Session, t: Trial, current: Attempt | None, p: TrialPass) -> None:
+    """A trial the searcher stopped while it ran: end it once its job has ended,
+    or cancel the job once it ignored the stop for :data:`STOP_GRACE`."""
+    assert t.stop_requested_at is not None  # the caller checked
+    now = p.now
+    st = p.statuses.get(current.job_id) if current is not None else None
+    job_gone = current is None or current.state not in LIVE_ATTEMPT_STATES
+    if current is not None and (current.exit_code is not None or job_gone):
+        done = current.exit_code == 0 and t.steps_completed >= p.final_length
+        if not current.cause:
+            current.cause = "completed" if done else "stopped"
+        end_trial(s, t, TrialState.COMPLETED if done else TrialState.STOPPED_EARLY, now, None, "")
+        return
+    if now - t.stop_requested_at > STOP_GRACE and current is not None:
+        p.cancels.append(current.job_id)
+        current.state = "CANCELLED"
+        current.cause = "stopped"
+        end_trial(s, t, TrialState.STOPPED_EARLY, now, None, "")
+        log_event(
+            s,
+            "trial.stop",
+            f"job {current.job_id} did not stop within {STOP_GRACE.total_seconds():.0f} s"
+            " of the searcher's decision: cancelled",
+            t.experiment_id,
+            t.id,
+        )
+        return
+    if st is not None and st.state == JobState.RUNNING:
+        t.state = TrialState.RUNNING.value
+    p.stopping.append(t)
+
+
+def _completed(s: Session, t: Trial, current: Attempt | None, p: TrialPass) -> None:
+    """The job exited 0: the trial completed, or trained to its grant and pauses."""
+    reached = t.steps_completed >= t.max_length
+    promotion = pending_promotion(s, t) if reached else None
+    if current is not None and reached and t.max_length < p.final_length:
+        current.cause = "paused"
+    if promotion is not None:  # promoted while its job was ending: a new job, longer grant
+        t.max_length = promotion.length
+        t.needs_job = True
+        t.state = TrialState.PENDING.value
+    elif reached and t.max_length < p.final_length:
+        if t.state != TrialState.PAUSED.value:
+            t.state = TrialState.PAUSED.value
+            log_event(s, "trial.paused", f"paused at length {t.max_length}", t.experiment_id, t.id)
+    else:
+        end_trial(s, t, TrialState.COMPLETED, p.now, current, "")
+
+
+def reconcile_trial(s: Session, t: Trial, p: TrialPass) -> None:
+    """Bring one live trial's state up to date and decide on a restart."""
+    now = p.now
+    for a in t.attempts:
+        if a.state in LIVE_ATTEMPT_STATES:
+            _apply_status(a, p.statuses.get(a.job_id), now)
+    for a in t.attempts[:-1]:  # requeued by Slurm or resubmitted: a newer attempt exists
+        if a.state in LIVE_ATTEMPT_STATES:
+            a.state = "SUPERSEDED"
+        if not a.cause:
+            a.cause = superseded_cause(a)
+            a.lost_steps = _lost_steps(t, a)
+    t.restarts = sum(a.cause != "paused" for a in t.attempts[:-1])
+    current = t.attempts[-1] if t.attempts else None
+    if t.stop_requested_at is not None:
+        _settle_stop(s, t, current, p)
+        return
+    if t.needs_job:
+        return  # already judged; waits for its new job
+    status = p.statuses.get(current.job_id) if current is not None else None
+    verdict = judge(current, status, _heartbeat_age(t, current, p.clock), now)
+    if current is not None and verdict.cause and (verdict.resubmit or verdict.state.is_terminal):
+        current.cause = verdict.cause
+        current.lost_steps = _lost_steps(t, current)
+    if verdict.resubmit and current is not None:
+        # Cancel the old job whatever Slurm last said of it: if Slurm requeued it
+        # meanwhile, two runs of one trial would share its checkpoint folder.
+        p.cancels.append(current.job_id)
+        if verdict.cancel_job:
+            current.state = "SUPERSEDED"
+        if verdict.counted and t.crashes >= p.max_restarts:
+            end_trial(
+                s,
+                t,
+                TrialState.FAILED,
+                now,
+                current,
+                f"crashed {t.crashes + 1} time(s)"
+                f" (max_restarts {p.max_restarts}); last: exit code {current.exit_code}"
+                f" of job {current.job_id}",
+            )
+            return
+        t.crashes += int(verdict.counted)
+        t.needs_job = True
+        t.state = TrialState.PENDING.value
+        log_event(
+            s,
+            "trial.restart",
+            f"attempt {current.attempt_key} ended ({verdict.cause}); submitting again"
+            f" (restart {t.restarts + 1}, crashes {t.crashes}/{p.max_restarts})",
+            t.experiment_id,
+            t.id,
+        )
+        return
+    if verdict.state == TrialState.COMPLETED:
+        _completed(s, t, current, p)
+    elif verdict.state.value != t.state and t.state != TrialState.PAUSED.value:
+        if verdict.state.is_terminal:
+            end_trial(s, t, verdict.state, now, current, "")
+        else:
+            t.state = verdict.state.value
+            log_event(
+                s,
+                f"trial.{verdict.state.value.lower()}",
+                verdict.state.value,
+                t.experiment_id,
+                t.id,
+            )
