@@ -35,7 +35,7 @@ Event records (one JSON object per line, ``type`` first):
 * ``{"type": "checkpoint", "time", "step", "path", "size"}``: a checkpoint was published
 * ``{"type": "log", "time", "level", "message"}``
 * ``{"type": "gpu", "time", "host", "gpus": [...]}``: GPU samples of one node, stream
-  ``gpu-n<node>`` (see :mod:`dlhpc.harness.telemetry`); not ingested into the database
+  ``gpu-n<node>`` (see :mod:`dlhpc.harness.telemetry`); ingested into ``gpu_samples``
 
 Besides the immutable event files, an attempt folder holds two small files that
 are rewritten in place (atomically) and only read: ``heartbeat.json`` (the

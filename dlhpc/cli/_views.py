@@ -9,7 +9,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["experiment_view", "experiments_table"]
+__all__ = ["experiment_view", "experiments_table", "idle_gpu_lines"]
 
 _STATE_STYLE = {
     "COMPLETED": "green",
@@ -50,6 +50,31 @@ def _bar(done: int, total: int, width: int = 8) -> str:
     return f"{'█' * filled}{'░' * (width - filled)} {done}/{total}"
 
 
+def _gpu(t: dict[str, Any]) -> Text:
+    """Mean utilization over the newest attempt with GPU samples, and how many GPUs."""
+    g = t.get("gpu")
+    if not g:
+        return Text("-")
+    util = "-" if g["util_mean"] is None else f"{g['util_mean']:.0f}%"
+    return Text(f"{util} x{g['gpus']}", style="bold yellow" if t.get("idle_gpus") else "")
+
+
+def idle_gpu_lines(exp: dict[str, Any], limit: int = 20) -> list[Text]:
+    """One warning line per idle GPU of the experiment's live attempts."""
+    idle = exp.get("idle_gpus") or []
+    lines = [
+        Text(
+            f"GPU idle: trial {g['trial_id']} on {g['host']} GPU {g['gpu_index']} "
+            f"below {g['below_pct']:g}% for {g['idle_minutes']:.0f} min",
+            style="bold yellow",
+        )
+        for g in idle[:limit]
+    ]
+    if len(idle) > limit:
+        lines.append(Text(f"... and {len(idle) - limit} more idle GPUs", style="bold yellow"))
+    return lines
+
+
 def _best(exp: dict[str, Any]) -> dict[str, Any] | None:
     scored = [t for t in exp["trials"] if t["best_metric"] is not None]
     if not scored:
@@ -79,6 +104,19 @@ def experiments_table(data: dict[str, Any]) -> Table:
     return table
 
 
+def _decision_line(exp: dict[str, Any]) -> list[Text]:
+    d = exp.get("decisions")
+    if not d:
+        return []
+    text = f"searcher decisions: {d['promotions']} promoted, {d['stops']} stopped early"
+    if d["pending"]:
+        text += f", {d['pending']} waiting for a job"
+    lat = d.get("latency_s")
+    if lat:
+        text += f"; decision latency median {lat['median']:.1f} s, max {lat['max']:.1f} s"
+    return [Text(text, style="dim")]
+
+
 def experiment_view(exp: dict[str, Any], note: str = "") -> RenderableType:
     direction = "min" if exp["smaller_is_better"] else "max"
     table = Table(
@@ -97,11 +135,14 @@ def experiment_view(exp: dict[str, Any], note: str = "") -> RenderableType:
         "jobs",
     ):
         table.add_column(col, no_wrap=True)
+    with_gpu = any(t.get("gpu") for t in exp["trials"])  # no column for CPU-only runs
+    if with_gpu:
+        table.add_column("GPU util", no_wrap=True)
     table.add_column("hparams", overflow="fold")
     best = _best(exp)
     for t in exp["trials"]:
         style = "bold" if best is not None and t["id"] == best["id"] else ""
-        table.add_row(
+        cells: list[RenderableType] = [
             str(t["id"]),
             _state(t["state"]),
             _bar(t["steps_completed"], t["max_length"]),
@@ -109,10 +150,11 @@ def experiment_view(exp: dict[str, Any], note: str = "") -> RenderableType:
             _metric(t["latest_metric"]),
             _restarts(t),
             ",".join(t["slurm_job_ids"][-2:]),
-            _hparams(t["hparams"]),
-            style=style,
-        )
-    parts: list[RenderableType] = [table]
+        ]
+        if with_gpu:
+            cells.append(_gpu(t))
+        table.add_row(*cells, _hparams(t["hparams"]), style=style)
+    parts: list[RenderableType] = [table, *idle_gpu_lines(exp), *_decision_line(exp)]
     failed = [t for t in exp["trials"] if t["state"] == "FAILED" and t["error"]]
     for t in failed[:5]:
         parts.append(Text(f"trial {t['id']} failed: {t['error']}", style="red"))

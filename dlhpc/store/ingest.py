@@ -4,6 +4,8 @@ The caller supplies the write transaction; everything an event file implies
 (metrics, attempt facts, the ``ingested_files`` row that marks it done) lands
 in that one transaction, so a reconciler killed at any line either applied a
 file completely or not at all, and a second pass skips what the first applied.
+``gpu`` records become ``gpu_samples`` rows (one per GPU per sample; a row already
+there is kept, and a GPU entry without a usable index is skipped).
 """
 
 from __future__ import annotations
@@ -21,7 +23,15 @@ from sqlalchemy.orm import Session
 
 from dlhpc._failpoints import failpoint
 from dlhpc.protocol import read_event_batches
-from dlhpc.store.models import Attempt, Checkpoint, Event, IngestedFile, Metric, Trial
+from dlhpc.store.models import (
+    Attempt,
+    Checkpoint,
+    Event,
+    GpuSample,
+    IngestedFile,
+    Metric,
+    Trial,
+)
 
 __all__ = ["IngestResult", "ingest_attempt", "refresh_trial_metrics"]
 
@@ -32,6 +42,7 @@ _KEY_RE = re.compile(r"^(?P<job>.+)\.r(?P<restart>\d+)$")
 class IngestResult:
     files: int = 0
     metrics: int = 0
+    gpu_samples: int = 0  # rows offered (a row already stored is kept, not counted apart)
     exited: bool = False
 
 
@@ -39,6 +50,49 @@ def _ts(value: Any) -> datetime | None:
     if not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return datetime.fromtimestamp(value, tz=timezone.utc).replace(tzinfo=None)
+
+
+def _num(value: Any) -> float | None:
+    """A finite number, else None (telemetry is best effort: a bad value is dropped)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        v = float(value)
+    except OverflowError:  # an int beyond any float
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _int(value: Any) -> int | None:
+    v = _num(value)
+    return None if v is None or abs(v) >= 2**63 else int(v)  # SQLite's INTEGER is 64-bit
+
+
+def _gpu_rows(attempt_id: int, rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``gpu_samples`` rows of one ``gpu`` record (none without a usable time)."""
+    at = _num(rec.get("time"))
+    gpus = rec.get("gpus")
+    if at is None or not isinstance(gpus, list):
+        return []
+    host = str(rec.get("host", ""))[:255]
+    rows = []
+    for gpu in gpus:
+        index = _int(gpu.get("index")) if isinstance(gpu, dict) else None
+        if index is None:
+            continue
+        rows.append(
+            {
+                "attempt_id": attempt_id,
+                "time": at,
+                "host": host,
+                "gpu_index": index,
+                "util": _int(gpu.get("util")),
+                "mem_used": _int(gpu.get("mem_used")),
+                "mem_total": _int(gpu.get("mem_total")),
+                "power_w": _num(gpu.get("power_w")),
+            }
+        )
+    return rows
 
 
 def get_or_create_attempt(session: Session, trial: Trial, key: str, now: datetime) -> Attempt:
@@ -75,6 +129,7 @@ def ingest_attempt(
     ).all()
     for batch in read_event_batches(attempt_path, skip=done):
         rows = []
+        gpu_rows: list[dict[str, Any]] = []
         for rec in batch.records:
             kind = rec.get("type")
             if kind == "metric":
@@ -119,6 +174,8 @@ def ingest_attempt(
                     .on_conflict_do_nothing(index_elements=["trial_id", "path"])
                 )
                 session.execute(stmt_ck)
+            elif kind == "gpu":
+                gpu_rows.extend(_gpu_rows(attempt.id, rec))
             elif kind == "log":
                 session.add(
                     Event(
@@ -141,6 +198,14 @@ def ingest_attempt(
             )
             session.execute(stmt)
             result.metrics += len(rows)
+        if gpu_rows:  # executemany: no limit on bound parameters however long the file
+            session.execute(
+                sqlite_insert(GpuSample).on_conflict_do_nothing(
+                    index_elements=["attempt_id", "host", "gpu_index", "time"]
+                ),
+                gpu_rows,
+            )
+            result.gpu_samples += len(gpu_rows)
         failpoint("ingest.before_mark")
         session.add(
             IngestedFile(

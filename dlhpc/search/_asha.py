@@ -1,0 +1,341 @@
+"""Asynchronous successive halving (ASHA; Li et al., MLSys 2020).
+
+Each free slot (``ask(max_new)``) goes, in order, to:
+
+1. a promotion: rungs are scanned from the second-highest down to the first;
+   a paused trial whose result at rung ``k`` is among the top
+   ``floor(n_k / divisor)`` of the ``n_k`` results rung ``k`` has so far is
+   continued to rung ``k+1`` (``Continue(rid, r_{k+1})``), best first;
+2. a new trial (``Create(rid, hparams, r_0)``) while fewer than
+   ``max_trials`` were created.
+
+A trial told at a length ``>= `` its grant is paused; at ``max_length`` it is
+finished (the driver then calls ``tell_exited``). Results rank best first by
+``smaller_is_better``, NaN last, ties by request id; every result counts in
+``n_k``, but only paused trials are promoted (a trial that exited is never
+promoted, and one that exits before its grant has no result there). A rung
+result is fixed by :func:`~dlhpc.search._rungs.rung_results`; reports past
+the grant count only for the rungs up to the grant. Reports of trials the
+searcher does not count as running (paused, finished, stopped, exited) are
+ignored. Once every trial is created, none runs and none can be promoted,
+each paused trial is stopped (once); the search is done when all have exited.
+
+``stop_once`` (Determined's variant): trials are created with grant
+``max_length`` and never pause. A report that gives a trial its result at
+rung ``k < R-1`` decides at once: with ``n_k >= divisor`` results in rung
+``k`` (this one included), a trial outside the top ``floor(n_k / divisor)``
+is stopped (the ``Stop`` comes with the next ask); with fewer it keeps
+running. There is no Continue in this mode.
+
+:class:`ASHASearcher` runs any number of such brackets side by side (one for
+ASHA); :class:`~dlhpc.search._hyperband.HyperbandSearcher` plans several.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+from dlhpc.config.model import HParam, SearcherConfig
+from dlhpc.search._rungs import (
+    EXITED,
+    FINISHED,
+    PAUSED,
+    RUNNING,
+    STOPPING,
+    BracketPlan,
+    RankKey,
+    TrialRecord,
+    check_adaptive_config,
+    check_max_new,
+    decode_metric,
+    encode_metric,
+    rank_key,
+    rung_results,
+    sample_config,
+)
+from dlhpc.search.base import BaseSearcher, Continue, Create, Operation, Stop
+
+__all__ = ["ASHASearcher"]
+
+_STATE_VERSION = 1
+
+
+class _Bracket:
+    """The rungs of one bracket: results, their order, and the paused trials per rung."""
+
+    def __init__(self, plan: BracketPlan) -> None:
+        self.lengths = plan.lengths
+        self.target = plan.trials
+        self.created = 0
+        self.running = 0
+        self.finalised = False
+        rungs = range(len(plan.lengths))
+        self.results: list[dict[int, float]] = [{} for _ in rungs]
+        self.ranked: list[list[RankKey]] = [[] for _ in rungs]  # all results, best first
+        self.waiting: list[list[RankKey]] = [[] for _ in rungs]  # paused at this rung's grant
+
+
+class ASHASearcher(BaseSearcher):
+    """ASHA over the rungs of :func:`~dlhpc.search._rungs.rung_lengths` (see the module doc).
+
+    Request ids are ``0, 1, 2, ...`` in creation order; trial ``i`` has the
+    hyperparameters of random search's trial ``i`` for the same seed.
+    """
+
+    kind = "asha"
+
+    def __init__(self, space: dict[str, HParam], config: SearcherConfig) -> None:
+        super().__init__(space, config)
+        self._check_mode(config)
+        self.lengths: tuple[int, ...] = tuple(check_adaptive_config(self.kind, config))
+        self.brackets: tuple[BracketPlan, ...] = tuple(self._plan(list(self.lengths)))
+        self._stop_once = config.stop_once
+        self._reset()
+
+    # --- hooks for Hyperband ----------------------------------------------------
+
+    def _check_mode(self, config: SearcherConfig) -> None:
+        if config.mode is not None:
+            raise ValueError(f"{self.kind} searcher: 'mode' only applies to hyperband")
+
+    def _plan(self, lengths: list[int]) -> list[BracketPlan]:
+        n = self.config.max_trials
+        return [BracketPlan(len(lengths) - 1, n, tuple(lengths), n)]
+
+    # --- bookkeeping ------------------------------------------------------------
+
+    def _reset(self) -> None:
+        self._b = [_Bracket(plan) for plan in self.brackets]
+        self._trials: list[TrialRecord] = []
+        self._stops: list[int] = []
+        self._exited = 0
+
+    @property
+    def total(self) -> int:
+        """How many trials the search creates in all (``max_trials``)."""
+        return sum(b.trials for b in self.brackets)
+
+    @property
+    def created(self) -> int:
+        """How many trials were created so far (the next request id)."""
+        return len(self._trials)
+
+    def rung_table(self, bracket: int = 0) -> list[dict[int, float]]:
+        """The results of each rung of ``bracket`` so far, by request id (copies)."""
+        return [dict(r) for r in self._b[bracket].results]
+
+    def _trial(self, request_id: int) -> TrialRecord:
+        if isinstance(request_id, bool) or not 0 <= request_id < len(self._trials):
+            raise ValueError(f"{self.kind} searcher: request {request_id} was never created")
+        return self._trials[request_id]
+
+    def _key(self, b: _Bracket, k: int, rid: int) -> RankKey:
+        return rank_key(b.results[k][rid], rid, self.config.smaller_is_better)
+
+    def _move(self, rid: int, t: TrialRecord, status: str) -> None:
+        b = self._b[t.bracket]
+        if t.status == RUNNING:
+            b.running -= 1
+        elif t.status == PAUSED:
+            waiting = b.waiting[t.grant]
+            del waiting[bisect.bisect_left(waiting, self._key(b, t.grant, rid))]
+        if status == RUNNING:
+            b.running += 1
+        elif status == PAUSED:
+            bisect.insort(b.waiting[t.grant], self._key(b, t.grant, rid))
+        elif status == EXITED:
+            self._exited += 1
+        t.status = status
+
+    def _record(self, b: _Bracket, k: int, rid: int, value: float) -> None:
+        b.results[k][rid] = value
+        bisect.insort(b.ranked[k], self._key(b, k, rid))
+
+    def _keeps(self, b: _Bracket, k: int, rid: int) -> bool:
+        """stop_once: whether a trial just given its rung-``k`` result keeps running."""
+        n = len(b.ranked[k])
+        if n < self.config.divisor:
+            return True
+        return bisect.bisect_left(b.ranked[k], self._key(b, k, rid)) < n // self.config.divisor
+
+    def _promotable(self, b: _Bracket) -> tuple[int, int] | None:
+        """``(rung, request id)`` of the next promotion in ``b``, or None."""
+        for k in range(len(b.lengths) - 2, -1, -1):
+            if b.waiting[k]:
+                best = b.waiting[k][0]
+                top = len(b.ranked[k]) // self.config.divisor
+                if bisect.bisect_left(b.ranked[k], best) < top:
+                    return k, best[2]
+        return self._promotable_to_finish(b)
+
+    def _promotable_to_finish(self, b: _Bracket) -> tuple[int, int] | None:
+        """A bracket whose rule promotes nobody to the top rung (e.g. 6 trials, divisor
+        3: rungs of 6, 2, 0) would end with no trial trained to ``max_length``, so no
+        final model. Once nothing else can happen in it, the best paused trial of the
+        highest rung that has one is promoted, until a trial reaches the top."""
+        if b.created < b.target or b.running or b.ranked[-1]:
+            return None
+        for k in range(len(b.lengths) - 2, -1, -1):
+            if b.waiting[k]:
+                return k, b.waiting[k][0][2]
+        return None
+
+    # --- protocol ---------------------------------------------------------------
+
+    def ask(self, max_new: int) -> list[Operation]:
+        check_max_new(max_new)
+        work: list[Operation] = []
+        while len(work) < max_new:
+            op = self._promote() or self._create()
+            if op is None:
+                break
+            work.append(op)
+        stops: list[Operation] = [Stop(rid) for rid in self._stops]
+        self._stops = []
+        for b in self._b:
+            stops.extend(self._finalise(b))
+        return stops + work
+
+    def _promote(self) -> Continue | None:
+        for b in self._b:
+            found = self._promotable(b)
+            if found is not None:
+                rung, rid = found
+                t = self._trials[rid]
+                self._move(rid, t, RUNNING)
+                t.grant = rung + 1
+                return Continue(rid, b.lengths[t.grant])
+        return None
+
+    def _create(self) -> Create | None:
+        open_ = [i for i, b in enumerate(self._b) if b.created < b.target]
+        if not open_:
+            return None
+        i = min(open_, key=lambda i: (self._b[i].created - self._b[i].target, i))
+        b = self._b[i]
+        rid = len(self._trials)
+        grant = len(b.lengths) - 1 if self._stop_once else 0
+        self._trials.append(TrialRecord(i, grant, RUNNING))
+        b.created += 1
+        b.running += 1
+        hparams = sample_config(self.space, self.config.seed, rid)
+        return Create(rid, hparams, b.lengths[grant])
+
+    def _finalise(self, b: _Bracket) -> list[Operation]:
+        """Stop the paused trials of a bracket that can do nothing more (once)."""
+        if b.finalised or b.created < b.target or b.running or self._promotable(b):
+            return []
+        b.finalised = True
+        paused = sorted(key[2] for waiting in b.waiting for key in waiting)
+        for rid in paused:
+            self._move(rid, self._trials[rid], STOPPING)
+        return [Stop(rid) for rid in paused]
+
+    def tell(self, request_id: int, length: int, metric: float) -> None:
+        t = self._trial(request_id)
+        if t.status != RUNNING:
+            return
+        value = float(metric)
+        b = self._b[t.bracket]
+        top = len(b.lengths) - 1
+        pauses = length >= b.lengths[t.grant]
+        stop = False
+        for k, v in rung_results(b.lengths, t.resolved, t.grant, t.last, length, value):
+            self._record(b, k, request_id, v)
+            t.resolved = k + 1
+            if self._stop_once and not pauses and k < top and not self._keeps(b, k, request_id):
+                stop = True
+                break
+        t.last = (length, value)
+        if pauses:
+            self._move(request_id, t, FINISHED if t.grant == top else PAUSED)
+        elif stop:
+            self._move(request_id, t, STOPPING)
+            self._stops.append(request_id)
+
+    def tell_exited(self, request_id: int) -> None:
+        t = self._trial(request_id)
+        if t.status == EXITED:
+            return
+        if request_id in self._stops:
+            self._stops.remove(request_id)
+        self._move(request_id, t, EXITED)
+
+    @property
+    def done(self) -> bool:
+        return len(self._trials) >= self.total and self._exited == len(self._trials)
+
+    # --- state ------------------------------------------------------------------
+
+    def _fingerprint(self) -> dict[str, Any]:
+        return {
+            "lengths": list(self.lengths),
+            "brackets": [[p.s, p.trials] for p in self.brackets],
+            "stop_once": self._stop_once,
+            "smaller_is_better": self.config.smaller_is_better,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "version": _STATE_VERSION,
+            **self._fingerprint(),
+            "trials": [t.to_row() for t in self._trials],
+            "results": [
+                [[[rid, encode_metric(v)] for rid, v in sorted(r.items())] for r in b.results]
+                for b in self._b
+            ],
+            "stops": list(self._stops),
+            "finalised": [b.finalised for b in self._b],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("kind") != self.kind or state.get("version") != _STATE_VERSION:
+            raise ValueError(
+                f"{self.kind} searcher: cannot load state of kind {state.get('kind')!r} "
+                f"version {state.get('version')!r}"
+            )
+        if any(state.get(k) != v for k, v in self._fingerprint().items()):
+            raise ValueError(
+                f"{self.kind} searcher: state is for other rungs or brackets "
+                "(did the searcher config change?)"
+            )
+        try:
+            self._load(state)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            self._reset()
+            raise ValueError(f"{self.kind} searcher: malformed state: {exc}") from exc
+
+    def _load(self, state: dict[str, Any]) -> None:
+        self._reset()
+        trials = [TrialRecord.from_row(row) for row in state["trials"]]
+        if len(trials) > self.total or len(state["results"]) != len(self._b):
+            raise ValueError("too many trials or wrong number of brackets")
+        if any(not 0 <= t.bracket < len(self._b) for t in trials):
+            raise ValueError("a trial names a bracket that does not exist")
+        for i, (b, rungs) in enumerate(zip(self._b, state["results"], strict=True)):
+            if len(rungs) != len(b.lengths):
+                raise ValueError("wrong number of rungs")
+            for k, rows in enumerate(rungs):
+                for rid, v in rows:
+                    if not 0 <= int(rid) < len(trials) or trials[int(rid)].bracket != i:
+                        raise ValueError(f"result of request {rid} not in this bracket")
+                    self._record(b, k, int(rid), decode_metric(v))
+        for b, flag in zip(self._b, state["finalised"], strict=True):
+            b.finalised = bool(flag)
+        for rid, t in enumerate(trials):
+            b = self._b[t.bracket]
+            if not 0 <= t.grant < len(b.lengths) or not 0 <= t.resolved <= len(b.lengths):
+                raise ValueError(f"request {rid}: grant or rung out of range")
+            if t.status == PAUSED and rid not in b.results[t.grant]:
+                raise ValueError(f"request {rid}: paused without a result at its grant")
+            status, t.status = t.status, STOPPING  # a status that no counter tracks
+            self._trials.append(t)
+            b.created += 1
+            self._move(rid, t, status)
+        if any(b.created > b.target for b in self._b):
+            raise ValueError("a bracket has more trials than planned")
+        self._stops = [int(rid) for rid in state["stops"]]
+        if any(not 0 <= rid < len(trials) for rid in self._stops):
+            raise ValueError("a pending stop names a request never created")

@@ -1,0 +1,54 @@
+"""Hyperband (Li et al., JMLR 2018), each bracket run as asynchronous successive halving.
+
+With ``R`` rungs (:func:`~dlhpc.search._rungs.rung_lengths`), ``s_max = R-1``
+and bracket ``s`` (``s = s_max .. 0``) starts ``n_s = ceil((s_max+1)/(s+1) *
+divisor**s)`` configurations at ``max_length // divisor**s``: it is an ASHA
+over the top ``s+1`` rungs. As in Determined's ``adaptive_asha``, brackets run
+side by side and asynchronously; once all of a rung's results are in before
+any of its promotions (e.g. unlimited slots), a rung of ``n`` results
+promotes ``floor(n / divisor)``, the paper's synchronous table.
+
+``mode`` picks the brackets (:func:`~dlhpc.search._rungs.hyperband_plan`):
+``aggressive`` = ``s_max`` only, ``standard`` (the default) = the
+``ceil((s_max+1)/2)`` most aggressive, ``conservative`` = all (the paper).
+``max_trials`` is split over them in proportion to ``n_s``
+(:func:`~dlhpc.search._rungs.split_trials`); conservative mode with
+``max_trials = sum(n_s)`` reproduces the paper's ``n_s`` exactly.
+
+Free slots go to promotions first (brackets from the most aggressive, rungs
+from the top), then to new trials in the bracket with the most creations
+left (ties: the more aggressive). Request ids are global across brackets.
+Everything else (pausing, ranking, ending) is :class:`ASHASearcher`'s.
+``stop_once`` is refused.
+"""
+
+from __future__ import annotations
+
+from dlhpc.config.model import SearcherConfig
+from dlhpc.search._asha import ASHASearcher
+from dlhpc.search._rungs import HYPERBAND_MODES, BracketPlan, hyperband_plan
+
+__all__ = ["HyperbandSearcher"]
+
+
+class HyperbandSearcher(ASHASearcher):
+    """Hyperband over asynchronous brackets; :attr:`brackets` is the plan."""
+
+    kind = "hyperband"
+
+    def _check_mode(self, config: SearcherConfig) -> None:
+        if config.stop_once:
+            raise ValueError("hyperband searcher: 'stop_once' only applies to sha and asha")
+        if config.mode is not None and config.mode not in HYPERBAND_MODES:
+            raise ValueError(
+                f"hyperband searcher: mode must be one of {', '.join(HYPERBAND_MODES)}, "
+                f"got {config.mode!r}"
+            )
+
+    @property
+    def mode(self) -> str:
+        """The bracket mode (``standard`` when the config gives none)."""
+        return self.config.mode or "standard"
+
+    def _plan(self, lengths: list[int]) -> list[BracketPlan]:
+        return hyperband_plan(lengths, self.config.divisor, self.mode, self.config.max_trials)

@@ -1,0 +1,241 @@
+"""Synchronous successive halving (SHA).
+
+``max_trials`` configurations are created at the first rung ``r_0``
+(:func:`~dlhpc.search._rungs.rung_lengths`); each pauses there. When every
+member of rung ``k`` has its result there or has exited (for rung 0: once all
+``max_trials`` were created), the rung is decided: its results are ranked
+(best first by ``smaller_is_better``, NaN last, ties by request id), the top
+``max(1, floor(n_k / divisor))`` of its ``n_k`` results survive, every other
+member still alive is stopped, and the surviving paused ones are continued
+to ``r_{k+1}`` (best first, as slots free up); they are the members of rung
+``k+1``. A survivor that has exited is simply not continued; a member that
+exits before its result does not count in ``n_k``. This repeats up to the top
+rung, whose trials finish at ``max_length``. The search is done when all
+trials have exited.
+
+``stop_once``: trials are created with grant ``max_length`` and never pause;
+rung ``k`` is decided when all its live members have reported there, and the
+losers are stopped while they run (survivors may be past ``r_{k+1}`` by then).
+
+Rung results are fixed as in ASHA (:func:`~dlhpc.search._rungs.rung_results`);
+reports of trials the searcher does not count as running are ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dlhpc.config.model import HParam, SearcherConfig
+from dlhpc.search._rungs import (
+    EXITED,
+    FINISHED,
+    PAUSED,
+    RUNNING,
+    STOPPING,
+    BracketPlan,
+    TrialRecord,
+    check_adaptive_config,
+    check_max_new,
+    decode_metric,
+    encode_metric,
+    rank_key,
+    rung_results,
+    sample_config,
+)
+from dlhpc.search.base import BaseSearcher, Continue, Create, Operation, Stop
+
+__all__ = ["SHASearcher"]
+
+_STATE_VERSION = 1
+
+
+class SHASearcher(BaseSearcher):
+    """Synchronous successive halving (see the module doc); request ids ``0, 1, 2, ...``."""
+
+    kind = "sha"
+
+    def __init__(self, space: dict[str, HParam], config: SearcherConfig) -> None:
+        super().__init__(space, config)
+        if config.mode is not None:
+            raise ValueError("sha searcher: 'mode' only applies to hyperband")
+        self.lengths: tuple[int, ...] = tuple(check_adaptive_config(self.kind, config))
+        #: One bracket over all rungs (the same shape as ASHA's and Hyperband's ``brackets``).
+        n = config.max_trials
+        self.brackets = (BracketPlan(len(self.lengths) - 1, n, self.lengths, n),)
+        self._stop_once = config.stop_once
+        self._reset()
+
+    def _reset(self) -> None:
+        self._trials: list[TrialRecord] = []
+        self._results: list[dict[int, float]] = [{} for _ in self.lengths]
+        self._members: list[list[int]] = [[]]  # members[k]: the trials that entered rung k
+        self._continues: list[int] = []  # survivors waiting for a slot, best first
+        self._stops: list[int] = []
+        self._exited = 0
+        self._settled = 0  # members[rung][:settled] have a result there or have exited
+
+    @property
+    def rung(self) -> int:
+        """The rung being played (the first one not decided yet; decisions are made in ask)."""
+        return len(self._members) - 1
+
+    @property
+    def created(self) -> int:
+        """How many trials were created so far (the next request id)."""
+        return len(self._trials)
+
+    def rung_table(self) -> list[dict[int, float]]:
+        """The results of each rung so far, by request id (copies)."""
+        return [dict(r) for r in self._results]
+
+    def rung_members(self) -> list[list[int]]:
+        """The trials that entered each rung decided or being played (copies)."""
+        return [list(m) for m in self._members]
+
+    def _trial(self, request_id: int) -> TrialRecord:
+        if isinstance(request_id, bool) or not 0 <= request_id < len(self._trials):
+            raise ValueError(f"sha searcher: request {request_id} was never created")
+        return self._trials[request_id]
+
+    def _move(self, t: TrialRecord, status: str) -> None:
+        if status == EXITED and t.status != EXITED:
+            self._exited += 1
+        t.status = status
+
+    def _advance(self) -> None:
+        """Decide every rung whose results are all in."""
+        top = len(self.lengths) - 1
+        while self.rung < top:
+            k = self.rung
+            if k == 0 and len(self._trials) < self.config.max_trials:
+                return
+            members, results = self._members[k], self._results[k]
+            while self._settled < len(members) and (
+                members[self._settled] in results
+                or self._trials[members[self._settled]].status == EXITED
+            ):
+                self._settled += 1
+            if self._settled < len(members):
+                return
+            ranked = sorted(
+                (rid for rid in members if rid in results),
+                key=lambda rid: rank_key(results[rid], rid, self.config.smaller_is_better),
+            )
+            keep = max(1, len(ranked) // self.config.divisor) if ranked else 0
+            survivors = ranked[:keep]
+            for rid in ranked[keep:]:
+                if self._trials[rid].status in (RUNNING, PAUSED):
+                    self._move(self._trials[rid], STOPPING)
+                    self._stops.append(rid)
+            if not self._stop_once:  # ask() skips those no longer paused
+                self._continues.extend(survivors)
+            self._members.append(survivors)
+            self._settled = 0
+
+    def ask(self, max_new: int) -> list[Operation]:
+        check_max_new(max_new)
+        self._advance()
+        ops: list[Operation] = [Stop(rid) for rid in self._stops]
+        self._stops = []
+        work = 0
+        while work < max_new:
+            if self._continues:
+                rid = self._continues.pop(0)
+                t = self._trials[rid]
+                if t.status != PAUSED:
+                    continue
+                t.grant += 1
+                self._move(t, RUNNING)
+                ops.append(Continue(rid, self.lengths[t.grant]))
+            elif len(self._trials) < self.config.max_trials:
+                rid = len(self._trials)
+                grant = len(self.lengths) - 1 if self._stop_once else 0
+                self._trials.append(TrialRecord(0, grant, RUNNING))
+                self._members[0].append(rid)
+                hparams = sample_config(self.space, self.config.seed, rid)
+                ops.append(Create(rid, hparams, self.lengths[grant]))
+            else:
+                break
+            work += 1
+        return ops
+
+    def tell(self, request_id: int, length: int, metric: float) -> None:
+        t = self._trial(request_id)
+        if t.status != RUNNING:
+            return
+        value = float(metric)
+        for k, v in rung_results(self.lengths, t.resolved, t.grant, t.last, length, value):
+            self._results[k][request_id] = v
+            t.resolved = k + 1
+        t.last = (length, value)
+        if length >= self.lengths[t.grant]:
+            self._move(t, FINISHED if t.grant == len(self.lengths) - 1 else PAUSED)
+
+    def tell_exited(self, request_id: int) -> None:
+        t = self._trial(request_id)
+        if request_id in self._stops:
+            self._stops.remove(request_id)
+        self._move(t, EXITED)
+
+    @property
+    def done(self) -> bool:
+        return len(self._trials) >= self.config.max_trials and self._exited == len(self._trials)
+
+    def _fingerprint(self) -> dict[str, Any]:
+        return {
+            "lengths": list(self.lengths),
+            "max_trials": self.config.max_trials,
+            "stop_once": self._stop_once,
+            "smaller_is_better": self.config.smaller_is_better,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "version": _STATE_VERSION,
+            **self._fingerprint(),
+            "trials": [t.to_row() for t in self._trials],
+            "results": [
+                [[rid, encode_metric(v)] for rid, v in sorted(r.items())] for r in self._results
+            ],
+            "members": [list(m) for m in self._members],
+            "continues": list(self._continues),
+            "stops": list(self._stops),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("kind") != self.kind or state.get("version") != _STATE_VERSION:
+            raise ValueError(
+                f"sha searcher: cannot load state of kind {state.get('kind')!r} "
+                f"version {state.get('version')!r}"
+            )
+        if any(state.get(k) != v for k, v in self._fingerprint().items()):
+            raise ValueError(
+                "sha searcher: state is for other rungs or trials (did the searcher config change?)"
+            )
+        try:
+            self._load(state)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            self._reset()
+            raise ValueError(f"sha searcher: malformed state: {exc}") from exc
+
+    def _load(self, state: dict[str, Any]) -> None:
+        self._reset()
+        trials = [TrialRecord.from_row(row) for row in state["trials"]]
+        n = len(trials)
+        if n > self.config.max_trials or len(state["results"]) != len(self.lengths):
+            raise ValueError("too many trials or wrong number of rungs")
+        if any(not 0 <= t.grant < len(self.lengths) for t in trials):
+            raise ValueError("a grant is out of range")
+        results = [{int(rid): decode_metric(v) for rid, v in rows} for rows in state["results"]]
+        members = [[int(rid) for rid in m] for m in state["members"]]
+        continues = [int(rid) for rid in state["continues"]]
+        stops = [int(rid) for rid in state["stops"]]
+        named = [*(r for rs in results for r in rs), *(r for m in members for r in m)]
+        if any(not 0 <= rid < n for rid in (*named, *continues, *stops)):
+            raise ValueError("state names a request never created")
+        if not 1 <= len(members) <= len(self.lengths):
+            raise ValueError("wrong number of rungs")
+        self._trials, self._results, self._members = trials, results, members
+        self._continues, self._stops = continues, stops
+        self._exited = sum(t.status == EXITED for t in trials)

@@ -1,0 +1,143 @@
+"""Adaptive search end to end on the local backend: real worker processes, real
+harness, real SQLite; trials pause at their grant, promoted ones resume from
+their checkpoint in a new job, weak running trials stop through the stop file.
+The same capability on Slurm is tested in tests/integration/test_search_cluster.py.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+from sqlalchemy import select
+
+from dlhpc.cli.main import cli
+from dlhpc.store import Attempt, Decision, Store, Trial
+
+# Loss falls with the step and is ordered by x at every step, so the best trial
+# is known (smallest x). The checkpoint is a JSON file with the last step done.
+TRAIN = """\
+import json, time, dlhpc
+from pathlib import Path
+ctx = dlhpc.init()
+ckpt = Path(ctx.checkpoint_dir) / "step.json"
+ckpt.parent.mkdir(parents=True, exist_ok=True)
+start = json.loads(ckpt.read_text())["step"] if ckpt.exists() else 0
+log = Path(ctx.checkpoint_dir) / "resumes.txt"
+with log.open("a") as f:
+    f.write(f"{start}->{ctx.max_length}\\n")
+x = float(ctx.hparams["x"])
+for step in range(start + 1, ctx.max_length + 1):
+    time.sleep(float(ctx.hparams.get("sleep", 0)))
+    ctx.report(step, {"loss": x + 1.0 / step})
+    ctx.flush()
+    ckpt.write_text(json.dumps({"step": step}))
+    if ctx.should_stop():
+        ctx.exit_for_requeue()
+ctx.close()
+"""
+
+
+def _run(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def _tick_until_over(exp_id: int, timeout: float = 180) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        assert _run("tick", "-q").exit_code == 0
+        res = _run("status", str(exp_id), "--json")
+        exp: dict[str, Any] = json.loads(res.output)["experiments"][0]
+        if exp["state"] != "ACTIVE":
+            return exp
+        assert time.monotonic() < deadline, exp
+        time.sleep(0.3)
+
+
+def _launch(tmp_path: Path, searcher: str, extra_hp: str = "") -> int:
+    d = tmp_path / "exp"
+    d.mkdir()
+    (d / "train.py").write_text(TRAIN)
+    (d / "exp.yaml").write_text(
+        "name: local-asha\nentrypoint: python train.py\n"
+        f"hyperparameters:\n  x: {{type: double, minval: 0, maxval: 1}}\n{extra_hp}"
+        f"searcher: {searcher}\n"
+    )
+    res = _run("launch", str(d / "exp.yaml"), "--json")
+    assert res.exit_code == 0, res.output
+    return int(json.loads(res.output)["experiment_id"])
+
+
+def test_asha_pauses_promotes_resumes_and_completes_the_best(
+    tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DLHPC_SITE", "local")
+    exp_id = _launch(
+        tmp_path,
+        "{name: asha, metric: loss, max_trials: 9, max_length: 9, divisor: 3, max_rungs: 3,"
+        " max_concurrent_trials: 3, seed: 4}",
+    )
+    exp = _tick_until_over(exp_id)
+    assert exp["state"] == "COMPLETED"
+    states = sorted(t["state"] for t in exp["trials"])
+    assert len(states) == 9 and states.count("COMPLETED") == 1
+    assert states.count("STOPPED_EARLY") == 8
+    best = min(exp["trials"], key=lambda t: t["hparams"]["x"])
+    assert best["state"] == "COMPLETED" and best["steps_completed"] == 9
+
+    store = Store(home)
+    with store.read() as s:
+        trials = s.scalars(select(Trial).where(Trial.experiment_id == exp_id)).all()
+        by_len = sorted(t.max_length for t in trials)
+        assert by_len == [1] * 6 + [3] * 2 + [9]  # rung sizes 9, 3, 1
+        promoted = [t for t in trials if t.max_length > 1]
+        for t in promoted:
+            # every grant ran in its own job; a pause is not a restart
+            attempts = s.scalars(select(Attempt).where(Attempt.trial_id == t.id)).all()
+            assert [a.cause for a in attempts][:-1] == ["paused"] * (len(attempts) - 1)
+            assert t.restarts == 0
+        decisions = s.scalars(select(Decision).where(Decision.experiment_id == exp_id)).all()
+        promotes = [d for d in decisions if d.kind == "promote"]
+        assert sorted(d.length for d in promotes) == [3, 3, 3, 9]
+        assert all(d.acted_at is not None and d.result_time is not None for d in decisions)
+        assert all(d.acted_at >= d.result_time for d in decisions if d.result_time)  # type: ignore[operator]
+        ckpt_roots = {
+            t.id: json.loads((Path(t.run_dir) / "trial.json").read_text()) for t in trials
+        }
+    store.close()
+    logs = {
+        tid: (Path(spec["checkpoint_dir"]) / "resumes.txt").read_text().split()
+        for tid, spec in ckpt_roots.items()
+    }
+    assert sorted(logs.values(), key=len)[-1] == ["0->1", "1->3", "3->9"]
+
+
+def test_asha_stop_once_stops_weak_trials_while_they_run(
+    tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DLHPC_SITE", "local")
+    exp_id = _launch(
+        tmp_path,
+        "{name: asha, stop_once: true, metric: loss, max_trials: 6, max_length: 9,"
+        " divisor: 3, max_rungs: 3, max_concurrent_trials: 6, seed: 1}",
+        extra_hp="  sleep: 0.4\n",
+    )
+    exp = _tick_until_over(exp_id)
+    assert exp["state"] == "COMPLETED"
+    stopped = [t for t in exp["trials"] if t["state"] == "STOPPED_EARLY"]
+    assert stopped and any(t["state"] == "COMPLETED" for t in exp["trials"])
+    store = Store(home)
+    with store.read() as s:
+        ids = [t["id"] for t in stopped]
+        ran = s.scalars(select(Attempt).where(Attempt.trial_id.in_(ids))).all()
+        # stopped while running, by the harness at its next step (exit 75), not scancel
+        by_stop_file = [a for a in ran if a.exit_code == 75 and a.cause == "stopped"]
+        assert by_stop_file
+        for a in by_stop_file:
+            t = s.get(Trial, a.trial_id)
+            assert t is not None and 0 < t.steps_completed < 9 and t.stop_requested_at
+    store.close()
