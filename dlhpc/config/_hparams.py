@@ -140,7 +140,7 @@ _SEARCHER_FIELDS = {
     "metric": Field(string(nonempty=True, single_line=True), default="val_loss"),
     "smaller_is_better": Field(boolean, default=True),
     "max_trials": Field(integer(min=1), default=1),
-    "max_concurrent_trials": Field(integer(min=0), default=0),
+    "max_concurrent_trials": Field(integer(min=0), nullable=True),
     "max_length": Field(integer(min=1), nullable=True),
     "divisor": Field(integer(min=2), default=3),
     "max_rungs": Field(integer(min=1), nullable=True),
@@ -195,7 +195,7 @@ def read_searcher(issues: Issues, value: Any, space: Mapping[str, HParam]) -> Se
         metric=s["metric"],
         smaller_is_better=s["smaller_is_better"],
         max_trials=s["max_trials"],
-        max_concurrent_trials=s["max_concurrent_trials"],
+        max_concurrent_trials=_concurrency(name, s["max_concurrent_trials"]),
         max_length=max_length if max_length is not None else 1,
         divisor=s["divisor"],
         max_rungs=max_rungs,
@@ -208,6 +208,19 @@ def read_searcher(issues: Issues, value: Any, space: Mapping[str, HParam]) -> Se
 
 _ADAPTIVE = ("sha", "asha", "hyperband")
 _ADAPTIVE_LIST = "'sha', 'asha', 'hyperband'"
+
+
+# Adaptive and model-based searchers learn from results, so running every trial at
+# once would throw that away; as Determined does, they get a bound unless one is set.
+DEFAULT_ADAPTIVE_CONCURRENCY = 16
+
+
+def _concurrency(name: str, given: int | None) -> int:
+    """``max_concurrent_trials``: as given (0 = no bound), else 16 for searchers that
+    learn from results (sha, asha, hyperband, bayes), no bound for the others."""
+    if given is not None:
+        return given
+    return DEFAULT_ADAPTIVE_CONCURRENCY if name in (*_ADAPTIVE, "bayes") else 0
 
 
 def _rungs_between(min_length: int, max_length: int, divisor: int) -> int:

@@ -21,7 +21,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from dlhpc._failpoints import failpoint
-from dlhpc.errors import LeaseHeldError, SchedulerError
+from dlhpc.errors import DlhpcError, LeaseHeldError, SchedulerError
 from dlhpc.orchestrator.clock import SYSTEM_CLOCK, Clock
 from dlhpc.orchestrator.common import (
     SchedulerPool,
@@ -121,7 +121,13 @@ def _tick(store: Store, pool: SchedulerPool, report: TickReport, clock: Clock) -
         except SchedulerError as err:
             report.errors.append(f"experiment {exp_id}: recovering a submission: {err}")
             continue  # never resubmit while the orphan's jobs may exist
-        _reconcile_experiment(store, pool, exp_id, statuses, report, clock)
+        try:
+            _reconcile_experiment(store, pool, exp_id, statuses, report, clock)
+        except (DlhpcError, ValueError) as err:
+            # e.g. its searcher's optional dependency vanished, or its saved state does
+            # not load: keep the other experiments moving, and say so every pass
+            report.errors.append(f"experiment {exp_id}: {type(err).__name__}: {err}")
+            continue
         try:
             report.submitted += len(submit_pending(store, pool, exp_id, clock))
         except SchedulerError as err:
@@ -218,6 +224,7 @@ def _reconcile_experiment(
             _finish(s, exp, ExperimentState.COMPLETED if ok else ExperimentState.FAILED, "", now)
             report.finished.append(exp_id)
         backend = exp.backend
+    failpoint("tick.after_decide")
     write_stop_files(stopping)  # after the decision committed; rewritten each pass
     if cancels:
         # trials resubmitted (stop the zombies), stopped early, or stuck

@@ -818,3 +818,28 @@ def test_site_key_path_is_relative_to_the_yaml_folder(tmp_path: Path, env: dict[
     lines = errors(env, "searcher: {divisor: 0}\n" + text)
     assert [line.split(":")[1] for line in lines] == ["1", "4", "5"]
     assert lines[1].startswith("exp.yaml:4: site: unknown site 'nowhere'; (available: ")
+
+
+def test_adaptive_searcher_fields(tmp_path: Path, env: dict[str, str]) -> None:
+    def searcher(text: str) -> object:
+        write(Path("ok.yaml"), HEAD + text)
+        return load_experiment("ok.yaml", environ=env).searcher
+
+    s = searcher("searcher: {name: asha, max_length: 27, min_length: 3, metric: m}\n")
+    assert (s.max_rungs, s.min_length, s.max_concurrent_trials) == (3, 3, 16)  # type: ignore[attr-defined]
+    s = searcher(
+        "searcher: {name: asha, max_length: 9, stop_once: true, max_concurrent_trials: 0}\n"
+    )
+    assert s.stop_once and s.max_concurrent_trials == 0 and s.max_rungs == 5  # type: ignore[attr-defined]
+    assert searcher("searcher: {name: random}\n").max_concurrent_trials == 0  # type: ignore[attr-defined]
+    assert searcher("searcher: {name: bayes, max_length: 2}\n").max_concurrent_trials == 16  # type: ignore[attr-defined]
+    out = errors(
+        env,
+        HEAD + "searcher:\n  name: hyperband\n  max_length: 9\n  max_rungs: 2\n  min_length: 10\n"
+        "  stop_once: true\n",
+    )
+    assert any("exp.yaml:7: searcher.min_length" in ln and "not both" in ln for ln in out), out
+    assert any("searcher.min_length" in ln and "<= max_length (9)" in ln for ln in out), out
+    assert any("exp.yaml:8: searcher.stop_once" in ln for ln in out), out
+    out = errors(env, HEAD + "searcher: {name: random, min_length: 2}\n")
+    assert any("searcher.min_length" in ln and "only applies" in ln for ln in out), out

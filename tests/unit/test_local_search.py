@@ -100,6 +100,18 @@ def test_asha_pauses_promotes_resumes_and_completes_the_best(
             attempts = s.scalars(select(Attempt).where(Attempt.trial_id == t.id)).all()
             assert [a.cause for a in attempts][:-1] == ["paused"] * (len(attempts) - 1)
             assert t.restarts == 0
+        # max_concurrent_trials bounds the jobs running at once (pauses free their slot)
+        spans = [
+            (a.started_at, a.ended_at)
+            for a in s.scalars(select(Attempt).join(Trial).where(Trial.experiment_id == exp_id))
+        ]
+        assert all(start and end for start, end in spans)
+        edges = sorted([(st, 1) for st, _ in spans] + [(en, -1) for _, en in spans])
+        running, peak = 0, 0
+        for _, delta in edges:
+            running += delta
+            peak = max(peak, running)
+        assert 1 < peak <= 3
         decisions = s.scalars(select(Decision).where(Decision.experiment_id == exp_id)).all()
         promotes = [d for d in decisions if d.kind == "promote"]
         assert sorted(d.length for d in promotes) == [3, 3, 3, 9]
@@ -140,4 +152,70 @@ def test_asha_stop_once_stops_weak_trials_while_they_run(
         for a in by_stop_file:
             t = s.get(Trial, a.trial_id)
             assert t is not None and 0 < t.steps_completed < 9 and t.stop_requested_at
+    store.close()
+
+
+def test_reconciler_killed_at_every_point_of_an_asha_search_loses_and_duplicates_nothing(
+    tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL the reconciler (a real ``dlhpc tick`` process) at each failpoint in turn
+    while ASHA runs: the search ends exactly as the rule says, every trial ran each
+    grant once, and every promotion was acted on once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("DLHPC_SITE", "local")
+    exp_id = _launch(
+        tmp_path,
+        "{name: asha, metric: loss, max_trials: 9, max_length: 9, divisor: 3, max_rungs: 3,"
+        " max_concurrent_trials: 3, seed: 4}",
+    )
+    points = [
+        "tick.after_poll",
+        "ingest.before_mark",
+        "tick.after_ingest_batch",
+        "tick.after_ingest",
+        "tick.after_decide",
+        "submit.after_sbatch",
+    ]
+    env = {**os.environ, "DLHPC_HOME": str(home), "DLHPC_SITE": "local"}
+    killed, deadline, i = 0, time.monotonic() + 240, 0
+    while True:
+        point = points[i % len(points)] if i % 2 == 0 else ""
+        i += 1
+        proc = subprocess.run(
+            [sys.executable, "-m", "dlhpc", "tick", "-q"],
+            env={**env, "DLHPC_FAILPOINTS": point},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if proc.returncode == -signal.SIGKILL:
+            killed += 1
+        else:
+            assert proc.returncode == 0, proc.stderr
+        exp = json.loads(_run("status", str(exp_id), "--json").output)["experiments"][0]
+        if exp["state"] != "ACTIVE":
+            break
+        assert time.monotonic() < deadline, exp
+        time.sleep(0.3)
+    assert killed >= len(points)  # every point was reached at least once
+    assert exp["state"] == "COMPLETED"
+    assert sorted(t["state"] for t in exp["trials"]).count("COMPLETED") == 1
+    store = Store(home)
+    with store.read() as s:
+        trials = s.scalars(select(Trial).where(Trial.experiment_id == exp_id)).all()
+        assert sorted(t.request_id for t in trials) == list(range(9))
+        assert sorted(t.max_length for t in trials) == [1] * 6 + [3] * 2 + [9]
+        decisions = s.scalars(select(Decision).where(Decision.kind == "promote")).all()
+        assert sorted(d.length for d in decisions) == [3, 3, 3, 9]
+        for t in trials:
+            attempts = s.scalars(select(Attempt).where(Attempt.trial_id == t.id)).all()
+            grants = 1 + sum(d.trial_id == t.id for d in decisions)
+            # one job per grant, unless a submission was orphaned by a kill and redone
+            assert len(attempts) >= grants
+            assert all(a.cause in ("paused", "completed", "stopped", "") for a in attempts)
     store.close()
