@@ -8,7 +8,9 @@ the scheduler's view of its job and the age of its heartbeat, it returns a
 * the script checkpointed and exited to be requeued, or died of a signal Slurm
   sent (preemption TERM, time-limit USR2): not the trial's fault. While Slurm
   still has the job (it requeues preempted and self-requeued tasks under the same
-  id) wait for the next attempt; once the job is gone, submit the trial again.
+  id) wait for the next attempt; once the job is gone, submit the trial again: at
+  once when Slurm says it ended FAILED or COMPLETED (its own exit), else after
+  a short grace in which Slurm's requeue may still show up.
   The cause says which signal: TERM is ``preempted`` (``cancelled`` when Slurm
   says CANCELLED: ``scancel`` sends TERM too), USR2 ``timeout``, also on an
   attempt superseded by Slurm's requeue of the task (else ``requeued``);
@@ -48,6 +50,7 @@ HEARTBEAT_STALE = timedelta(seconds=float(os.environ.get("DLHPC_HEARTBEAT_STALE_
 _INTERRUPTED_GRACE = timedelta(seconds=20)
 
 _LIVE = {JobState.PENDING, JobState.RUNNING, JobState.REQUEUED}
+_SETTLED = {JobState.FAILED, JobState.COMPLETED}
 _CAUSE_OF_STATE = {
     JobState.NODE_FAIL: "node_fail",
     JobState.PREEMPTED: "preempted",
@@ -119,7 +122,11 @@ def judge(
             cause = _signal_cause(sig, reason)
             if cause == "preempted" and _last_state(a, st) == JobState.CANCELLED:
                 cause = "cancelled"  # scancel sends TERM too; Slurm's state tells them apart
-            if live or gone_for is None or gone_for <= _INTERRUPTED_GRACE:
+            # A job that ended FAILED/COMPLETED by its own exit is over for Slurm too
+            # (measured: a preempted job that exits within GraceTime is not requeued):
+            # resubmit at once. Other ends may still turn into Slurm's requeue: wait.
+            settled = not live and _last_state(a, st) in _SETTLED
+            if not settled and (live or gone_for is None or gone_for <= _INTERRUPTED_GRACE):
                 return Verdict(TrialState.PENDING, cause=cause)  # Slurm may bring it back
             return Verdict(TrialState.PENDING, cause=cause, resubmit=True)
         return Verdict(TrialState.PENDING, cause="crash", resubmit=True, counted=True)

@@ -203,3 +203,18 @@ def test_cause_uses_the_state_recorded_once_the_job_is_no_longer_polled() -> Non
     assert judge(b, None, None, NOW).cause == "node_fail"
     b.state = "UNKNOWN"
     assert judge(b, None, None, NOW).cause == "lost"
+
+
+def test_preempted_job_that_ended_failed_is_resubmitted_at_once() -> None:
+    """A job that checkpointed and exited at the preemption TERM ends FAILED and
+    Slurm does not requeue it: no grace. A PREEMPTED or CANCELLED end still waits,
+    since Slurm's own requeue may follow it."""
+    just_now = NOW - timedelta(seconds=1)
+    for state in (JobState.FAILED, JobState.COMPLETED):
+        v = judge(_attempt(75, "requeue/TERM", gone=just_now), _st(state), None, NOW)
+        assert v.resubmit and not v.counted and v.cause == "preempted"
+    for state in (JobState.PREEMPTED, JobState.CANCELLED, JobState.UNKNOWN):
+        v = judge(_attempt(75, "requeue/TERM", gone=just_now), _st(state), None, NOW)
+        assert not v.resubmit, state
+    live = judge(_attempt(75, "requeue/USR2", gone=None), _st(P), None, NOW)
+    assert not live.resubmit  # self-requeued at the time limit: Slurm runs it again
