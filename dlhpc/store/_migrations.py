@@ -25,13 +25,20 @@ def _v1_to_v2(conn: Connection) -> None:
 
 
 def _v2_to_v3(conn: Connection) -> None:
-    """Adaptive search and telemetry: trials.told_step/stop_requested_at, the
-    decisions and gpu_samples tables (created from the models, so they match)."""
+    """Adaptive search, telemetry, reproducibility and checkpoint lifecycle:
+    trials.told_step/stop_requested_at, experiments.repro_json, attempts.env_json,
+    checkpoints.metric/pinned/deleted_at, and the decisions and gpu_samples tables
+    (created from the models, so they match)."""
     from dlhpc.store.models import Decision, GpuSample
 
     for stmt in (
         "ALTER TABLE trials ADD COLUMN told_step INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE trials ADD COLUMN stop_requested_at DATETIME",
+        "ALTER TABLE experiments ADD COLUMN repro_json TEXT NOT NULL DEFAULT '{}'",
+        "ALTER TABLE attempts ADD COLUMN env_json TEXT NOT NULL DEFAULT '{}'",
+        "ALTER TABLE checkpoints ADD COLUMN metric FLOAT",
+        "ALTER TABLE checkpoints ADD COLUMN pinned BOOLEAN NOT NULL DEFAULT 0",
+        "ALTER TABLE checkpoints ADD COLUMN deleted_at DATETIME",
     ):
         conn.exec_driver_sql(stmt)
     Decision.__table__.create(conn)  # type: ignore[attr-defined]

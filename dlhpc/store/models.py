@@ -76,6 +76,8 @@ class Experiment(Base):
     config_json: Mapped[str] = mapped_column(Text)  # resolved config
     run_dir: Mapped[str] = mapped_column(Text)
     searcher_state: Mapped[str] = mapped_column(Text, default="{}")
+    # what launch recorded to reproduce it: code, environment, Slurm, site (v3)
+    repro_json: Mapped[str] = mapped_column(Text, default="{}", server_default="{}")
     user: Mapped[str] = mapped_column(String(64), default="")
     created_at: Mapped[datetime] = mapped_column(DateTime)
     ended_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
@@ -157,6 +159,8 @@ class Attempt(Base):
     cause: Mapped[str] = mapped_column(String(32), default="", server_default="")
     # steps trained since the last published checkpoint when it was interrupted (v2)
     lost_steps: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # the job's own record: nodes, GPUs, driver, CPU, allowed env, data fingerprint (v3)
+    env_json: Mapped[str] = mapped_column(Text, default="{}", server_default="{}")
 
     trial: Mapped[Trial] = relationship(back_populates="attempts")
 
@@ -193,8 +197,12 @@ class Checkpoint(Base):
     step: Mapped[int] = mapped_column(Integer)
     path: Mapped[str] = mapped_column(Text)
     size_bytes: Mapped[int] = mapped_column(Integer, default=0)
-    state: Mapped[str] = mapped_column(String(16), default="ACTIVE")
+    state: Mapped[str] = mapped_column(String(16), default="ACTIVE")  # ACTIVE, DELETED
     created_at: Mapped[datetime] = mapped_column(DateTime)
+    # the searcher metric at this step, for keep-best policies (v3)
+    metric: Mapped[float | None] = mapped_column(Float, nullable=True)
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")  # v3
+    deleted_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)  # v3
 
 
 class Event(Base):

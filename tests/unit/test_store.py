@@ -74,6 +74,11 @@ def _make_v1_db(home: Path) -> None:
     for table, column in (
         ("trials", "told_step"),
         ("trials", "stop_requested_at"),
+        ("experiments", "repro_json"),
+        ("attempts", "env_json"),
+        ("checkpoints", "metric"),
+        ("checkpoints", "pinned"),
+        ("checkpoints", "deleted_at"),
         ("trials", "crashes"),
         ("trials", "needs_job"),
         ("attempts", "cause"),
