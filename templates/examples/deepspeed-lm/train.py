@@ -62,7 +62,8 @@ class Block(nn.Module):
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
-        att = att.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+        att = att.masked_fill(causal, float("-inf"))
         y = (att.softmax(-1) @ v).transpose(1, 2).reshape(b, t, d)
         x = x + self.drop(self.proj(y))
         out: torch.Tensor = x + self.drop(self.mlp(self.ln2(x)))
@@ -77,7 +78,7 @@ class CharLM(nn.Module):
         self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
         logits: torch.Tensor = self.head(self.ln(self.blocks(x)))
         return logits
 
@@ -98,8 +99,8 @@ def batch(data: torch.Tensor, size: int, context: int, seed: int) -> tuple[torch
     return x, y
 
 
-def mean_over_ranks(total: float, count: int) -> float:
-    t = torch.tensor([total, float(count)], dtype=torch.float64)
+def mean_over_ranks(total: float, count: int, device: Any) -> float:
+    t = torch.tensor([total, float(count)], dtype=torch.float64, device=device)  # NCCL: GPU
     dist.all_reduce(t)
     return float(t[0] / t[1])
 
@@ -112,17 +113,19 @@ def evaluate(engine: Any, val: torch.Tensor, context: int) -> float:
     with torch.no_grad():
         for s in starts:
             x, y = val[s : s + context][None], val[s + 1 : s + 1 + context][None]
+            x, y = x.to(engine.device), y.to(engine.device)
             total += F.cross_entropy(engine(x).flatten(0, 1), y.flatten(), reduction="sum").item()
             count += context
     engine.train()
-    return mean_over_ranks(total, count)
+    return mean_over_ranks(total, count, engine.device)
 
 
 def weights_sha256(model: nn.Module) -> str:
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        flat = tensor.detach().cpu().contiguous().reshape(-1)
+        digest.update(flat.view(torch.uint8).numpy().tobytes())  # bf16 has no numpy dtype
     return digest.hexdigest()
 
 
@@ -130,6 +133,7 @@ def main() -> None:
     torch.set_num_threads(int(os.environ.get("SLURM_CPUS_PER_TASK", "1")))
     ctx = dlhpc.init(local_hparams=DEFAULTS)
     if ctx.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it on GPUs
         torch.use_deterministic_algorithms(True)
         # Not filling torch.empty() with NaN: DeepSpeed allocates large buckets each step,
         # and filling them costs far more than the step (CPU results stay bitwise equal).
@@ -154,6 +158,8 @@ def main() -> None:
     }
     seen |= {"local_rank": int(os.environ["LOCAL_RANK"]), "host": socket.gethostname()}
     seen |= {"master": f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"}
+    dtype = next(engine.module.parameters()).dtype
+    seen |= {"backend": dist.get_backend(), "device": str(engine.device), "dtype": str(dtype)}
     print(f"[deepspeed-lm] {json.dumps(seen)}", flush=True)
     views: list[Any] = [None] * world
     dist.all_gather_object(views, seen)
@@ -176,14 +182,14 @@ def main() -> None:
     micro = engine.train_micro_batch_size_per_gpu()
     while state.step < total:
         seed = ((ctx.seed * 1_000_003 + state.step) * 4099 + rank) % 2**63
-        x, y = batch(train, micro, context, seed)
+        x, y = (t.to(engine.device) for t in batch(train, micro, context, seed))
         loss = F.cross_entropy(engine(x).flatten(0, 1), y.flatten())
         engine.backward(loss)
         engine.step()
         state.step += 1
         group.append(loss.item())
         if state.step % log_every == 0:
-            last_train = mean_over_ranks(sum(group), len(group))
+            last_train = mean_over_ranks(sum(group), len(group), engine.device)
             group = []
             ctx.report(state.step, {"train_loss": last_train})
         if state.step % eval_every == 0 and state.step < total:
