@@ -32,8 +32,14 @@ Event records (one JSON object per line, ``type`` first):
   :data:`REQUEUE_EXIT_CODE` to be run again), ``signal`` (it died of a signal Slurm
   sent, e.g. at preemption) or ``error``; ``signal`` names the first signal the
   worker saw (``TERM``, ``USR2``...) or is null
-* ``{"type": "checkpoint", "time", "step", "path", "size"}``: a checkpoint was published
+* ``{"type": "checkpoint", "time", "step", "path", "size", "metric", "metric_step"}``: a
+  checkpoint was published; ``metric`` is the searcher metric reported since the
+  previous checkpoint (null: none was; absent in older jobs' records)
 * ``{"type": "log", "time", "level", "message"}``
+* ``{"type": "env", "time", "rank", "record": {...}}``: the attempt's environment as
+  the job saw it (host, nodes, CPU, GPUs/driver/CUDA, allowed env vars, data
+  fingerprint; see :mod:`dlhpc.repro`), from local rank 0 of each node; ingested into
+  ``attempts.env_json``
 * ``{"type": "gpu", "time", "host", "gpus": [...]}``: GPU samples of one node, stream
   ``gpu-n<node>`` (see :mod:`dlhpc.harness.telemetry`); ingested into ``gpu_samples``
 
@@ -150,6 +156,8 @@ class TrialSpec:
     keep_latest: int = 1  # checkpoints of this trial to keep (checkpoint.keep_latest)
     deterministic: bool = False  # reproducibility.deterministic
     deepspeed: dict[str, Any] | None = None  # the resolved `deepspeed.config` mapping
+    # declared data inputs (`data:`), fingerprinted at attempt start: [{"path", "hash"}]
+    data: list[dict[str, Any]] = field(default_factory=list)
 
     def write(self, path: Path) -> None:
         atomic_write_text(path, json.dumps(asdict(self), indent=2, sort_keys=True))

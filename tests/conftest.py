@@ -27,6 +27,11 @@ def cluster_required() -> bool:
     return in_ci() or bool(os.environ.get("DLHPC_REQUIRE_CLUSTER"))
 
 
+def browser_required() -> bool:
+    """In CI (or when scripts/test set DLHPC_REQUIRE_BROWSER) a browser test may not skip."""
+    return in_ci() or bool(os.environ.get("DLHPC_REQUIRE_BROWSER"))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
     outcome = yield
@@ -34,4 +39,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.skipped and cluster_required() and item.get_closest_marker("cluster"):
         report.outcome = "failed"
         report.longrepr = f"cluster test skipped while a cluster is required: {report.longrepr}"
+    elif report.skipped and browser_required() and item.get_closest_marker("browser"):
+        report.outcome = "failed"
+        report.longrepr = f"browser test skipped while chromium is required: {report.longrepr}"
     return None

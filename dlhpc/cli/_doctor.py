@@ -17,6 +17,7 @@ from dlhpc.cli._common import console, echo_json, site_option
 from dlhpc.config import load_site
 from dlhpc.config.model import SiteConfig
 from dlhpc.errors import DlhpcError, UsageError
+from dlhpc.report.quota import lustre_quota, quota_warning
 from dlhpc.store import default_home
 from dlhpc.store._engine import SCHEMA_VERSION, make_engine, read_version
 from dlhpc.store._engine import migrate as run_migrations
@@ -96,6 +97,7 @@ def run_checks(site: SiteConfig) -> list[Check]:
     for label, path in (("state folder", home), ("checkpoint folder", site.scratch.expanduser())):
         ok, detail = _writable(path)
         checks.append(Check(f"{label} writable", "ok" if ok else "fail", detail))
+    checks.append(_quota_check(site.scratch.expanduser()))
     fstype = fs_type(home)
     if fstype in _NETWORK_FS:
         advice = (
@@ -107,6 +109,17 @@ def run_checks(site: SiteConfig) -> list[Check]:
     else:
         checks.append(Check("database filesystem", "ok", f"{home} is on {fstype}"))
     return checks
+
+
+def _quota_check(scratch: Path) -> Check:
+    """The user's Lustre quota where the checkpoints go (warn at 90% of the limit)."""
+    quota = lustre_quota(scratch)
+    if quota is None:
+        return Check("scratch quota", "skip", f"no Lustre user quota found for {scratch}")
+    warning = quota_warning(scratch, quota)
+    if warning:
+        return Check("scratch quota", "warn", warning)
+    return Check("scratch quota", "ok", f"{quota.fraction:.0%} of the limit used on {scratch}")
 
 
 @click.command()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Group
@@ -12,6 +13,7 @@ from rich.live import Live
 from dlhpc.cli._common import console, echo_json, open_store, site_option
 from dlhpc.cli._views import experiment_view, experiments_table
 from dlhpc.errors import NotFoundError
+from dlhpc.report.quota import quota_warning
 from dlhpc.report.status import status_data
 from dlhpc.store import Attempt, Submission, Trial
 
@@ -29,10 +31,22 @@ def status(
 ) -> None:
     """Experiments (newest first) and the newest one's trials, or EXPERIMENT_ID's trials."""
     store = open_store(site)
+    warnings: dict[Path, str | None] = {}  # one `lfs quota` per checkpoint.dir per command
+
+    def with_quota(data: dict[str, Any]) -> dict[str, Any]:
+        for e in data["experiments"]:
+            root = (e.get("disk") or {}).get("checkpoint_root")
+            if root:
+                ck_dir = Path(root).parent
+                if ck_dir not in warnings:
+                    warnings[ck_dir] = quota_warning(ck_dir)
+                e["disk"]["quota_warning"] = warnings[ck_dir]
+        return data
 
     def render() -> Group:
         with store.read() as s:
             data = status_data(s, experiment_id)
+        with_quota({"experiments": data["experiments"][:1]})  # the one whose trials show
         if experiment_id is not None:
             return Group(experiment_view(data["experiments"][0]))
         if not data["experiments"]:
@@ -42,7 +56,7 @@ def status(
 
     if as_json:
         with store.read() as s:
-            echo_json(status_data(s, experiment_id))
+            echo_json(with_quota(status_data(s, experiment_id)))
         return
     if not watch:
         console.print(render())

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import math
+import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import click
 from rich.live import Live
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from dlhpc.cli import _attention
 from dlhpc.cli._common import console, echo_json, open_store, pool_for, site_option
 from dlhpc.cli._views import experiment_view
-from dlhpc.config import load_experiment
+from dlhpc.config import ExperimentConfig, load_experiment
 from dlhpc.errors import LeaseHeldError
 from dlhpc.orchestrator import TickReport, kill_experiment, kill_trial, plan_launch
 from dlhpc.orchestrator import launch as do_launch
@@ -18,6 +23,7 @@ from dlhpc.orchestrator import tick as do_tick
 from dlhpc.orchestrator.common import SchedulerPool
 from dlhpc.orchestrator.states import ExperimentState
 from dlhpc.report.status import status_data
+from dlhpc.search._space import grid_points
 from dlhpc.store import Store, default_home
 
 __all__ = ["COMMANDS"]
@@ -47,7 +53,19 @@ def launch(
         return
     store = Store(home, journal_mode=cfg.site.journal_mode)
     pool = pool_for(store)
-    result = do_launch(cfg, store, pool)
+    if as_json or not sys.stdout.isatty() or _expected_trials(cfg) < _LARGE_LAUNCH:
+        result = do_launch(cfg, store, pool)
+    else:
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),  # pulses: submitit submits the arrays in one call
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as progress:
+            progress.add_task(f"launching {_expected_trials(cfg)} trials as job arrays", total=None)
+            result = do_launch(cfg, store, pool)
     if as_json:
         echo_json({"experiment_id": result.experiment_id, "slurm_job_ids": result.job_ids})
     else:
@@ -58,6 +76,22 @@ def launch(
         )
     if follow:
         _follow(store, result.experiment_id, interval)
+
+
+_LARGE_LAUNCH = 200  # trials: from here on a TTY shows a progress bar while launching
+
+
+def _expected_trials(cfg: ExperimentConfig) -> int:
+    """The trials the launch submits (the first ``max_concurrent_trials`` of the search),
+    at most; without asking the searcher."""
+    sc = cfg.searcher
+    if sc.name == "single":
+        total = 1
+    elif sc.name == "grid":
+        total = math.prod(len(grid_points(hp)) for hp in cfg.hyperparameters.values())
+    else:
+        total = sc.max_trials
+    return min(total, sc.max_concurrent_trials or total)
 
 
 def _follow(store: Store, exp_id: int, interval: float) -> None:
@@ -92,6 +126,7 @@ def tick(site: str | None, as_json: bool, quiet: bool, loop_s: float | None) -> 
     store = open_store(site)
     pool = pool_for(store)
     while True:
+        since = _attention.utcnow()
         report = do_tick(store, pool)
         if as_json:
             echo_json(report.__dict__)
@@ -101,11 +136,28 @@ def tick(site: str | None, as_json: bool, quiet: bool, loop_s: float | None) -> 
         else:
             for err in report.errors:
                 click.echo(f"warning: {err}", err=True)
+            for line in _attention_lines(store, since):
+                click.echo(f"warning: {line}", err=True)
             if not quiet:
                 click.echo(_tick_line(report))
         if loop_s is None:
             return
         time.sleep(loop_s)
+
+
+def _attention_lines(store: Store, since: datetime) -> list[str]:
+    """What this pass found that needs a person: trials failed and experiments ended
+    FAILED during it, and GPUs newly idle (each idle spell once)."""
+    att = _attention.collect(store, since, _attention.utcnow())
+    lines = [
+        f"experiment {e['id']} ({e['name']}) ended FAILED"
+        for e in att.finished
+        if e["state"] == "FAILED"
+    ]
+    lines += [_attention.failed_line(t) for t in att.failed]
+    idle_file = _attention.state_dir(store) / "tick-idle.json"
+    lines += [_attention.idle_line(g) for g in _attention.new_idle(att.idle, idle_file)]
+    return lines
 
 
 @click.command()

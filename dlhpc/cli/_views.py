@@ -9,7 +9,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["experiment_view", "experiments_table", "idle_gpu_lines"]
+__all__ = ["experiment_view", "experiments_table", "human_bytes", "idle_gpu_lines"]
 
 _STATE_STYLE = {
     "COMPLETED": "green",
@@ -50,6 +50,22 @@ def _bar(done: int, total: int, width: int = 8) -> str:
     return f"{'█' * filled}{'░' * (width - filled)} {done}/{total}"
 
 
+def _progress(t: dict[str, Any]) -> str:
+    """Steps toward the trial's target: the searcher's final length for a paused or
+    stopped trial, the current grant (its rung) otherwise."""
+    return _bar(t["steps_completed"], t.get("target_length") or t["max_length"])
+
+
+def _hours(h: float | None) -> str:
+    if not h:
+        return "0"
+    return "<0.01" if h < 0.01 else f"{h:.2f}" if h < 100 else f"{h:.0f}"
+
+
+def _uses_gpus(e: dict[str, Any]) -> bool:
+    return bool(e.get("gpus_per_job")) or bool(e.get("gpu_hours"))
+
+
 def _gpu(t: dict[str, Any]) -> Text:
     """Mean utilization over the newest attempt with GPU samples, and how many GPUs."""
     g = t.get("gpu")
@@ -86,8 +102,8 @@ def _best(exp: dict[str, Any]) -> dict[str, Any] | None:
 
 def experiments_table(data: dict[str, Any]) -> Table:
     table = Table(title="experiments", title_justify="left")
-    for col in ("id", "name", "state", "searcher", "trials", "best", "created (UTC)"):
-        table.add_column(col, no_wrap=col != "name")
+    for col in ("id", "name", "state", "searcher", "trials", "best", "GPU-h", "created (UTC)"):
+        table.add_column(col, no_wrap=col != "name", justify="right" if col == "GPU-h" else "left")
     for e in data["experiments"]:
         states = [t["state"] for t in e["trials"]]
         done = sum(s == "COMPLETED" for s in states)
@@ -99,6 +115,7 @@ def experiments_table(data: dict[str, Any]) -> Table:
             e["searcher"],
             f"{done}/{len(states)} done",
             f"{e['metric']}={_metric(best['best_metric'])}" if best else "-",
+            _hours(e.get("gpu_hours")),
             e["created_at"][:16].replace("T", " "),
         )
     return table
@@ -115,6 +132,41 @@ def _decision_line(exp: dict[str, Any]) -> list[Text]:
     if lat:
         text += f"; decision latency median {lat['median']:.1f} s, max {lat['max']:.1f} s"
     return [Text(text, style="dim")]
+
+
+def _usage_line(exp: dict[str, Any]) -> list[Text]:
+    if "gpu_hours" not in exp:
+        return []
+    text = f"resources used: {_hours(exp['gpu_hours'])} GPU-hours"
+    text += f", {_hours(exp.get('cpu_hours'))} CPU-hours"
+    return [Text(text, style="dim")]
+
+
+def human_bytes(n: int | None) -> str:
+    """``1.5 GiB``-style sizes (binary units)."""
+    if n is None:
+        return "-"
+    size, unit = float(n), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(size) < 1024 or unit == "PiB":
+            break
+        size /= 1024
+    return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+
+
+def _disk_lines(exp: dict[str, Any]) -> list[Text]:
+    """Checkpoint disk use (the ``disk`` of status_data), and a quota warning the CLI
+    put there as ``quota_warning``."""
+    d = exp.get("disk")
+    if not d:
+        return []
+    text = f"checkpoints: {d['checkpoints']} kept, {human_bytes(d['checkpoint_bytes'])}"
+    if d["deleted_checkpoints"]:
+        text += f"; GC freed {human_bytes(d['freed_bytes'])} ({d['deleted_checkpoints']} deleted)"
+    lines = [Text(text, style="dim")]
+    if d.get("quota_warning"):
+        lines.append(Text(d["quota_warning"], style="bold red"))
+    return lines
 
 
 def experiment_view(exp: dict[str, Any], note: str = "") -> RenderableType:
@@ -135,6 +187,8 @@ def experiment_view(exp: dict[str, Any], note: str = "") -> RenderableType:
         "jobs",
     ):
         table.add_column(col, no_wrap=True)
+    hours_key = "gpu_hours" if _uses_gpus(exp) else "cpu_hours"  # CPU-only: CPU-hours
+    table.add_column("GPU-h" if hours_key == "gpu_hours" else "CPU-h", justify="right")
     with_gpu = any(t.get("gpu") for t in exp["trials"])  # no column for CPU-only runs
     if with_gpu:
         table.add_column("GPU util", no_wrap=True)
@@ -145,16 +199,23 @@ def experiment_view(exp: dict[str, Any], note: str = "") -> RenderableType:
         cells: list[RenderableType] = [
             str(t["id"]),
             _state(t["state"]),
-            _bar(t["steps_completed"], t["max_length"]),
+            _progress(t),
             _metric(t["best_metric"]),
             _metric(t["latest_metric"]),
             _restarts(t),
             ",".join(t["slurm_job_ids"][-2:]),
+            _hours(t.get(hours_key)),
         ]
         if with_gpu:
             cells.append(_gpu(t))
         table.add_row(*cells, _hparams(t["hparams"]), style=style)
-    parts: list[RenderableType] = [table, *idle_gpu_lines(exp), *_decision_line(exp)]
+    parts: list[RenderableType] = [
+        table,
+        *idle_gpu_lines(exp),
+        *_decision_line(exp),
+        *_usage_line(exp),
+        *_disk_lines(exp),
+    ]
     failed = [t for t in exp["trials"] if t["state"] == "FAILED" and t["error"]]
     for t in failed[:5]:
         parts.append(Text(f"trial {t['id']} failed: {t['error']}", style="red"))

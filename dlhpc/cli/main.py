@@ -14,7 +14,9 @@ from typing import Any
 import click
 
 from dlhpc import __version__
-from dlhpc.cli import _doctor, _inspect, _run
+from dlhpc.cli import _checkpoints, _cron, _doctor, _inspect, _run, _simulate
+from dlhpc.cli import _report as _report_cmds
+from dlhpc.cli import _repro as _repro_cmds
 from dlhpc.errors import DlhpcError
 
 __all__ = ["cli", "main"]
@@ -51,7 +53,16 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj["debug"] = debug
 
 
-for command in (*_run.COMMANDS, *_inspect.COMMANDS, *_doctor.COMMANDS):
+for command in (
+    *_run.COMMANDS,
+    *_inspect.COMMANDS,
+    *_doctor.COMMANDS,
+    *_simulate.COMMANDS,
+    *_checkpoints.COMMANDS,
+    *_cron.COMMANDS,
+    *_repro_cmds.COMMANDS,
+    *_report_cmds.COMMANDS,
+):
     cli.add_command(command)
 
 

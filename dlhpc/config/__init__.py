@@ -18,6 +18,7 @@ from dlhpc.config._units import parse_duration_s, parse_slurm_time
 from dlhpc.config.model import (
     SCHEMA_VERSION,
     CheckpointConfig,
+    DataInput,
     DeepSpeedConfig,
     Environment,
     ExperimentConfig,
@@ -33,6 +34,7 @@ from dlhpc.config.model import (
 __all__ = [
     "SCHEMA_VERSION",
     "CheckpointConfig",
+    "DataInput",
     "DeepSpeedConfig",
     "Environment",
     "ExperimentConfig",

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dlhpc.config import _fields as F
+from dlhpc.config._data import read_data
 from dlhpc.config._hparams import read_hyperparameters, read_searcher
 from dlhpc.config._paths import absolute
 from dlhpc.config._site import SiteRef, load_site, load_site_ref, not_listed, resolve_backend
@@ -125,6 +126,7 @@ _TOP = {
     "preemption": Field(_passthrough),
     "reproducibility": Field(_passthrough),
     "deepspeed": Field(_passthrough),
+    "data": Field(_passthrough),
 }
 _RESOURCES = {
     "nodes": Field(integer(min=1), default=1),
@@ -181,11 +183,13 @@ def load_experiment(
         "dir": Field(path_check, nullable=True),
         "keep_best": Field(integer(min=0), default=1),
         "keep_latest": Field(integer(min=1), default=1),
+        "keep_experiment_best": Field(integer(min=0), default=0),
     }
     c = read_section(issues, top["checkpoint"], ("checkpoint",), ckpt_fields)
     preemption = _preemption(issues, top["preemption"], cfg_site, site_ok, resources)
     r = read_section(issues, top["reproducibility"], ("reproducibility",), _REPRODUCIBILITY)
     deepspeed = _deepspeed(issues, top["deepspeed"], base, env)
+    data = read_data(issues, top["data"], base, env)
     workdir = base
     if top["workdir"] is not None:
         try:
@@ -220,6 +224,7 @@ def load_experiment(
             dir=c["dir"] if c["dir"] is not None else site_cfg.scratch / "checkpoints",
             keep_best=c["keep_best"],
             keep_latest=c["keep_latest"],
+            keep_experiment_best=c["keep_experiment_best"],
         ),
         max_restarts=top["max_restarts"],
         preemption=preemption,
@@ -228,6 +233,7 @@ def load_experiment(
             deterministic=r["deterministic"],
         ),
         deepspeed=deepspeed,
+        data=data,
         backend=resolve_backend(site_cfg.backend, env),
         raw=copy.deepcopy(doc.data),
     )

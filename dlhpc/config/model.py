@@ -74,9 +74,16 @@ class SearcherConfig:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
+    """The checkpoint folder and the reconciler's keep policy (Determined's
+    save_trial_best / save_trial_latest / save_experiment_best): the union of each
+    trial's best ``keep_best`` by the searcher metric, each trial's newest
+    ``keep_latest``, and the experiment's best ``keep_experiment_best`` is kept;
+    see :mod:`dlhpc.orchestrator.checkpoints`."""
+
     dir: Path  # absolute; from the site's scratch root when not given
-    keep_best: int = 1
-    keep_latest: int = 1
+    keep_best: int = 1  # per trial, by the searcher metric (>= 0)
+    keep_latest: int = 1  # per trial, by step (>= 1)
+    keep_experiment_best: int = 0  # across the experiment, by the searcher metric (>= 0)
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,17 @@ class PreemptionConfig:
 class ReproducibilityConfig:
     seed: int = 0
     deterministic: bool = False
+    # Not a YAML key: set by ``dlhpc reproduce`` so that its one trial gets the
+    # reproduced trial's exact seed instead of one derived from ``seed``.
+    trial_seed: int | None = None
+
+
+@dataclass(frozen=True)
+class DataInput:
+    """One declared data input (``data:``), fingerprinted at every attempt."""
+
+    path: Path  # absolute, expanded
+    hash: bool = False  # also hash the content (reads every byte once per attempt)
 
 
 @dataclass(frozen=True)
@@ -147,5 +165,6 @@ class ExperimentConfig:
     preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
     reproducibility: ReproducibilityConfig = field(default_factory=ReproducibilityConfig)
     deepspeed: DeepSpeedConfig | None = None
+    data: tuple[DataInput, ...] = ()  # declared data inputs (``data:``)
     backend: BackendName = "local"  # the site's backend with ``auto`` resolved by the loader
     raw: dict[str, Any] = field(default_factory=dict)  # the YAML mapping as given

@@ -15,6 +15,10 @@ old one in place, and nothing older is deleted until :func:`prune` runs after a
 newer one is verified, so a crash at any instant leaves the previous verified
 checkpoint intact. The newest ``(step, re-save number)`` wins.
 
+Under dlhpc the reconciler's GC (:mod:`dlhpc.orchestrator.checkpoints`) is the
+only one that deletes published checkpoints (:func:`remove_checkpoint`); a job
+prunes with ``keep_latest=None``, which removes only torn and stale temp folders.
+
 One writer per folder at a time (rank 0 of one job); readers may run anytime.
 Standard library only: cheap to import inside a job.
 """
@@ -48,6 +52,7 @@ __all__ = [
     "list_checkpoints",
     "prune",
     "publish_checkpoint",
+    "remove_checkpoint",
     "verify_checkpoint",
 ]
 
@@ -330,9 +335,15 @@ def _remove(root: Path, folder: Path) -> bool:
     return True
 
 
+def remove_checkpoint(folder: Path) -> bool:
+    """Delete one checkpoint folder: renamed out of sight first (atomic, so a reader
+    never sees it half deleted), then removed; False if it was not there."""
+    return _remove(folder.parent, folder)
+
+
 def prune(
     root: Path,
-    keep_latest: int,
+    keep_latest: int | None,
     protect: AbstractSet[str] = frozenset(),
     *,
     verify_hashes: bool = True,
@@ -340,22 +351,25 @@ def prune(
 ) -> list[Path]:
     """Delete old checkpoints; return the folders removed.
 
-    Keeps the newest ``keep_latest`` (>= 1) verified checkpoints, so never the
-    newest verified one. Removes published folders (verified or torn) older than
-    the newest verified one once ``keep_latest`` are kept, torn folders older
-    than the newest verified one, and temp folders untouched for ``stale_after``
-    seconds. Torn folders newer than every verified checkpoint are left alone:
-    they may be a publish in progress, and go once a newer one is verified.
-    ``protect`` holds folder names (or paths) that are never removed.
+    Keeps the newest ``keep_latest`` (>= 1; None: every one) verified
+    checkpoints, so never the newest verified one. Removes published folders
+    (verified or torn) older than the newest verified one once ``keep_latest``
+    are kept, torn folders older than the newest verified one, and temp folders
+    untouched for ``stale_after`` seconds. Torn folders newer than every verified
+    checkpoint are left alone: they may be a publish in progress, and go once a
+    newer one is verified. ``protect`` holds folder names (or paths) that are
+    never removed.
     """
-    if not isinstance(keep_latest, int) or keep_latest < 1:
-        raise ValueError(f"keep_latest must be an int >= 1, got {keep_latest!r}")
+    if keep_latest is not None and (not isinstance(keep_latest, int) or keep_latest < 1):
+        raise ValueError(f"keep_latest must be an int >= 1 or None, got {keep_latest!r}")
     removed: list[Path] = []
     kept = 0
     now = time.time()
     for e in _scan(root):
         if e.path.name in protect or str(e.path) in protect:
-            if kept < keep_latest and isinstance(_check(e, verify_hashes), Checkpoint):
+            if (keep_latest is None or kept < keep_latest) and isinstance(
+                _check(e, verify_hashes), Checkpoint
+            ):
                 kept += 1
             continue
         if e.is_tmp:
@@ -363,7 +377,7 @@ def prune(
                 doomed = now - _newest_mtime(e.path) > stale_after
             except OSError:  # vanished meanwhile
                 doomed = False
-        elif kept < keep_latest:
+        elif keep_latest is None or kept < keep_latest:
             if isinstance(_check(e, verify_hashes), Checkpoint):
                 kept += 1
                 doomed = False

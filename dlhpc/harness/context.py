@@ -115,6 +115,8 @@ class TrialContext:
         self._last_progress = 0.0
         self._step = 0
         self._checkpoint_step: int | None = None
+        # (step, value) of the newest report of the searcher metric since the last checkpoint
+        self._evaluated: tuple[int, float | None] | None = None
         self._stop_file = trial_dir / STOP_FILE if trial_dir is not None else None
         self._last_stop_check = time.monotonic()
         if attempt_dir is not None and self.rank == 0:
@@ -146,8 +148,32 @@ class TrialContext:
 
     @property
     def deterministic(self) -> bool:
-        """``reproducibility.deterministic``: the script should pick deterministic kernels."""
+        """``reproducibility.deterministic``. When true, :func:`init` has already set
+        PyTorch's switches if torch was imported before it (else call
+        :meth:`make_deterministic` after importing torch)."""
         return bool(self.spec and self.spec.deterministic)
+
+    def make_deterministic(self) -> None:
+        """PyTorch's deterministic algorithms on, cuDNN benchmark and TF32 off
+        (imports torch; see :mod:`dlhpc.repro._determinism`)."""
+        from dlhpc.repro import set_torch_deterministic
+
+        set_torch_deterministic(import_torch=True)
+
+    # ``DataLoader(..., worker_init_fn=ctx.seed_worker, generator=ctx.dataloader_generator())``
+    # makes the loader's shuffling and its workers' random/NumPy streams follow the seed.
+    # A plain function (not a bound method), so spawned workers can pickle it.
+    @staticmethod
+    def seed_worker(worker_id: int) -> None:
+        from dlhpc.repro import seed_worker
+
+        seed_worker(worker_id)
+
+    def dataloader_generator(self, offset: int = 0) -> Any:
+        """A ``torch.Generator`` seeded with ``seed + offset`` (imports torch)."""
+        from dlhpc.repro import dataloader_generator
+
+        return dataloader_generator(self.seed + offset)
 
     @property
     def checkpoint_dir(self) -> Path | None:
@@ -160,6 +186,9 @@ class TrialContext:
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise DlhpcError(f"report(): step must be a non-negative int, got {step!r}")
         clean = {str(name): float(value) for name, value in metrics.items()}
+        if self.spec is not None and self.spec.metric in clean:
+            value = clean[self.spec.metric]
+            self._evaluated = (step, value if math.isfinite(value) else None)
         if self._writer is None:
             if self.spec is None:
                 shown = {k: v if math.isfinite(v) else str(v) for k, v in clean.items()}
@@ -204,7 +233,7 @@ class TrialContext:
         if self.spec is None:
             raise DlhpcError("train_state() needs a dlhpc job (no checkpoint folder outside one)")
         objects.setdefault("rank", self.rank)
-        objects.setdefault("keep_latest", self.spec.keep_latest)
+        objects.setdefault("keep_latest", None)  # the reconciler's GC deletes checkpoints
         objects.setdefault("on_event", self.log)
         return TrainState(Path(self.spec.checkpoint_dir), **objects)
 
@@ -215,14 +244,25 @@ class TrialContext:
             self._writer.add("log", level=level, message=message)
 
     def checkpoint(self, state: Saveable) -> None:
-        """Publish metrics reported so far, then a checkpoint of ``state``."""
+        """Publish metrics reported so far, then a checkpoint of ``state``.
+
+        Its record carries the searcher metric's newest value reported since the
+        previous checkpoint (``metric``, at report step ``metric_step``), or null
+        when none was (e.g. a mid-epoch save at preemption): the checkpoint's score
+        for the keep-best policy (:mod:`dlhpc.orchestrator.checkpoints`)."""
         self.flush()
         ckpt = state.save()
         self._step = state.step
         self._checkpoint_step = state.step
+        evaluated, self._evaluated = self._evaluated, None
         if ckpt is not None and self._writer is not None:
             self._writer.add(
-                "checkpoint", step=ckpt.step, path=str(ckpt.path), size=ckpt.size_bytes
+                "checkpoint",
+                step=ckpt.step,
+                path=str(ckpt.path),
+                size=ckpt.size_bytes,
+                metric=evaluated[1] if evaluated else None,
+                metric_step=evaluated[0] if evaluated else None,
             )
             self._writer.flush()
         self._write_progress()
@@ -296,6 +336,10 @@ def init(
         return TrialContext(None, None, local_hparams, flush_every, flush_interval_s)
     spec = TrialSpec.read(Path(trial_dir) / "trial.json")
     attempt = os.environ.get(ENV_ATTEMPT_DIR)
+    if spec.deterministic:  # never imports torch for a script that does not use it
+        from dlhpc.repro import set_torch_deterministic
+
+        set_torch_deterministic(import_torch=False)
     return TrialContext(
         spec,
         Path(attempt) if attempt else None,

@@ -150,10 +150,11 @@ def build_engine(
 
 def engine_state(ctx: TrialContext, engine: Any, **kwargs: Any) -> EngineState:
     """An :class:`EngineState` in the trial's checkpoint folder, with its
-    ``keep_latest`` and its events going to the trial's history."""
+    events going to the trial's history; it prunes no published checkpoint (the
+    reconciler's GC deletes them, by the experiment's keep policy)."""
     if ctx.spec is None:
         raise DlhpcError("engine_state() needs a dlhpc job (no checkpoint folder outside one)")
-    kwargs.setdefault("keep_latest", ctx.spec.keep_latest)
+    kwargs.setdefault("keep_latest", None)
     kwargs.setdefault("on_event", ctx.log)
     return EngineState(engine, Path(ctx.spec.checkpoint_dir), **kwargs)
 

@@ -114,11 +114,11 @@ class EngineState:
         *,
         generators: dict[str, torch.Generator] | None = None,
         extras_fn: Callable[[], dict[str, Any]] | None = None,
-        keep_latest: int = 1,
+        keep_latest: int | None = 1,
         on_event: Callable[[str, str], None] | None = None,
     ) -> None:
-        if not isinstance(keep_latest, int) or keep_latest < 1:
-            raise ValueError(f"keep_latest must be an int >= 1, got {keep_latest!r}")
+        if keep_latest is not None and (not isinstance(keep_latest, int) or keep_latest < 1):
+            raise ValueError(f"keep_latest must be an int >= 1 or None, got {keep_latest!r}")
         self.engine = engine
         self.checkpoint_dir = Path(checkpoint_dir)
         self.generators: dict[str, torch.Generator] = dict(generators or {})

@@ -133,11 +133,11 @@ class TrainState:
         generators: dict[str, torch.Generator] | None = None,
         extras_fn: Callable[[], dict[str, Any]] | None = None,
         rank: int = 0,
-        keep_latest: int = 1,
+        keep_latest: int | None = 1,
         on_event: Callable[[str, str], None] | None = None,
     ) -> None:
-        if not isinstance(keep_latest, int) or keep_latest < 1:
-            raise ValueError(f"keep_latest must be an int >= 1, got {keep_latest!r}")
+        if keep_latest is not None and (not isinstance(keep_latest, int) or keep_latest < 1):
+            raise ValueError(f"keep_latest must be an int >= 1 or None, got {keep_latest!r}")
         self.checkpoint_dir = Path(checkpoint_dir)
         self.model = model
         self.optimizer = optimizer
@@ -188,7 +188,9 @@ class TrainState:
         """Publish a checkpoint of the current state (rank 0 only; others return None).
 
         The previous checkpoint is pruned (down to ``keep_latest``) only after
-        the new one is published. Does not consume any RNG.
+        the new one is published; with ``keep_latest=None`` (what a dlhpc job
+        uses: the reconciler's GC deletes) only torn and stale temp folders go.
+        Does not consume any RNG.
         """
         if self.rank != 0:
             return None

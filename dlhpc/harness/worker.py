@@ -46,6 +46,7 @@ from dlhpc.protocol import (
     attempt_key,
     read_small_json,
 )
+from dlhpc.repro import attempt_record, deterministic_env
 
 __all__ = ["TrialFailed", "job_identity", "run_trial"]
 
@@ -92,6 +93,8 @@ def _child_env(spec: TrialSpec, trial_dir: Path, attempt_dir: Path) -> dict[str,
         print(f"dlhpc worker: {err}; rank variables not set", file=sys.stderr, flush=True)
         rank_env = {}
     env.update({k: v for k, v in rank_env.items() if k not in spec.env})
+    if spec.deterministic:  # before the interpreter starts; the experiment's env wins
+        env.update({k: v for k, v in deterministic_env(spec.seed).items() if k not in spec.env})
     return env
 
 
@@ -131,6 +134,8 @@ def run_entrypoint(trial_dir: Path) -> int:
     job_id, restart, rank = job_identity(os.environ)
     attempt_dir = trial_dir / "attempts" / attempt_key(job_id, restart)
     events = EventWriter(attempt_dir, f"worker-r{rank}")
+    child_env = _child_env(spec, trial_dir, attempt_dir)
+    local_rank = int(os.environ.get("SLURM_LOCALID") or 0)
     events.add(
         "start",
         host=socket.gethostname(),
@@ -140,13 +145,16 @@ def run_entrypoint(trial_dir: Path) -> int:
         rank=rank,
         nodes=os.environ.get("SLURM_JOB_NODELIST", socket.gethostname()),
     )
+    if local_rank == 0:  # one record per node; the data fingerprint once, on rank 0
+        data = spec.data if rank == 0 else []
+        record = attempt_record(child_env, rank=rank, data=data, declared=list(spec.env))
+        events.add("env", rank=rank, record=record)
     events.flush()
     heartbeat = _Heartbeat(attempt_dir / HEARTBEAT_FILE, HEARTBEAT_INTERVAL_S)
     if rank == 0:
         heartbeat.beat()
         heartbeat.start()
     # GPU telemetry: one sampler per node (a no-op with one info line without NVML)
-    local_rank = int(os.environ.get("SLURM_LOCALID") or 0)
     sampler = start_gpu_sampler(attempt_dir, os.environ) if local_rank == 0 else None
 
     # Its own process group, so that forwarding reaches the training process and
@@ -154,7 +162,7 @@ def run_entrypoint(trial_dir: Path) -> int:
     proc = subprocess.Popen(
         ["bash", spec.entry_script],
         cwd=spec.code_dir,
-        env=_child_env(spec, trial_dir, attempt_dir),
+        env=child_env,
         start_new_session=True,
     )
     received: list[str] = []

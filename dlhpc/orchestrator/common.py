@@ -100,7 +100,11 @@ def add_trials(
             state=TrialState.PENDING.value,
             hparams_json=json.dumps(op.hparams, sort_keys=True),
             max_length=op.length,
-            seed=trial_seed(cfg.reproducibility.seed, op.request_id),
+            seed=(
+                cfg.reproducibility.trial_seed  # dlhpc reproduce: the original trial's
+                if cfg.reproducibility.trial_seed is not None
+                else trial_seed(cfg.reproducibility.seed, op.request_id)
+            ),
             run_dir="",
             created_at=now,
         )

@@ -6,8 +6,10 @@ import getpass
 import json
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dlhpc.config.model import ExperimentConfig
 from dlhpc.config.serde import to_jsonable
@@ -22,6 +24,7 @@ from dlhpc.orchestrator.common import (
 from dlhpc.orchestrator.runfiles import publish_staging, stage_run_folder
 from dlhpc.orchestrator.states import ExperimentState
 from dlhpc.protocol import experiment_dir, trial_dir
+from dlhpc.repro import collect_launch_record
 from dlhpc.scheduler import JobRequest
 from dlhpc.search import Create
 from dlhpc.store import Experiment, Store, utcnow
@@ -93,8 +96,23 @@ def plan_launch(cfg: ExperimentConfig, home: Path, pool: SchedulerPool) -> DryRu
     return DryRun(exp_id, creates, pool.get(cfg.backend).render(request))
 
 
-def launch(cfg: ExperimentConfig, store: Store, pool: SchedulerPool) -> LaunchResult:
+def launch(
+    cfg: ExperimentConfig,
+    store: Store,
+    pool: SchedulerPool,
+    *,
+    code_from: Path | None = None,
+    record: dict[str, Any] | None = None,
+    prepare: Callable[[int], None] | None = None,
+    yaml_text: str | None = None,
+) -> LaunchResult:
     """Record the experiment and its first trials, then submit them.
+
+    The reproducibility record (:func:`dlhpc.repro.collect_launch_record`, or
+    ``record``) is collected after the snapshot and stored in ``repro_json``.
+    ``code_from``: copy this snapshot instead of the workdir; ``prepare(exp_id)``
+    runs once the run folder is published, before submission; ``yaml_text``:
+    the YAML to keep instead of reading ``cfg.source`` (all for ``dlhpc reproduce``).
 
     Order matters for crash safety: the code snapshot is staged first (a failure
     there leaves the DB untouched), then one transaction records the experiment,
@@ -102,8 +120,10 @@ def launch(cfg: ExperimentConfig, store: Store, pool: SchedulerPool) -> LaunchRe
     trials are submitted (see :func:`submit_pending`).
     """
     creates, searcher_state = _initial_trials(cfg)
-    staging = stage_run_folder(cfg, store.runs_root)
+    staging = stage_run_folder(cfg, store.runs_root, code_from)
     try:
+        if record is None:
+            record = collect_launch_record(cfg, skip=store.runs_root)
         with store.hold_lease():
             now = utcnow()
             with store.write() as session:
@@ -117,8 +137,13 @@ def launch(cfg: ExperimentConfig, store: Store, pool: SchedulerPool) -> LaunchRe
                     metric=cfg.searcher.metric,
                     smaller_is_better=cfg.searcher.smaller_is_better,
                     source_path=str(cfg.source),
-                    yaml_text=cfg.source.read_text(encoding="utf-8", errors="replace"),
+                    yaml_text=(
+                        yaml_text
+                        if yaml_text is not None
+                        else cfg.source.read_text(encoding="utf-8", errors="replace")
+                    ),
                     config_json=json.dumps(to_jsonable(cfg), sort_keys=True),
+                    repro_json=json.dumps(record, sort_keys=True),
                     run_dir="",
                     searcher_state=searcher_state,
                     user=getpass.getuser(),
@@ -133,6 +158,12 @@ def launch(cfg: ExperimentConfig, store: Store, pool: SchedulerPool) -> LaunchRe
                 )
                 exp_id = exp.id
             publish_staging(staging, cfg, store.runs_root, exp_id)
+            if prepare is not None:
+                try:
+                    prepare(exp_id)
+                except Exception as err:
+                    _fail(store, exp_id, f"preparing the run failed: {err}")
+                    raise
             try:
                 tasks = submit_pending(store, pool, exp_id)
             except SchedulerError as err:

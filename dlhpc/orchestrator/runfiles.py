@@ -78,12 +78,19 @@ def entry_script_text(cfg: ExperimentConfig, experiment_id: int) -> str:
     return "\n".join(lines)
 
 
-def stage_run_folder(cfg: ExperimentConfig, runs_root: Path) -> Path:
-    """Build the code snapshot in a staging folder (nothing else sees it yet)."""
+def stage_run_folder(cfg: ExperimentConfig, runs_root: Path, code_from: Path | None = None) -> Path:
+    """Build the code snapshot in a staging folder (nothing else sees it yet).
+
+    ``code_from``: copy this folder (another experiment's snapshot, for ``dlhpc
+    reproduce``) instead of snapshotting the workdir.
+    """
     staging = runs_root / f".staging-{uuid.uuid4().hex[:12]}"
     staging.mkdir(parents=True)
     try:
-        snapshot_code(cfg.workdir, staging / "code", skip=runs_root)
+        if code_from is not None:
+            shutil.copytree(code_from, staging / "code", symlinks=True)
+        else:
+            snapshot_code(cfg.workdir, staging / "code", skip=runs_root)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -131,6 +138,7 @@ def trial_spec(
         keep_latest=cfg.checkpoint.keep_latest,
         deterministic=cfg.reproducibility.deterministic,
         deepspeed=cfg.deepspeed.config if cfg.deepspeed else None,
+        data=[{"path": str(d.path), "hash": d.hash} for d in cfg.data],
     )
 
 

@@ -2,7 +2,8 @@
 
 Poll the schedulers (a constant number of queries: one ``poll`` per backend for
 all jobs), ingest new event files, derive attempt and trial states, let each
-searcher decide, submit what it asked for, and close finished experiments.
+searcher decide, submit what it asked for, close finished experiments, and
+apply the checkpoint keep policy (:mod:`dlhpc.orchestrator.checkpoints`).
 Each step commits on its own; killing the process at any line loses nothing,
 because every step is recomputed from Slurm, the files and the DB on the next
 pass, and ingest is keyed per file.
@@ -22,6 +23,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from dlhpc._failpoints import failpoint
 from dlhpc.errors import DlhpcError, LeaseHeldError, SchedulerError
+from dlhpc.orchestrator.checkpoints import gc_pass
 from dlhpc.orchestrator.clock import SYSTEM_CLOCK, Clock
 from dlhpc.orchestrator.common import (
     SchedulerPool,
@@ -35,6 +37,7 @@ from dlhpc.orchestrator.decide import SearchPass, write_stop_files
 from dlhpc.orchestrator.states import ExperimentState, TrialState
 from dlhpc.orchestrator.trials import LIVE_ATTEMPT_STATES, TrialPass, reconcile_trial
 from dlhpc.protocol import EVENT_FILE_RE, iter_attempt_dirs
+from dlhpc.report._curves import archive_trials
 from dlhpc.scheduler import JobStatus
 from dlhpc.store import Attempt, Experiment, IngestedFile, Store, Submission, Trial
 from dlhpc.store.ingest import ingest_attempt, refresh_trial_metrics
@@ -53,6 +56,7 @@ class TickReport:
     metrics: int = 0
     submitted: int = 0
     decisions: int = 0  # searcher promotions and stops acted on
+    checkpoint_bytes_freed: int = 0  # by the checkpoint GC (keep policy)
     finished: list[int] = field(default_factory=list)
     scheduler_calls: dict[str, int] = field(default_factory=dict)
     duration_s: float = 0.0
@@ -132,6 +136,7 @@ def _tick(store: Store, pool: SchedulerPool, report: TickReport, clock: Clock) -
             report.submitted += len(submit_pending(store, pool, exp_id, clock))
         except SchedulerError as err:
             report.errors.append(f"experiment {exp_id}: {err}")
+        gc_pass(store, exp_id, report)  # the checkpoint keep policy; errors into the report
 
 
 def _ingested_names(s: Session, trial_ids: list[int]) -> dict[tuple[int, str], set[str]]:
@@ -166,6 +171,7 @@ def _ingest(store: Store, todo: list[tuple[int, Path]], report: TickReport, cloc
     for i in range(0, len(todo), _INGEST_BATCH):
         with store.write() as s:
             touched: dict[int, Trial] = {}
+            curves_changed: dict[int, str] = {}  # trial id -> run folder
             for trial_id, adir in todo[i : i + _INGEST_BATCH]:
                 t = s.get(Trial, trial_id)
                 if t is None:
@@ -174,8 +180,12 @@ def _ingest(store: Store, todo: list[tuple[int, Path]], report: TickReport, cloc
                 report.ingested_files += result.files
                 report.metrics += result.metrics
                 touched[t.id] = t
+                if result.metrics:
+                    curves_changed[t.id] = t.run_dir
             for t in touched.values():
                 refresh_trial_metrics(s, t, t.experiment.metric, t.experiment.smaller_is_better)
+        # after the commit: rewrite the HDF5 curve archive of the trials with new metrics
+        report.errors.extend(archive_trials(store, curves_changed))
         failpoint("tick.after_ingest_batch")
 
 

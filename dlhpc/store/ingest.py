@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from dlhpc._failpoints import failpoint
 from dlhpc.protocol import read_event_batches
+from dlhpc.repro import merge_env_record
 from dlhpc.store.models import (
     Attempt,
     Checkpoint,
@@ -36,6 +37,8 @@ from dlhpc.store.models import (
 __all__ = ["IngestResult", "ingest_attempt", "refresh_trial_metrics"]
 
 _KEY_RE = re.compile(r"^(?P<job>.+)\.r(?P<restart>\d+)$")
+# what a re-published checkpoint (a folder name whose row the GC deleted) takes anew
+_REPUBLISHED = ("attempt_id", "step", "size_bytes", "state", "created_at", "metric")
 
 
 @dataclass
@@ -93,6 +96,30 @@ def _gpu_rows(attempt_id: int, rec: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def _checkpoint_metric(
+    session: Session, trial: Trial, rec: dict[str, Any], pending: list[dict[str, Any]]
+) -> float | None:
+    """A checkpoint's score for the keep-best policy, fixed at ingest.
+
+    The job's own ``metric`` (the searcher metric reported since its previous
+    checkpoint; null: none) when the record has the key. Older records lack it:
+    then the searcher metric reported at exactly the checkpoint's step, from this
+    file's rows not yet inserted (``pending``) or the table, else None (unknown).
+    """
+    if "metric" in rec:
+        return _num(rec["metric"])
+    step, name = _int(rec.get("step", 0)), trial.experiment.metric
+    for row in reversed(pending):
+        if row["step"] == step and row["name"] == name:
+            return _num(row["value"])
+    value = session.scalar(
+        select(Metric.value).where(
+            Metric.trial_id == trial.id, Metric.step == step, Metric.name == name
+        )
+    )
+    return _num(value)
 
 
 def get_or_create_attempt(session: Session, trial: Trial, key: str, now: datetime) -> Attempt:
@@ -160,22 +187,29 @@ def ingest_attempt(
                     attempt.lost_steps = max(0, at - (ckpt if isinstance(ckpt, int) else 0))
                 result.exited = True
             elif kind == "checkpoint":
-                stmt_ck = (
-                    sqlite_insert(Checkpoint)
-                    .values(
-                        trial_id=trial.id,
-                        attempt_id=attempt.id,
-                        step=int(rec.get("step", 0)),
-                        path=str(rec.get("path", "")),
-                        size_bytes=int(rec.get("size", 0)),
-                        state="ACTIVE",
-                        created_at=_ts(rec.get("time")) or now,
-                    )
-                    .on_conflict_do_nothing(index_elements=["trial_id", "path"])
+                ins = sqlite_insert(Checkpoint).values(
+                    trial_id=trial.id,
+                    attempt_id=attempt.id,
+                    step=int(rec.get("step", 0)),
+                    path=str(rec.get("path", "")),
+                    size_bytes=int(rec.get("size", 0)),
+                    state="ACTIVE",
+                    created_at=_ts(rec.get("time")) or now,
+                    metric=_checkpoint_metric(session, trial, rec, rows),
                 )
-                session.execute(stmt_ck)
+                # a folder name the GC freed and a job published again: a new checkpoint
+                revive = {k: ins.excluded[k] for k in _REPUBLISHED}
+                session.execute(
+                    ins.on_conflict_do_update(
+                        index_elements=["trial_id", "path"],
+                        set_={**revive, "pinned": False, "deleted_at": None},
+                        where=Checkpoint.state == "DELETED",
+                    )
+                )
             elif kind == "gpu":
                 gpu_rows.extend(_gpu_rows(attempt.id, rec))
+            elif kind == "env":  # the job's reproducibility record (dlhpc.repro)
+                attempt.env_json = merge_env_record(attempt.env_json, rec)
             elif kind == "log":
                 session.add(
                     Event(

@@ -484,6 +484,10 @@ ERROR_CASES = [
     ),
     ("environment:\n  setup: [a, b]\n", "4: environment.setup: must be a string, got a list"),
     ("checkpoint: {keep_latest: 0}\n", "3: checkpoint.keep_latest: must be an integer >= 1, got 0"),
+    (
+        "checkpoint: {keep_experiment_best: -1}\n",
+        "3: checkpoint.keep_experiment_best: must be an integer >= 0, got -1",
+    ),
     ("checkpoint: {dir: 5}\n", "3: checkpoint.dir: must be a path (a string), got 5"),
     (
         "preemption:\n  signal: KILL\n",
@@ -514,7 +518,7 @@ ERROR_CASES = [
     (
         "resourcse: {}\n",
         "3: resourcse: unknown key; did you mean 'resources'? (valid: "
-        "checkpoint, deepspeed, description, entrypoint, environment, hyperparameters, "
+        "checkpoint, data, deepspeed, description, entrypoint, environment, hyperparameters, "
         "max_restarts, name, preemption, reproducibility, resources, searcher, site, workdir)",
     ),
 ]
@@ -591,7 +595,7 @@ def test_all_errors_at_once_in_file_order(env: dict[str, str]) -> None:
         "qos, sbatch_args, tasks_per_node, time)",
         "exp.yaml:8: resources.nodes: must be an integer >= 1, got 'two'",
         "exp.yaml:9: max_restarts: must be an integer >= 0, got -3",
-        "exp.yaml:10: bogus: unknown key; (valid: checkpoint, deepspeed, description, "
+        "exp.yaml:10: bogus: unknown key; (valid: checkpoint, data, deepspeed, description, "
         "entrypoint, environment, hyperparameters, max_restarts, name, preemption, "
         "reproducibility, resources, searcher, site, workdir)",
     ]

@@ -1,0 +1,325 @@
+"""Checkpoint lifecycle: the keep policy, garbage collection, pins.
+
+The policy (:func:`plan_gc`, pure) keeps the union of
+
+* the experiment's best ``keep_experiment_best`` checkpoints by the searcher metric,
+* each trial's best ``keep_best`` by the searcher metric,
+* each trial's newest ``keep_latest`` by step,
+
+and always every pinned checkpoint and the newest checkpoint of each trial that a
+resume or a promotion may still load (a PENDING, RUNNING or PAUSED trial, or one
+with a promotion not acted on yet). A checkpoint whose metric is unknown (none was
+reported since the previous checkpoint, or NaN) is never "best" but may be
+"latest". Ties in the metric go to the newer checkpoint (higher step, then the later
+row); "newest" is the highest step, re-saves of one step ordered by row id. The
+metric is fixed at ingest (:func:`dlhpc.store.ingest._checkpoint_metric`).
+
+:func:`gc` applies the plan to one experiment under the reconciler lease: each
+doomed folder is renamed out of sight and removed (only a folder named
+``ckpt-<step>[-n]`` strictly under the experiment's checkpoint root
+``<checkpoint.dir>/exp-<id>`` after resolving symlinks, never a symlink itself;
+anything else is *refused*: kept, its row left ACTIVE), then its row becomes
+DELETED with ``deleted_at``. A row whose folder is already gone is marked DELETED
+too and frees nothing (reported as *missing*). The folder goes before its row, so
+a crash between the two leaves a row that the next pass finds missing. The
+reconciler runs it for every active experiment each tick, after the searcher pass
+(:func:`gc_pass`); ``dlhpc gc`` runs it on demand. A row whose folder name a job
+publishes again after its deletion becomes ACTIVE again at ingest.
+
+Only the reconciler deletes published checkpoints: jobs prune nothing but torn and
+stale temp folders (see :mod:`dlhpc.harness.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections import defaultdict
+from collections.abc import Collection, Iterable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from dlhpc.errors import DlhpcError, NotFoundError, UsageError
+from dlhpc.harness.checkpoint import remove_checkpoint
+from dlhpc.orchestrator.states import TrialState
+from dlhpc.store import Checkpoint, Decision, Experiment, Store, Trial, utcnow
+
+__all__ = [
+    "CkptInfo",
+    "GcPlan",
+    "GcPolicy",
+    "GcReport",
+    "checkpoint_root",
+    "experiment_plan",
+    "gc",
+    "gc_pass",
+    "plan_gc",
+    "set_pinned",
+]
+
+EXPERIMENT_BEST = "experiment-best"
+TRIAL_BEST = "trial-best"
+TRIAL_LATEST = "trial-latest"
+PINNED = "pinned"
+LIVE = "live"  # the newest of a trial a resume or promotion loads
+_CKPT_NAME = re.compile(r"^ckpt-\d{10,}(?:-[1-9]\d*)?$")  # dlhpc.harness.checkpoint's names
+
+
+@dataclass(frozen=True)
+class GcPolicy:
+    """How many to keep (``checkpoint.keep_experiment_best`` / ``keep_best`` /
+    ``keep_latest``); Determined's save_experiment_best / trial_best / trial_latest."""
+
+    experiment_best: int = 0
+    trial_best: int = 1
+    trial_latest: int = 1
+
+    @classmethod
+    def from_config(cls, checkpoint: dict[str, Any]) -> GcPolicy:
+        """From the ``checkpoint`` mapping of a stored resolved config (defaults for
+        keys an older config lacks)."""
+        return cls(
+            experiment_best=int(checkpoint.get("keep_experiment_best", 0)),
+            trial_best=int(checkpoint.get("keep_best", 1)),
+            trial_latest=int(checkpoint.get("keep_latest", 1)),
+        )
+
+
+@dataclass(frozen=True)
+class CkptInfo:
+    """What the policy needs of one ACTIVE checkpoint."""
+
+    id: int
+    trial_id: int
+    step: int
+    metric: float | None = None
+    pinned: bool = False
+    size_bytes: int = 0
+    path: str = ""
+
+
+class GcPlan(NamedTuple):
+    keep: dict[int, tuple[str, ...]]  # checkpoint id -> why it is kept
+    delete: list[int]  # checkpoint ids, ascending
+
+
+def _score(c: CkptInfo) -> float | None:
+    return c.metric if c.metric is not None and math.isfinite(c.metric) else None
+
+
+def _best(cands: Iterable[CkptInfo], n: int, smaller_is_better: bool) -> list[CkptInfo]:
+    scored = [(s, c) for c in cands if (s := _score(c)) is not None]
+    sign = 1.0 if smaller_is_better else -1.0
+    scored.sort(key=lambda sc: (sign * sc[0], -sc[1].step, -sc[1].id))
+    return [c for _, c in scored[: max(0, n)]]
+
+
+def plan_gc(
+    checkpoints: Sequence[CkptInfo],
+    protected_trials: Collection[int],
+    policy: GcPolicy,
+    smaller_is_better: bool,
+) -> GcPlan:
+    """Split ``checkpoints`` (one experiment's ACTIVE ones) into kept and deleted.
+
+    ``protected_trials``: trials whose newest checkpoint must stay (live ones, or
+    ones with a pending promotion). Every id lands in exactly one of the two.
+    """
+    reasons: dict[int, list[str]] = defaultdict(list)
+    by_trial: dict[int, list[CkptInfo]] = defaultdict(list)
+    for c in checkpoints:
+        by_trial[c.trial_id].append(c)
+        if c.pinned:
+            reasons[c.id].append(PINNED)
+    for c in _best(checkpoints, policy.experiment_best, smaller_is_better):
+        reasons[c.id].append(EXPERIMENT_BEST)
+    for trial_id, cks in by_trial.items():
+        for c in _best(cks, policy.trial_best, smaller_is_better):
+            reasons[c.id].append(TRIAL_BEST)
+        newest = sorted(cks, key=lambda c: (c.step, c.id), reverse=True)
+        for c in newest[: max(0, policy.trial_latest)]:
+            reasons[c.id].append(TRIAL_LATEST)
+        if trial_id in protected_trials:
+            reasons[newest[0].id].append(LIVE)
+    keep = {c.id: tuple(reasons[c.id]) for c in checkpoints if reasons.get(c.id)}
+    return GcPlan(keep, sorted(c.id for c in checkpoints if c.id not in keep))
+
+
+# -- facts from the store ---------------------------------------------------------
+
+
+def checkpoint_root(exp: Experiment) -> Path | None:
+    """``<checkpoint.dir>/exp-<id:06d>``, where this experiment's trials checkpoint."""
+    ck = _checkpoint_cfg(exp)
+    return Path(ck["dir"]) / f"exp-{exp.id:06d}" if ck.get("dir") else None
+
+
+def _checkpoint_cfg(exp: Experiment) -> dict[str, Any]:
+    try:
+        ck = json.loads(exp.config_json or "{}").get("checkpoint") or {}
+    except (ValueError, AttributeError):
+        return {}
+    return ck if isinstance(ck, dict) else {}
+
+
+def _protected(s: Session, exp_id: int) -> set[int]:
+    trials = s.execute(
+        select(Trial.id, Trial.state, Trial.max_length).where(Trial.experiment_id == exp_id)
+    ).all()
+    out = {tid for tid, state, _ in trials if not TrialState(state).is_terminal}
+    length = {tid: max_length for tid, _, max_length in trials}
+    promos = s.execute(
+        select(Decision.trial_id, Decision.length).where(
+            Decision.experiment_id == exp_id,
+            Decision.kind == "promote",
+            Decision.acted_at.is_(None),
+        )
+    ).all()
+    out.update(tid for tid, n in promos if n > length.get(tid, n))
+    return out
+
+
+def _active(s: Session, exp_id: int) -> list[CkptInfo]:
+    rows = s.execute(
+        select(
+            Checkpoint.id,
+            Checkpoint.trial_id,
+            Checkpoint.step,
+            Checkpoint.metric,
+            Checkpoint.pinned,
+            Checkpoint.size_bytes,
+            Checkpoint.path,
+        )
+        .join(Trial, Trial.id == Checkpoint.trial_id)
+        .where(Trial.experiment_id == exp_id, Checkpoint.state == "ACTIVE")
+        .order_by(Checkpoint.id)
+    ).all()
+    return [CkptInfo(*row) for row in rows]
+
+
+def experiment_plan(s: Session, exp: Experiment) -> tuple[list[CkptInfo], GcPlan]:
+    """The experiment's ACTIVE checkpoints and what the policy does with them now."""
+    rows = _active(s, exp.id)
+    policy = GcPolicy.from_config(_checkpoint_cfg(exp))
+    return rows, plan_gc(rows, _protected(s, exp.id), policy, exp.smaller_is_better)
+
+
+# -- applying it --------------------------------------------------------------------
+
+
+@dataclass
+class GcReport:
+    """What one GC did (``dry_run``: what it would do; nothing is touched then)."""
+
+    experiment_id: int
+    dry_run: bool
+    kept: int = 0
+    bytes_freed: int = 0  # the rows' sizes (manifest sizes) of the folders removed
+    deleted: list[str] = field(default_factory=list)  # folders removed
+    missing: list[str] = field(default_factory=list)  # already gone: row marked, 0 bytes
+    refused: list[str] = field(default_factory=list)  # not under the root: kept as they are
+    errors: list[str] = field(default_factory=list)
+
+
+def _safe_folder(path: str, root: Path | None) -> Path | None:
+    """``path`` if it may be deleted: absolute, named like a checkpoint folder
+    (``ckpt-<step>[-n]``), not a symlink, and strictly under ``root`` once symlinks
+    in both are resolved; else None."""
+    if root is None or not path or not os.path.isabs(path) or os.path.islink(path):
+        return None
+    if not _CKPT_NAME.match(os.path.basename(path)):
+        return None
+    real, real_root = Path(os.path.realpath(path)), Path(os.path.realpath(root))
+    if real == real_root or not real.is_relative_to(real_root):
+        return None
+    if os.path.lexists(real) and not real.is_dir():
+        return None
+    return real
+
+
+def gc(store: Store, experiment_id: int, dry_run: bool = False) -> GcReport:
+    """Apply the keep policy to one experiment (any state); see the module docstring.
+
+    Holds the reconciler lease unless ``dry_run`` (re-entrant inside a tick);
+    raises :class:`~dlhpc.errors.NotFoundError` for an unknown id and
+    :class:`~dlhpc.errors.LeaseHeldError` while another reconciler runs. An
+    ``OSError`` on one folder is listed in ``errors`` and that row left ACTIVE.
+    """
+    report = GcReport(experiment_id, dry_run)
+    with nullcontext() if dry_run else store.hold_lease():
+        with store.read() as s:
+            exp = s.get(Experiment, experiment_id)
+            if exp is None:
+                raise NotFoundError(f"no experiment {experiment_id}")
+            rows, plan = experiment_plan(s, exp)
+            root = checkpoint_root(exp)
+        report.kept = len(plan.keep)
+        by_id = {c.id: c for c in rows}
+        gone: list[int] = []
+        for cid in plan.delete:
+            c = by_id[cid]
+            folder = _safe_folder(c.path, root)
+            if folder is None:
+                report.refused.append(c.path)
+                continue
+            try:
+                if not folder.exists():
+                    report.missing.append(c.path)
+                elif dry_run or remove_checkpoint(folder):
+                    report.deleted.append(c.path)
+                    report.bytes_freed += c.size_bytes
+                else:  # vanished meanwhile
+                    report.missing.append(c.path)
+            except OSError as err:
+                report.errors.append(f"checkpoint {cid} ({c.path}): {err}")
+                continue
+            gone.append(cid)
+        if gone and not dry_run:
+            with store.write() as s:
+                s.execute(
+                    update(Checkpoint)
+                    .where(Checkpoint.id.in_(gone), Checkpoint.state == "ACTIVE")
+                    .values(state="DELETED", deleted_at=utcnow())
+                )
+    return report
+
+
+class _TickLike(Protocol):
+    errors: list[str]
+    checkpoint_bytes_freed: int
+
+
+def gc_pass(store: Store, experiment_id: int, report: _TickLike) -> None:
+    """The tick's GC of one experiment: bytes freed and errors go into ``report``
+    (refused folders are left to ``dlhpc gc`` to show; they are not errors here)."""
+    try:
+        result = gc(store, experiment_id)
+    except (DlhpcError, OSError, ValueError, TypeError) as err:  # e.g. the lease, a bad config
+        report.errors.append(f"experiment {experiment_id}: checkpoint GC: {err}")
+        return
+    report.checkpoint_bytes_freed += result.bytes_freed
+    report.errors.extend(f"experiment {experiment_id}: GC: {e}" for e in result.errors)
+
+
+def set_pinned(store: Store, checkpoint_id: int, pinned: bool) -> dict[str, Any]:
+    """Pin (GC never deletes it) or unpin one checkpoint, under the reconciler lease.
+    A deleted checkpoint cannot be pinned (:class:`~dlhpc.errors.UsageError`)."""
+    with store.hold_lease(), store.write() as s:
+        c = s.get(Checkpoint, checkpoint_id)
+        if c is None:
+            raise NotFoundError(f"no checkpoint {checkpoint_id}")
+        if pinned and c.state != "ACTIVE":
+            raise UsageError(
+                f"checkpoint {checkpoint_id} was deleted at {c.deleted_at:%Y-%m-%d %H:%M} UTC"
+                if c.deleted_at
+                else f"checkpoint {checkpoint_id} is {c.state}"
+            )
+        c.pinned = pinned
+        return {"id": c.id, "trial_id": c.trial_id, "path": c.path, "pinned": c.pinned}

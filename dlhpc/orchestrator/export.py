@@ -1,0 +1,199 @@
+"""``dlhpc export TRIAL_ID DIR``: one trial's result, to share or publish.
+
+``DIR`` receives:
+
+* ``checkpoint/``: a copy of the trial's best ACTIVE checkpoint by the searcher
+  metric (its newest when none has a metric, or with ``latest=True``), verified
+  against its manifest (sizes and sha256) after the copy; absent when the trial has
+  no checkpoint folder left (``repro.json`` then says ``"checkpoint": null``);
+* ``config.yaml``: the resolved config the trial ran with; ``experiment.yaml``: the
+  experiment YAML as given at launch;
+* ``metrics.csv``: ``step,name,value,time`` for every metric the trial reported
+  (an empty value is NaN);
+* ``hparams.json``: the trial's hyperparameters;
+* ``repro.json``: the experiment's reproducibility record (``experiments.repro_json``),
+  the trial's facts, each attempt's own record (``attempts.env_json``) and the
+  exported checkpoint's facts. Whatever those columns hold is exported as it is.
+
+Everything is written into a temporary sibling folder and renamed to ``DIR`` at the
+end, so ``DIR`` is either complete or as it was. An existing non-empty ``DIR`` is
+refused. Reads the database only: no lease needed.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from sqlalchemy import select
+
+from dlhpc.errors import DlhpcError, NotFoundError, UsageError
+from dlhpc.harness.checkpoint import MANIFEST_NAME, FileRecord, verify_checkpoint
+from dlhpc.harness.checkpoint import Checkpoint as CkptFolder
+from dlhpc.store import Checkpoint, Metric, Store, Trial
+
+__all__ = ["ExportResult", "export_trial"]
+
+
+@dataclass
+class ExportResult:
+    folder: Path
+    files: list[str]  # top-level names written
+    checkpoint: dict[str, Any] | None  # the exported checkpoint's facts
+
+
+def _json(text: str | None) -> Any:
+    try:
+        return json.loads(text or "{}")
+    except ValueError:
+        return text  # exported as it is
+
+
+def _candidates(rows: list[Checkpoint], smaller: bool, latest: bool) -> list[Checkpoint]:
+    """ACTIVE checkpoints in order of preference: best by metric, then newest."""
+    newest = sorted(rows, key=lambda c: (c.step, c.id), reverse=True)
+    if latest:
+        return newest
+    sign = 1.0 if smaller else -1.0
+    scored = [c for c in newest if c.metric is not None and math.isfinite(c.metric)]
+    best = sorted(scored, key=lambda c: sign * float(c.metric or 0.0))  # stable: newer first
+    return best + [c for c in newest if c not in best]
+
+
+def _verify_copy(folder: Path, step: int) -> None:
+    try:
+        m = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
+        files = {k: FileRecord(int(v["size"]), str(v["sha256"])) for k, v in m["files"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise DlhpcError(f"the copied checkpoint's manifest does not read: {err}") from err
+    why = verify_checkpoint(CkptFolder(folder, step, 0.0, files, {}))
+    if why is not None:
+        raise DlhpcError(f"the copied checkpoint does not match its manifest: {why}")
+
+
+def _write_checkpoint(
+    tmp: Path, rows: list[Checkpoint], smaller: bool, latest: bool
+) -> dict[str, Any] | None:
+    for rank, c in enumerate(_candidates(rows, smaller, latest)):
+        src = Path(c.path)
+        if not src.is_dir() or not (src / MANIFEST_NAME).is_file():
+            continue
+        shutil.copytree(src, tmp / "checkpoint", symlinks=True)
+        _verify_copy(tmp / "checkpoint", c.step)
+        chosen = "latest" if latest or c.metric is None else "best"
+        return {
+            "id": c.id,
+            "step": c.step,
+            "metric": c.metric,
+            "size_bytes": c.size_bytes,
+            "source": c.path,
+            "chosen_as": chosen if rank == 0 else f"{chosen} (preferred ones' folders missing)",
+        }
+    return None
+
+
+def _check_target(folder: Path) -> None:
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise UsageError(f"{folder} exists and is not a folder")
+    if folder.is_dir() and any(folder.iterdir()):
+        raise UsageError(f"{folder} is not empty; export into a new or empty folder")
+
+
+def export_trial(store: Store, trial_id: int, folder: Path, latest: bool = False) -> ExportResult:
+    """Write the trial's export into ``folder`` (see the module docstring).
+
+    :class:`~dlhpc.errors.NotFoundError` for an unknown trial,
+    :class:`~dlhpc.errors.UsageError` for a non-empty or non-folder target,
+    :class:`~dlhpc.errors.DlhpcError` when the copied checkpoint fails verification.
+    """
+    folder = folder.expanduser().absolute()
+    with store.read() as s:
+        trial = s.get(Trial, trial_id)
+        if trial is None:
+            raise NotFoundError(f"no trial {trial_id}")
+        exp = trial.experiment
+        rows = list(
+            s.scalars(
+                select(Checkpoint).where(
+                    Checkpoint.trial_id == trial_id, Checkpoint.state == "ACTIVE"
+                )
+            )
+        )
+        metrics = s.execute(
+            select(Metric.step, Metric.name, Metric.value, Metric.time)
+            .where(Metric.trial_id == trial_id)
+            .order_by(Metric.step, Metric.name)
+        ).all()
+        attempts = [
+            {
+                "key": a.attempt_key,
+                "job_id": a.job_id,
+                "state": a.state,
+                "cause": a.cause,
+                "exit_code": a.exit_code,
+                "node_list": a.node_list,
+                "env": _json(a.env_json),
+            }
+            for a in trial.attempts
+        ]
+        trial_facts = {
+            "id": trial.id,
+            "experiment_id": exp.id,
+            "experiment_name": exp.name,
+            "state": trial.state,
+            "seed": trial.seed,
+            "steps_completed": trial.steps_completed,
+            "metric": exp.metric,
+            "smaller_is_better": exp.smaller_is_better,
+            "best_metric": trial.best_metric,
+            "latest_metric": trial.latest_metric,
+        }
+        hparams, config, yaml_text = (
+            _json(trial.hparams_json),
+            _json(exp.config_json),
+            exp.yaml_text,
+        )
+        repro, smaller = _json(exp.repro_json), exp.smaller_is_better
+    _check_target(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.parent / f".{folder.name}.export-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        ckpt = _write_checkpoint(tmp, rows, smaller, latest)
+        (tmp / "config.yaml").write_text(
+            "# the resolved config this trial ran with (dlhpc export)\n"
+            + yaml.safe_dump(config, sort_keys=False, allow_unicode=True),
+            encoding="utf-8",
+        )
+        (tmp / "experiment.yaml").write_text(yaml_text, encoding="utf-8")
+        with open(tmp / "metrics.csv", "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(["step", "name", "value", "time"])
+            w.writerows(
+                [step, name, "" if v is None else repr(v), t] for step, name, v, t in metrics
+            )
+        (tmp / "hparams.json").write_text(json.dumps(hparams, indent=2, sort_keys=True) + "\n")
+        record = {
+            "experiment": repro,
+            "trial": trial_facts,
+            "attempts": attempts,
+            "checkpoint": ckpt,
+        }
+        (tmp / "repro.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+        names = sorted(p.name for p in tmp.iterdir())
+        os.replace(tmp, folder)  # onto an absent or empty folder: atomic on POSIX
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DlhpcError(f"export to {folder} failed: {err}") from err
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ExportResult(folder, names, ckpt)

@@ -1,0 +1,239 @@
+"""``dlhpc reproduce`` and ``dlhpc diff``: a trial again, and two trials compared.
+
+:func:`plan_reproduce` reads a trial and its experiment (writes nothing) and
+builds the reproduction: the original experiment's resolved config with searcher
+``single``, the trial's hyperparameters as constants, its length and its exact
+seed (``reproducibility.trial_seed``); the code is the original run folder's
+snapshot (``runs/exp-N/code``), never the workdir as it is now. It also collects
+today's launch record and lists what differs from the original's record
+(packages, Python, modules, Slurm, data; CPU/GPU on the local backend, where
+this machine is the one that runs the job). :func:`reproduce` launches it; with
+a checkpoint in the plan (``--from-checkpoint``), a copy of the original trial's
+newest verified checkpoint is put in the new trial's checkpoint folder before
+the job is submitted. :func:`trial_record_of` and :func:`diff_trials` serve
+``dlhpc diff``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from dlhpc.config.model import ExperimentConfig, HParam
+from dlhpc.config.serde import to_jsonable
+from dlhpc.errors import NotFoundError, UsageError
+from dlhpc.harness.checkpoint import latest_verified
+from dlhpc.orchestrator.common import SchedulerPool, config_of, log_event
+from dlhpc.orchestrator.launch import launch
+from dlhpc.orchestrator.runfiles import trial_spec
+from dlhpc.repro import (
+    Difference,
+    attempt_record,
+    code_record,
+    collect_launch_record,
+    diff_records,
+    fingerprint_data,
+    trial_record,
+)
+from dlhpc.store import Attempt, Store, Trial
+
+__all__ = [
+    "ReproducePlan",
+    "ReproduceResult",
+    "diff_trials",
+    "plan_reproduce",
+    "reproduce",
+    "trial_record_of",
+]
+
+NOW_SECTIONS = ("python", "packages", "conda", "modules", "slurm", "data")
+LOCAL_NOW_SECTIONS = (*NOW_SECTIONS, "cpu", "gpu")
+
+
+@dataclass
+class ReproducePlan:
+    """What :func:`reproduce` launches, and what differs from the original today."""
+
+    trial_id: int  # the original trial
+    experiment_id: int  # its experiment
+    cfg: ExperimentConfig  # the reproduction's config
+    hparams: dict[str, Any]
+    seed: int
+    max_length: int
+    code_dir: Path  # the original's snapshot
+    yaml_text: str
+    record: dict[str, Any]  # the reproduction's launch record
+    checkpoint: Path | None = None  # copied into the new trial's checkpoint folder
+    differences: list[Difference] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ReproduceResult:
+    experiment_id: int
+    trial_id: int
+    job_ids: list[str]
+
+
+def _latest_env(session: Session, trial_id: int) -> dict[str, Any]:
+    """The newest attempt record of the trial ({} when none was recorded)."""
+    for env_json in session.scalars(
+        select(Attempt.env_json).where(Attempt.trial_id == trial_id).order_by(Attempt.id.desc())
+    ):
+        env = json.loads(env_json or "{}")
+        if env:
+            return dict(env)
+    return {}
+
+
+def trial_record_of(session: Session, trial_id: int) -> dict[str, Any]:
+    """The trial's record (:func:`dlhpc.repro.trial_record`) from the DB."""
+    trial = session.get(Trial, trial_id)
+    if trial is None:
+        raise NotFoundError(f"no trial {trial_id}")
+    exp = trial.experiment
+    return trial_record(
+        json.loads(exp.repro_json or "{}"),
+        json.loads(exp.config_json),
+        json.loads(trial.hparams_json),
+        trial.seed,
+        trial.max_length,
+        _latest_env(session, trial_id),
+    )
+
+
+def diff_trials(store: Store, a: int, b: int) -> list[Difference]:
+    """The differences between trials ``a`` and ``b``'s records."""
+    with store.read() as session:
+        return diff_records(trial_record_of(session, a), trial_record_of(session, b))
+
+
+def _reproduction_config(
+    cfg: ExperimentConfig, trial_id: int, exp_id: int, hp: dict[str, Any], seed: int, length: int
+) -> ExperimentConfig:
+    return replace(
+        cfg,
+        name=f"{cfg.name}-repro-t{trial_id}"[:64],
+        description=f"reproduction of trial {trial_id} (experiment {exp_id})",
+        hyperparameters={k: HParam(k, "const", value=v) for k, v in sorted(hp.items())},
+        searcher=replace(
+            cfg.searcher,
+            name="single",
+            max_trials=1,
+            max_concurrent_trials=0,
+            max_length=length,
+            min_length=None,
+            mode=None,
+            stop_once=False,
+        ),
+        reproducibility=replace(cfg.reproducibility, trial_seed=seed),
+    )
+
+
+def plan_reproduce(store: Store, trial_id: int, from_checkpoint: bool = False) -> ReproducePlan:
+    """The reproduction of trial ``trial_id`` (see the module docstring); writes nothing.
+
+    Raises NotFoundError for an unknown trial and UsageError when the original's
+    code snapshot is gone or (``from_checkpoint``) it has no verified checkpoint.
+    """
+    with store.read() as session:
+        original = trial_record_of(session, trial_id)
+        trial = session.get(Trial, trial_id)
+        assert trial is not None  # trial_record_of checked
+        exp = trial.experiment
+        exp_id, run_dir, yaml_text = exp.id, Path(exp.run_dir), exp.yaml_text
+        cfg0 = config_of(exp)
+    hp, seed, length = (original["trial"][k] for k in ("hparams", "seed", "max_length"))
+    code_dir = run_dir / "code"
+    if not code_dir.is_dir():
+        raise UsageError(
+            f"the code snapshot of experiment {exp_id} ({code_dir}) is gone; cannot reproduce"
+        )
+    cfg = _reproduction_config(cfg0, trial_id, exp_id, hp, seed, length)
+    checkpoint = None
+    if from_checkpoint:
+        spec = trial_spec(cfg0, store.runs_root, exp_id, trial_id, hp, length, seed)
+        ckpt, _ = latest_verified(Path(spec.checkpoint_dir))
+        if ckpt is None:
+            raise UsageError(
+                f"trial {trial_id} has no verified checkpoint in {spec.checkpoint_dir}"
+            )
+        checkpoint = ckpt.path
+    notes = []
+    code = original["experiment"].get("code")
+    if not code:
+        notes.append(f"experiment {exp_id} has no launch record; code identified by its snapshot")
+        code = code_record(code_dir)
+    record = collect_launch_record(cfg, code=code)
+    record["config"]["yaml_sha256"] = hashlib.sha256(yaml_text.encode()).hexdigest()
+    record["reproduces"] = {
+        "trial_id": trial_id,
+        "experiment_id": exp_id,
+        "checkpoint": str(checkpoint) if checkpoint else None,
+    }
+    local = cfg.backend == "local"
+    now_attempt: dict[str, Any] = {"data": fingerprint_data(record["data"])}
+    if local:  # this machine runs the job: its CPU and GPUs are the job's
+        now_attempt.update(
+            {k: v for k, v in attempt_record(os.environ).items() if k in ("cpu", "gpu")}
+        )
+    else:
+        notes.append(
+            "GPU, driver and CPU are known once the job runs: compare them then with"
+            f" `dlhpc diff {trial_id} NEW_TRIAL_ID`"
+        )
+    if not original["attempt"]:
+        notes.append(f"trial {trial_id} has no attempt record: its GPU and data are not compared")
+    now = trial_record(record, to_jsonable(cfg), hp, seed, length, now_attempt)
+    diffs = diff_records(original, now, LOCAL_NOW_SECTIONS if local else NOW_SECTIONS)
+    return ReproducePlan(
+        trial_id, exp_id, cfg, hp, seed, length, code_dir, yaml_text, record, checkpoint,
+        diffs, notes,
+    )  # fmt: skip
+
+
+def reproduce(store: Store, pool: SchedulerPool, plan: ReproducePlan) -> ReproduceResult:
+    """Launch ``plan`` as a new experiment of one trial; returns its ids and jobs."""
+    new_trial: list[int] = []
+
+    def prepare(exp_id: int) -> None:
+        with store.read() as session:
+            tid = session.scalar(select(Trial.id).where(Trial.experiment_id == exp_id))
+        assert tid is not None  # launch recorded the single trial
+        new_trial.append(tid)
+        if plan.checkpoint is not None:
+            spec = trial_spec(
+                plan.cfg, store.runs_root, exp_id, tid, plan.hparams, plan.max_length, plan.seed
+            )
+            dest = Path(spec.checkpoint_dir)
+            dest.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(plan.checkpoint, dest / plan.checkpoint.name)
+        with store.write() as session:
+            how = f" from checkpoint {plan.checkpoint}" if plan.checkpoint else ""
+            log_event(
+                session,
+                "reproduce",
+                f"reproduces trial {plan.trial_id} of experiment {plan.experiment_id}"
+                f" (seed {plan.seed}){how}",
+                exp_id,
+                tid,
+            )
+
+    result = launch(
+        plan.cfg,
+        store,
+        pool,
+        code_from=plan.code_dir,
+        record=plan.record,
+        prepare=prepare,
+        yaml_text=plan.yaml_text,
+    )
+    return ReproduceResult(result.experiment_id, new_trial[0], result.job_ids)

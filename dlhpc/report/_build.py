@@ -1,0 +1,137 @@
+"""Write reports: one experiment's page, or every page plus an index.
+
+Each file is published with :func:`dlhpc.protocol.atomic_write_bytes` (temp
+name in the same folder, fsync, rename), so a reader (a browser, a web server
+over the folder, a cron-driven rebuild) sees the old page or the new one, never
+half of one. With ``--all`` the pages are written before the index, so the
+index never links to a page that is not there yet; the page of an experiment
+that had already ended when its page was written is kept as it is (nothing can
+change it any more) unless ``force``, so a cron rebuild costs the live ones only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from sqlalchemy import func, select
+
+from dlhpc.errors import DlhpcError
+from dlhpc.protocol import atomic_write_bytes
+from dlhpc.report._html import IndexEntry, render_index, render_page
+from dlhpc.report._load import load_page
+from dlhpc.store import Experiment, Store, Trial
+
+__all__ = ["INDEX_FILE", "AllResult", "page_file", "write_all", "write_report"]
+
+INDEX_FILE = "index.html"
+
+
+def page_file(experiment_id: int) -> str:
+    """The file name of an experiment's page in an ``--all`` folder."""
+    return f"exp-{experiment_id:06d}.html"
+
+
+def _publish(path: Path, data: bytes) -> None:
+    """Atomically, with the mode a plain write would give (the temp file is 0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    try:
+        atomic_write_bytes(path, data)
+        os.chmod(path, 0o666 & ~mask)
+    except OSError as err:
+        raise DlhpcError(f"cannot write {path}: {err.strerror or err}") from err
+
+
+def _utc(now: datetime | None) -> datetime:
+    return now or datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def write_report(store: Store, experiment_id: int, out: Path, now: datetime | None = None) -> int:
+    """Write one experiment's page at ``out`` atomically; returns its size in bytes.
+    Raises :class:`~dlhpc.errors.NotFoundError` for an unknown id."""
+    data = render_page(load_page(store, experiment_id, _utc(now))).encode("utf-8")
+    _publish(out, data)
+    return len(data)
+
+
+@dataclass
+class AllResult:
+    written: list[tuple[Path, int]] = field(default_factory=list)  # (path, bytes), index last
+    kept: list[Path] = field(default_factory=list)  # pages of ended experiments left as they are
+
+
+def _entries(store: Store, now: datetime) -> list[tuple[IndexEntry, datetime | None]]:
+    """Index entries of every experiment (one query for the trial counts and bests)."""
+    with store.read() as s:
+        exps = s.scalars(select(Experiment).order_by(Experiment.id)).all()
+        agg = {
+            eid: (n, lo, hi)
+            for eid, n, lo, hi in s.execute(
+                select(
+                    Trial.experiment_id,
+                    func.count(),
+                    func.min(Trial.best_metric),
+                    func.max(Trial.best_metric),
+                ).group_by(Trial.experiment_id)
+            )
+        }
+    out = []
+    for e in exps:
+        n, lo, hi = agg.get(e.id, (0, None, None))
+        end = e.ended_at or now
+        created = e.created_at.replace(tzinfo=timezone.utc).timestamp()
+        entry = IndexEntry(
+            e.id,
+            e.name,
+            e.state,
+            e.searcher,
+            e.metric,
+            lo if e.smaller_is_better else hi,
+            n,
+            created,
+            max(0.0, (end - e.created_at).total_seconds()),
+            page_file(e.id),
+        )
+        out.append((entry, e.ended_at))
+    return out
+
+
+def write_all(
+    store: Store,
+    out_dir: Path,
+    now: datetime | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    force: bool = False,
+) -> AllResult:
+    """Write the pages that may have changed and ``index.html`` into ``out_dir``.
+    ``progress(done, total)`` is called after each experiment."""
+    now = _utc(now)
+    entries = _entries(store, now)
+    result = AllResult()
+    for i, (entry, ended) in enumerate(entries):
+        path = out_dir / entry.href
+        if not force and ended is not None and _written_after(path, ended):
+            result.kept.append(path)
+        else:
+            data = render_page(load_page(store, entry.id, now)).encode("utf-8")
+            _publish(path, data)
+            result.written.append((path, len(data)))
+        if progress is not None:
+            progress(i + 1, len(entries))
+    stamp = now.replace(tzinfo=timezone.utc).timestamp()
+    index = render_index([e for e, _ in entries], stamp).encode("utf-8")
+    _publish(out_dir / INDEX_FILE, index)
+    result.written.append((out_dir / INDEX_FILE, len(index)))
+    return result
+
+
+def _written_after(path: Path, ended: datetime) -> bool:
+    try:
+        mtime = path.stat().st_mtime
+    except OSError:
+        return False
+    return mtime > ended.replace(tzinfo=timezone.utc).timestamp() + 1.0

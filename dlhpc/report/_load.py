@@ -1,0 +1,256 @@
+"""Build a :class:`~dlhpc.report._model.Page` from the state database and the
+HDF5 curve archive (read-only: a report never writes the DB or an archive).
+
+Per page: :func:`~dlhpc.report.status.status_data` (trials, attempts, GPU
+summaries, idle GPUs, decision stats), plus four small queries (attempt and trial
+columns status_data leaves out, per-trial metric row counts, notable events), and
+one ``curves.h5`` read per trial. A trial's curve comes from its archive when the
+archive is current (its row count and last step match the DB's, or the DB holds
+no rows for it any more), else from the DB rows (one query for all such trials).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from dlhpc import __version__
+from dlhpc.report._curves import Curve, curves_path, db_curves, read_curves
+from dlhpc.report._model import (
+    AttemptView,
+    EventView,
+    Page,
+    TrialView,
+    attempt_spans,
+    compute_usage,
+    hparam_views,
+    pick_best,
+    rungs_of,
+)
+from dlhpc.report.status import status_data
+from dlhpc.store import Attempt, Event, Experiment, Metric, Store, Trial
+
+__all__ = ["MAX_EVENTS", "load_page", "repro_record"]
+
+MAX_EVENTS = 300  # notable events shown, newest kept
+# left out: job log lines below warning, and the routine "trial is running" transitions
+_QUIET_EVENTS = ("log.info", "log.debug", "trial.running")
+
+
+def _epoch(value: str | datetime | None) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value.rstrip("Z"))
+    return value.replace(tzinfo=timezone.utc).timestamp()
+
+
+def repro_record(exp: Experiment, config: Mapping[str, Any]) -> dict[str, str]:
+    """What dlhpc records today to reproduce a run, as label -> text (more later)."""
+    repro = config.get("reproducibility") or {}
+    return {
+        "experiment file (as given)": exp.source_path,
+        "code snapshot": str(Path(exp.run_dir) / "code") if exp.run_dir else "",
+        "run folder": exp.run_dir,
+        "entrypoint": str(config.get("entrypoint", "")),
+        "site / backend": f"{exp.site} / {exp.backend}",
+        "user": exp.user or "(not recorded)",
+        "seed / deterministic": f"{repro.get('seed', '?')} / {repro.get('deterministic', '?')}",
+        "dlhpc at launch": "(not recorded yet)",
+        "python at launch": "(not recorded yet)",
+        "dlhpc writing this report": __version__,
+    }
+
+
+def _archived(
+    run_dirs: Mapping[int, str], counts: Mapping[int, tuple[int, int]], metric: str
+) -> tuple[dict[int, Curve], list[int], dict[str, int], set[str]]:
+    """Read the archives (no DB session open): curves, the stale trials, the
+    sources, and the metric names the archives hold."""
+    out: dict[int, Curve] = {}
+    sources = {"hdf5": 0, "db": 0, "none": 0}
+    stale = []
+    names: set[str] = set()
+    for tid, run_dir in run_dirs.items():
+        archive = read_curves(curves_path(run_dir), only=(metric,)) if run_dir else None
+        n, top = counts.get(tid, (0, 0))
+        if archive is not None and (n == 0 or (archive.rows, archive.max_step) == (n, top)):
+            names.update(archive.names)
+            if metric in archive.curves:
+                out[tid] = archive.curves[metric]
+            sources["hdf5"] += 1
+        elif n:
+            stale.append(tid)
+        else:
+            sources["none"] += 1
+    sources["db"] = len(stale)
+    return out, stale, sources, names
+
+
+def _db_curves(session: Session, trial_ids: list[int], metric: str) -> dict[int, Curve]:
+    rows = session.execute(
+        select(Metric.trial_id, Metric.name, Metric.step, Metric.value, Metric.time)
+        .where(Metric.trial_id.in_(trial_ids), Metric.name == metric)
+        .order_by(Metric.trial_id, Metric.name, Metric.step)
+    ).all()
+    by_trial = db_curves((r[0], r[1], r[2], r[3], r[4]) for r in rows)
+    return {tid: c[metric] for tid, c in by_trial.items()}
+
+
+def _events(session: Session, exp_id: int) -> tuple[list[EventView], int]:
+    notable = (Event.experiment_id == exp_id) & Event.kind.not_in(_QUIET_EVENTS)
+    total = int(session.scalar(select(func.count()).select_from(Event).where(notable)) or 0)
+    rows = session.execute(
+        select(Event.time, Event.trial_id, Event.kind, Event.message)
+        .where(notable)
+        .order_by(Event.time.desc(), Event.id.desc())
+        .limit(MAX_EVENTS)
+    ).all()
+    views = [EventView(_epoch(t) or 0.0, tid, kind, msg) for t, tid, kind, msg in reversed(rows)]
+    return views, max(0, total - len(views))
+
+
+def _metric_names(session: Session, trial_ids: list[int]) -> set[str]:
+    return set(
+        session.scalars(
+            select(Metric.name).where(Metric.trial_id.in_(trial_ids)).distinct().limit(50)
+        ).all()
+    )
+
+
+def load_page(store: Store, experiment_id: int, now: datetime | None = None) -> Page:
+    """The page of one experiment; raises :class:`~dlhpc.errors.NotFoundError`.
+
+    The DB is read in short sessions (a reader holds SQLite's shared lock, which
+    would hold up the reconciler's commits); the archives are read between them."""
+    now_s = _epoch(now) if now is not None else datetime.now(timezone.utc).timestamp()
+    assert now_s is not None
+    with store.read() as s:
+        data = status_data(s, experiment_id)["experiments"][0]
+        exp = s.get(Experiment, experiment_id)
+        assert exp is not None  # status_data raised otherwise
+        run_dirs: dict[int, str] = {
+            tid: run_dir
+            for tid, run_dir in s.execute(
+                select(Trial.id, Trial.run_dir).where(Trial.experiment_id == experiment_id)
+            )
+        }
+        extra = {
+            (tid, key): (reason, seen)
+            for tid, key, reason, seen in s.execute(
+                select(
+                    Attempt.trial_id,
+                    Attempt.attempt_key,
+                    Attempt.exit_reason,
+                    Attempt.terminal_seen_at,
+                )
+                .join(Trial)
+                .where(Trial.experiment_id == experiment_id)
+            )
+        }
+        counts = {
+            tid: (n, top)
+            for tid, n, top in s.execute(
+                select(Metric.trial_id, func.count(), func.max(Metric.step))
+                .where(Metric.trial_id.in_(list(run_dirs)))
+                .group_by(Metric.trial_id)
+            )
+        }
+        names = _metric_names(s, list(run_dirs))
+        events, hidden = _events(s, experiment_id)
+    curves, stale, sources, archived_names = _archived(run_dirs, counts, exp.metric)
+    if stale:
+        with store.read() as s:
+            curves.update(_db_curves(s, stale, exp.metric))
+    try:
+        config: dict[str, Any] = json.loads(exp.config_json or "{}")
+    except ValueError:
+        config = {}
+    searcher = config.get("searcher") or {}
+    trials = []
+    for td in data["trials"]:
+        attempts = []
+        for ad in td["attempts"]:
+            reason, seen = extra.get((td["id"], ad["key"]), ("", None))
+            gpu = ad.get("gpu") or {}
+            attempts.append(
+                AttemptView(
+                    key=ad["key"],
+                    job_id=ad["job_id"],
+                    state=ad["state"],
+                    cause=ad["cause"] or "",
+                    exit_code=ad["exit_code"],
+                    exit_reason=reason or "",
+                    lost_steps=ad["lost_steps"],
+                    node_list=ad["node_list"] or "",
+                    terminal_seen=_epoch(seen),
+                    start=_epoch(ad["started_at"]),
+                    end=_epoch(ad["ended_at"]),
+                    end_recorded=ad["ended_at"] is not None,
+                    gpu_util=gpu.get("util_mean"),
+                    gpus_seen=int(gpu.get("gpus") or 0),
+                )
+            )
+        spans = attempt_spans(attempts, now_s)
+        attempts = [
+            a if span is None else _with_end(a, span[1])
+            for a, span in zip(attempts, spans, strict=True)
+        ]
+        trials.append(
+            TrialView(
+                id=td["id"],
+                state=td["state"],
+                hparams=td["hparams"],
+                steps=td["steps_completed"],
+                best=td["best_metric"],
+                latest=td["latest_metric"],
+                restarts=td["restarts"],
+                crashes=td["crashes"],
+                error=td["error"] or "",
+                attempts=tuple(attempts),
+                curve=curves.get(td["id"]),
+                run_s=sum(end - start for start, end in (s for s in spans if s is not None)),
+            )
+        )
+    trials.sort(key=lambda t: t.id)
+    max_length = int(searcher.get("max_length") or max((t.steps for t in trials), default=1))
+    created_s = _epoch(exp.created_at)
+    assert created_s is not None
+    return Page(
+        id=exp.id,
+        name=exp.name,
+        description=exp.description,
+        state=exp.state,
+        searcher=exp.searcher,
+        metric=exp.metric,
+        smaller_is_better=exp.smaller_is_better,
+        created=created_s,
+        ended=_epoch(exp.ended_at),
+        generated=now_s,
+        trials=tuple(trials),
+        best=pick_best(trials, exp.smaller_is_better),
+        hparams=hparam_views(config.get("hyperparameters") or {}, trials),
+        rungs=rungs_of(searcher),
+        max_length=max_length,
+        usage=compute_usage(trials, config.get("resources") or {}, max_length, data),
+        events=tuple(events),
+        events_hidden=hidden,
+        decisions=data.get("decisions"),
+        idle_gpus=tuple(data.get("idle_gpus") or ()),
+        repro=repro_record(exp, config),
+        yaml_text=exp.yaml_text,
+        config_text=json.dumps(config, indent=2, sort_keys=True),
+        curve_sources=sources,
+        other_metrics=tuple(sorted((names | archived_names) - {exp.metric})),
+    )
+
+
+def _with_end(a: AttemptView, end: float) -> AttemptView:
+    return replace(a, end=end)

@@ -1,0 +1,272 @@
+"""The page model of an experiment report: plain, frozen dataclasses, and the pure
+functions that derive the summary figures from them.
+
+Nothing here touches the database or a file (:mod:`dlhpc.report._load` builds a
+:class:`Page`; :mod:`dlhpc.report._html` renders one). Times are UTC epoch seconds.
+
+Accounting rules (stated on the page too):
+
+* An attempt runs from its start record to its exit record; without an exit
+  record, to ``now`` while it is live, else to when the reconciler first saw its
+  job gone (the rule of ``dlhpc status``, whose hours the page shows); with none
+  of these it is not counted.
+* Used device-hours: run hours x ``nodes x gpus_per_node`` GPUs; for a CPU
+  experiment (no GPUs) CPU-hours with ``nodes x tasks_per_node x cpus_per_task``.
+* Saved by early stopping (an estimate): for each ``STOPPED_EARLY`` trial,
+  ``(max_length - steps_completed) x its seconds per step x devices``. Seconds per
+  step (:func:`step_seconds`): the median time between the trial's consecutive
+  metric reports per step; with fewer than 3 such intervals, the median over all
+  the experiment's trials; with none anywhere, its run time over its steps (which
+  counts start-up too).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dlhpc.report._curves import Curve
+from dlhpc.search._rungs import rung_lengths
+
+__all__ = [
+    "AttemptView",
+    "EventView",
+    "HParamView",
+    "LIVE_STATES",
+    "Page",
+    "TrialView",
+    "Usage",
+    "attempt_spans",
+    "compute_usage",
+    "hparam_views",
+    "pick_best",
+    "rungs_of",
+    "step_seconds",
+]
+
+_NUMERIC_KINDS = ("int", "double", "log")
+LIVE_STATES = frozenset({"PENDING", "RUNNING", "REQUEUED", "UNKNOWN"})  # a job still held
+
+
+@dataclass(frozen=True)
+class AttemptView:
+    """One attempt (job run) of a trial. ``end`` is the accounted end (see module doc)."""
+
+    key: str
+    job_id: str
+    state: str
+    cause: str  # completed, paused, stopped, crash, preempted, timeout, requeued, lost, ...
+    exit_code: int | None = None
+    exit_reason: str = ""
+    lost_steps: int | None = None
+    node_list: str = ""
+    terminal_seen: float | None = None  # first tick that saw the job gone without an exit
+    start: float | None = None
+    end: float | None = None
+    end_recorded: bool = False  # end came from the job's exit record
+    gpu_util: float | None = None  # mean utilization over the attempt, percent
+    gpus_seen: int = 0
+
+
+@dataclass(frozen=True)
+class TrialView:
+    id: int
+    state: str
+    hparams: Mapping[str, Any]
+    steps: int
+    best: float | None
+    latest: float | None
+    restarts: int = 0
+    crashes: int = 0
+    error: str = ""
+    attempts: tuple[AttemptView, ...] = ()
+    curve: Curve | None = None  # the searcher metric's learning curve
+    run_s: float = 0.0  # seconds its attempts ran (accounted)
+
+
+@dataclass(frozen=True)
+class HParamView:
+    """A hyperparameter as the scatter plots see it: ``kind`` is the config's type
+    (``log``, ``int``, ``double``, ``categorical``, ``const``), or ``categorical``
+    when some value is not a number."""
+
+    name: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class Usage:
+    unit: str  # "GPU" or "CPU"
+    per_attempt: int  # devices one attempt holds
+    used_h: float
+    saved_h: float
+    stopped_trials: int  # STOPPED_EARLY trials the saving is summed over
+    uncounted_attempts: int  # attempts with no end time to count
+
+
+@dataclass(frozen=True)
+class EventView:
+    time: float
+    trial_id: int | None
+    kind: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Page:
+    """Everything an experiment's report shows."""
+
+    id: int
+    name: str
+    description: str
+    state: str
+    searcher: str
+    metric: str
+    smaller_is_better: bool
+    created: float
+    ended: float | None
+    generated: float
+    trials: tuple[TrialView, ...]
+    best: TrialView | None
+    hparams: tuple[HParamView, ...]
+    rungs: tuple[int, ...]
+    max_length: int
+    usage: Usage
+    events: tuple[EventView, ...] = ()
+    events_hidden: int = 0  # notable events left out (the newest are shown)
+    decisions: Mapping[str, Any] | None = None  # status_data's decision stats
+    idle_gpus: tuple[Mapping[str, Any], ...] = ()
+    repro: Mapping[str, str] = field(default_factory=dict)  # label -> value
+    yaml_text: str = ""
+    config_text: str = ""  # resolved config, pretty JSON
+    curve_sources: Mapping[str, int] = field(default_factory=dict)  # hdf5/db/none -> trials
+    other_metrics: tuple[str, ...] = ()
+
+    @property
+    def elapsed_s(self) -> float:
+        return max(0.0, (self.ended if self.ended is not None else self.generated) - self.created)
+
+
+def attempt_spans(attempts: Sequence[AttemptView], now: float) -> list[tuple[float, float] | None]:
+    """The accounted ``(start, end)`` of each attempt (None: not counted)."""
+    out: list[tuple[float, float] | None] = []
+    for a in attempts:
+        end = a.end
+        if end is None:
+            end = now if a.state in LIVE_STATES else a.terminal_seen
+        if a.start is None or end is None:
+            out.append(None)
+        else:
+            out.append((a.start, max(a.start, end)))
+    return out
+
+
+def compute_usage(
+    trials: Sequence[TrialView],
+    resources: Mapping[str, Any],
+    max_length: int,
+    status_hours: Mapping[str, Any] | None = None,
+) -> Usage:
+    """Device-hours used and saved (see the module doc); pure. ``status_hours``:
+    status_data's experiment entry; its ``gpu_hours``/``cpu_hours`` are the used
+    figure when present (the page then agrees with ``dlhpc status``)."""
+    nodes = int(resources.get("nodes", 1) or 1)
+    gpus = int(resources.get("gpus_per_node", 0) or 0)
+    tasks = int(resources.get("tasks_per_node") or max(1, gpus))
+    if gpus > 0:
+        unit, per = "GPU", nodes * gpus
+    else:
+        unit, per = "CPU", nodes * tasks * int(resources.get("cpus_per_task", 1) or 1)
+    saved = 0.0
+    per_step = step_seconds(trials)
+    used = sum(t.run_s for t in trials) * per / 3600.0
+    given = (status_hours or {}).get(f"{unit.lower()}_hours")
+    if isinstance(given, int | float):
+        used = float(given)
+    stopped = uncounted = 0
+    for t in trials:
+        uncounted += sum(1 for a in t.attempts if a.start is not None and a.end is None)
+        if t.state == "STOPPED_EARLY" and t.steps > 0:
+            stopped += 1
+            sec = per_step.get(t.id)
+            if sec is None and t.run_s > 0:
+                sec = t.run_s / t.steps
+            saved += max(0, max_length - t.steps) * (sec or 0.0) * per / 3600.0
+    return Usage(unit, per, used, saved, stopped, uncounted)
+
+
+def _intervals(t: TrialView) -> list[float]:
+    c = t.curve
+    if c is None:
+        return []
+    out = []
+    for i in range(1, len(c.steps)):
+        ds, dt = c.steps[i] - c.steps[i - 1], c.times[i] - c.times[i - 1]
+        if ds > 0 and dt >= 0 and math.isfinite(dt):
+            out.append(dt / ds)
+    return out
+
+
+def step_seconds(trials: Sequence[TrialView], min_own: int = 3) -> dict[int, float]:
+    """Seconds per step of each trial, from its curve's report times (see the module
+    doc); a trial with no own or shared estimate is left out."""
+    own = {t.id: _intervals(t) for t in trials}
+    shared = sorted(x for xs in own.values() for x in xs)
+    fallback = shared[len(shared) // 2] if shared else None
+    out = {}
+    for tid, xs in own.items():
+        if len(xs) >= min_own:
+            out[tid] = sorted(xs)[len(xs) // 2]
+        elif fallback is not None:
+            out[tid] = fallback
+    return out
+
+
+def pick_best(trials: Sequence[TrialView], smaller_is_better: bool) -> TrialView | None:
+    """The trial with the best ``best`` metric (NaN and None never win; ties: lower id)."""
+    scored = [t for t in trials if t.best is not None and not math.isnan(t.best)]
+    if not scored:
+        return None
+    sign = 1.0 if smaller_is_better else -1.0
+    return min(scored, key=lambda t: (sign * (t.best or 0.0), t.id))
+
+
+def rungs_of(searcher: Mapping[str, Any]) -> tuple[int, ...]:
+    """The rung lengths of an adaptive search (sha, asha, hyperband), else ()."""
+    if searcher.get("name") not in ("sha", "asha", "hyperband"):
+        return ()
+    try:
+        lengths = rung_lengths(
+            int(searcher.get("max_length", 1)),
+            int(searcher.get("divisor", 3)),
+            int(searcher.get("max_rungs", 5)),
+            int(searcher.get("min_length") or 1),
+        )
+    except (TypeError, ValueError):
+        return ()
+    return tuple(lengths)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def hparam_views(space: Mapping[str, Any], trials: Sequence[TrialView]) -> tuple[HParamView, ...]:
+    """One view per hyperparameter name seen in the config or the trials, sorted."""
+    names = sorted({*space, *(k for t in trials for k in t.hparams)})
+    out = []
+    for name in names:
+        spec = space.get(name)
+        kind = str(spec.get("type", "")) if isinstance(spec, Mapping) else ""
+        values = [t.hparams[name] for t in trials if name in t.hparams]
+        numeric = all(_is_number(v) for v in values)
+        if kind in _NUMERIC_KINDS and not numeric:
+            kind = "categorical"
+        elif kind == "log" and any(v <= 0 for v in values):
+            kind = "double"
+        elif kind not in (*_NUMERIC_KINDS, "categorical", "const"):
+            kind = "double" if numeric and values else "categorical"
+        out.append(HParamView(name, kind))
+    return tuple(out)

@@ -1,0 +1,253 @@
+"""One simulated run: the real ``launch`` and ``tick`` against a :class:`SimCluster`.
+
+:func:`simulate_once` makes a fresh state folder (a real :class:`Store`, on
+``/dev/shm`` when there is one), launches the experiment with its backend set
+to ``"sim"`` (a :class:`SchedulerPool` holding the simulated cluster), then
+alternates ``cluster.advance_to(now)`` and ``tick(store, pool, clock)`` every
+``tick_interval_s`` virtual seconds until the experiment is terminal or
+``max_days`` have passed. Only the scheduler backend and the clock differ from
+a real run.
+
+Idle stretches are skipped: after enough idle ticks in a row (no file
+ingested, nothing submitted, no decision, no cluster event) to outlast the
+reconciler's grace periods, the clock jumps to the first tick at or after the
+cluster's next event, keeping ticks on the ``tick_interval_s`` grid.
+
+The configuration a run *ends with* is its best COMPLETED trial by the searcher
+metric at its final step; it *found the best* when that configuration's
+noise-free final value is within the reference's top fraction
+(:class:`~dlhpc.simulate._curves.BestReference`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from dlhpc.config.model import ExperimentConfig
+from dlhpc.orchestrator import launch, tick
+from dlhpc.orchestrator.common import SchedulerPool
+from dlhpc.orchestrator.decide import STOP_GRACE
+from dlhpc.orchestrator.recovery import EXIT_RECORD_GRACE
+from dlhpc.simulate._clock import VirtualClock
+from dlhpc.simulate._cluster import SimCluster
+from dlhpc.simulate._curves import BestReference, CurveSource
+from dlhpc.simulate._tasks import ClusterSpec, SimStats
+from dlhpc.store import Attempt, Decision, Experiment, Store, Trial
+
+__all__ = ["RunResult", "SimSettings", "sim_config", "simulate_once"]
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    """The simulated cluster and the simulation's own knobs."""
+
+    gpus: int = 8
+    queue_wait_s: float = 60.0
+    preempt_rate: float = 0.0  # per running GPU-hour
+    startup_s: float = 30.0
+    tick_interval_s: float = 60.0
+    max_days: float = 30.0  # virtual time limit of one run
+    top: float = 0.05  # "the best" = the top 5 % of the space
+    epoch_s: float | None = None  # synthetic curves; None: from resources.time
+
+
+@dataclass
+class RunResult:
+    """One simulated run. ``state`` is the experiment's final state, or TIME_LIMIT
+    (``max_days`` passed) or STALLED (nothing running, queued or due, yet not done)."""
+
+    searcher: str
+    rep: int
+    state: str
+    gpu_hours: float
+    wall_hours: float
+    wasted_gpu_hours: float
+    best_metric: float | None  # the chosen trial's observed final metric
+    best_true: float | None  # its noise-free final metric
+    found_best: bool
+    best_hparams: dict[str, Any] | None
+    trials: int
+    completed: int
+    stopped_early: int
+    failed: int
+    promotions: int
+    stops: int
+    preemptions: int
+    timeouts: int
+    attempt_causes: dict[str, int]
+    ticks: int
+    real_s: float
+
+
+def sim_config(cfg: ExperimentConfig, offset: int, root: Path) -> ExperimentConfig:
+    """``cfg`` for one simulated run: backend ``sim``, the searcher and
+    reproducibility seeds moved by ``offset``, an empty workdir (no
+    code is run) and checkpoints under ``root``."""
+    code = root / "code"
+    code.mkdir(parents=True, exist_ok=True)
+    return dataclasses.replace(
+        cfg,
+        backend="sim",  # type: ignore[arg-type]  # a backend only the simulator knows
+        workdir=code,
+        searcher=dataclasses.replace(cfg.searcher, seed=(cfg.searcher.seed + offset) % 2**31),
+        reproducibility=dataclasses.replace(
+            cfg.reproducibility, seed=(cfg.reproducibility.seed + offset) % 2**31
+        ),
+        checkpoint=dataclasses.replace(cfg.checkpoint, dir=root / "checkpoints"),
+    )
+
+
+def _scratch() -> Path:
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() and shm.stat().st_mode & 0o002 else None
+    return Path(tempfile.mkdtemp(prefix="dlhpc-sim-", dir=base))
+
+
+def simulate_once(
+    cfg: ExperimentConfig,
+    source: CurveSource,
+    settings: SimSettings,
+    reference: BestReference,
+    *,
+    rep: int = 0,
+    offset: int = 0,
+    home: Path | None = None,
+) -> RunResult:
+    """Simulate ``cfg`` (its ``searcher.name`` as given) once; see the module docstring.
+
+    ``offset`` moves the seeds (searcher, trials, cluster). With ``home`` the
+    state folder is kept there for inspection, else a temporary one is removed.
+    """
+    t0 = time.monotonic()
+    root = home or _scratch()
+    try:
+        run_cfg = sim_config(cfg, offset, root / "sim")
+        clock = VirtualClock()
+        spec = ClusterSpec(
+            settings.gpus,
+            settings.queue_wait_s,
+            settings.preempt_rate,
+            settings.startup_s,
+            seed=offset,
+        )
+        cluster = SimCluster(clock, source, spec)
+        store = Store(root / "home")
+        try:
+            pool = SchedulerPool(local_root=root / "home" / "local", _by_name={"sim": cluster})
+            exp_id = launch(run_cfg, store, pool).experiment_id
+            state, ticks = _drive(store, pool, cluster, clock, settings, exp_id)
+            cluster.finalize()
+            result = _result(store, exp_id, cfg, source, reference, cluster.stats, state, rep)
+            result.wall_hours = clock.elapsed() / 3600
+            result.ticks = ticks
+            result.real_s = time.monotonic() - t0
+            return result
+        finally:
+            store.close()
+    finally:
+        if home is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _drive(
+    store: Store,
+    pool: SchedulerPool,
+    cluster: SimCluster,
+    clock: VirtualClock,
+    settings: SimSettings,
+    exp_id: int,
+) -> tuple[str, int]:
+    """Tick until the experiment ends; returns (final state, ticks)."""
+    interval = settings.tick_interval_s
+    grace = max(EXIT_RECORD_GRACE, STOP_GRACE).total_seconds()
+    idle_needed = math.ceil(grace / interval) + 1
+    end = clock.time() + settings.max_days * 86400
+    idle = ticks = 0
+    while True:
+        events = cluster.stats.events
+        cluster.advance_to(clock.time())
+        report = tick(store, pool, clock)
+        ticks += 1
+        if report.errors:
+            raise RuntimeError(f"simulated tick failed: {'; '.join(report.errors)}")
+        if exp_id in report.finished:
+            with store.read() as s:
+                exp = s.get(Experiment, exp_id)
+                return (exp.state if exp else "UNKNOWN"), ticks
+        busy = report.ingested_files or report.submitted or report.decisions
+        idle = 0 if busy or cluster.stats.events != events else idle + 1
+        nxt = clock.time() + interval
+        if idle >= idle_needed:
+            due = cluster.next_event_time()
+            if due is None:
+                return "STALLED", ticks
+            if due > nxt:
+                nxt = clock.time() + math.ceil((due - clock.time()) / interval) * interval
+        if nxt > end:
+            return "TIME_LIMIT", ticks
+        clock.advance_to(nxt)
+
+
+def _result(
+    store: Store,
+    exp_id: int,
+    cfg: ExperimentConfig,
+    source: CurveSource,
+    reference: BestReference,
+    stats: SimStats,
+    state: str,
+    rep: int,
+) -> RunResult:
+    length = cfg.searcher.max_length
+    sib = cfg.searcher.smaller_is_better
+    with store.read() as s:
+        trials = s.scalars(select(Trial).where(Trial.experiment_id == exp_id)).all()
+        kinds = Counter(s.scalars(select(Decision.kind).where(Decision.experiment_id == exp_id)))
+        causes = Counter(
+            s.scalars(select(Attempt.cause).join(Trial).where(Trial.experiment_id == exp_id)).all()
+        )
+    states = Counter(t.state for t in trials)
+    done = [
+        t
+        for t in trials
+        if t.state == "COMPLETED" and t.steps_completed >= length and t.latest_metric is not None
+    ]
+    chosen = None
+    if done:
+        chosen = min(done, key=lambda t: ((t.latest_metric or 0.0) * (1 if sib else -1), t.id))
+    hparams = json.loads(chosen.hparams_json) if chosen is not None else None
+    true = source.true_final(hparams, length) if hparams is not None else None
+    return RunResult(
+        searcher=cfg.searcher.name,
+        rep=rep,
+        state=state,
+        gpu_hours=stats.gpu_s / 3600,
+        wall_hours=0.0,
+        wasted_gpu_hours=stats.wasted_gpu_s / 3600,
+        best_metric=chosen.latest_metric if chosen is not None else None,
+        best_true=true,
+        found_best=true is not None and reference.is_best(true),
+        best_hparams=hparams,
+        trials=len(trials),
+        completed=states["COMPLETED"],
+        stopped_early=states["STOPPED_EARLY"],
+        failed=states["FAILED"],
+        promotions=kinds["promote"],
+        stops=kinds["stop"],
+        preemptions=stats.preemptions,
+        timeouts=stats.timeouts,
+        attempt_causes={k or "-": v for k, v in sorted(causes.items())},
+        ticks=0,
+        real_s=0.0,
+    )

@@ -1,0 +1,183 @@
+"""``dlhpc status``: GPU-/CPU-hours per attempt, trial and experiment; the progress of a
+paused or stopped trial counts toward the searcher's final length; the attention lines
+of ``tick -q`` and ``dlhpc digest`` say an idle GPU once."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from rich.console import Console
+
+from dlhpc.cli import _attention
+from dlhpc.cli._views import experiment_view, experiments_table
+from dlhpc.cli.main import cli
+from dlhpc.report.status import status_data
+from dlhpc.store import Attempt, Experiment, Store, Trial, utcnow
+from tests.unit.test_gpu_status import _ingest, running  # noqa: F401 (fixture)
+
+CONFIG = {
+    "resources": {"nodes": 2, "gpus_per_node": 4, "tasks_per_node": 4, "cpus_per_task": 8},
+    "searcher": {"max_length": 27},
+}
+
+
+def _store(tmp_path: Path, config: dict[str, object]) -> Store:
+    store = Store(tmp_path / "home")
+    now = utcnow()
+    with store.write() as s:
+        exp = Experiment(
+            name="usage",
+            state="ACTIVE",
+            backend="local",
+            site="local",
+            searcher="asha",
+            metric="loss",
+            smaller_is_better=True,
+            source_path="x",
+            yaml_text="",
+            config_json=json.dumps(config),
+            run_dir=str(tmp_path),
+            created_at=now,
+        )
+        s.add(exp)
+        s.flush()
+        for i, (state, grant, steps) in enumerate(
+            [("PAUSED", 3, 3), ("RUNNING", 9, 4), ("STOPPED_EARLY", 1, 1)]
+        ):
+            t = Trial(
+                experiment_id=exp.id,
+                request_id=i,
+                state=state,
+                hparams_json="{}",
+                max_length=grant,
+                seed=i,
+                run_dir="",
+                steps_completed=steps,
+                created_at=now,
+            )
+            s.add(t)
+            s.flush()
+            if i == 0:  # 90 min ended, then 30 min still running (to now)
+                spans = [(now - timedelta(minutes=150), now - timedelta(minutes=60), "FAILED")]
+                spans.append((now - timedelta(minutes=30), None, "RUNNING"))
+            elif i == 1:
+                spans = [(None, None, "PENDING")]  # not started: nothing used
+            else:
+                spans = [(now - timedelta(minutes=15), now, "COMPLETED")]
+            for k, (start, end, st) in enumerate(spans):
+                s.add(
+                    Attempt(
+                        trial_id=t.id,
+                        attempt_key=f"{i}.r{k}",
+                        job_id=f"{i}_{k}",
+                        state=st,
+                        started_at=start,
+                        ended_at=end,
+                        created_at=now,
+                    )
+                )
+    return store
+
+
+def test_gpu_and_cpu_hours_and_progress_targets(tmp_path: Path) -> None:
+    store = _store(tmp_path, CONFIG)
+    with store.read() as s:
+        (exp,) = status_data(s)["experiments"]
+    paused, running_, stopped = exp["trials"]
+    assert [a["gpu_hours"] for a in paused["attempts"]] == pytest.approx([12.0, 4.0], abs=0.01)
+    assert paused["gpu_hours"] == pytest.approx(16.0, abs=0.01)  # 2 h x 2 nodes x 4 GPUs
+    assert paused["cpu_hours"] == pytest.approx(128.0, abs=0.1)  # 2 h x 2 x 4 tasks x 8 CPUs
+    assert running_["gpu_hours"] == 0.0 and stopped["gpu_hours"] == pytest.approx(2.0)
+    assert exp["gpu_hours"] == pytest.approx(18.0, abs=0.01)
+    assert exp["gpus_per_job"] == 8 and exp["cpus_per_job"] == 64 and exp["max_length"] == 27
+    # paused and stopped trials: toward the searcher's 27; a running one: its grant
+    assert [t["target_length"] for t in exp["trials"]] == [27, 9, 27]
+    assert [t["max_length"] for t in exp["trials"]] == [3, 9, 1]  # unchanged (compatible)
+
+    console = Console(width=200, record=True)
+    console.print(experiments_table({"experiments": [exp]}), experiment_view(exp))
+    text = console.export_text()
+    assert "GPU-h" in text and "18.00" in text and "16.00" in text
+    assert "3/27" in text and "4/9" in text and "1/27" in text
+    assert "resources used: 18.00 GPU-hours, 144 CPU-hours" in text
+
+
+def test_cpu_only_runs_count_cpu_hours(tmp_path: Path) -> None:
+    store = _store(tmp_path, {"resources": {"cpus_per_task": 2}})  # no searcher length: grant
+    with store.read() as s:
+        (exp,) = status_data(s)["experiments"]
+    assert exp["gpu_hours"] == 0.0 and exp["cpu_hours"] == pytest.approx(4.5, abs=0.01)
+    assert [t["target_length"] for t in exp["trials"]] == [3, 9, 1]
+    console = Console(width=200, record=True)
+    console.print(experiment_view(exp))
+    assert "CPU-h" in console.export_text() and "GPU-h" not in console.export_text()
+
+
+def test_an_idle_gpu_is_said_once(
+    running: tuple[Store, int, Path],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    store, tid, adir = running
+    _ingest(store, tid, adir)
+    now = utcnow()
+    found = _attention.collect(store, now - timedelta(hours=1), now)
+    assert [(g["host"], g["gpu_index"]) for g in found.idle] == [("node1", 0)]
+    state = tmp_path / "idle.json"
+    assert len(_attention.new_idle(found.idle, state)) == 1
+    assert _attention.new_idle(found.idle, state) == []  # said already
+    assert _attention.new_idle([], state) == []  # busy again: forgotten ...
+    assert len(_attention.new_idle(found.idle, state)) == 1  # ... so a new spell is said
+
+    monkeypatch.setenv("DLHPC_HOME", str(store.home))
+    monkeypatch.setenv("DLHPC_SITE", "local")
+    digest = tmp_path / "digest.txt"
+    for _ in range(2):
+        res = CliRunner().invoke(cli, ["digest", "--notify", str(digest)])
+        assert res.exit_code == 0 and res.output == "", res.output
+    text = digest.read_text()
+    assert text.count("GPU idle:") == 1
+    assert f"GPU idle: experiment 1 trial {tid} on node1 GPU 0: below 10% for 11 min" in text
+    res = CliRunner().invoke(cli, ["digest"])  # another target has its own mark: said there
+    assert res.exit_code == 0 and "GPU idle: experiment 1" in res.output
+
+
+def test_digest_pipes_to_mail_and_keeps_it_when_mail_fails(
+    running: tuple[Store, int, Path],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    store, tid, adir = running
+    _ingest(store, tid, adir)
+    bin_dir, sent = tmp_path / "bin", tmp_path / "sent.jsonl"
+    bin_dir.mkdir()
+    (bin_dir / "mail").write_text(
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        f"with open({str(sent)!r}, 'a') as f:\n"
+        "    f.write(json.dumps({'argv': sys.argv[1:], 'body': sys.stdin.read()}) + '\\n')\n"
+        "sys.exit(int(os.environ.get('FAKE_MAIL_RC', '0')))\n"
+    )
+    (bin_dir / "mail").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("DLHPC_HOME", str(store.home))
+    monkeypatch.setenv("DLHPC_SITE", "local")
+    res = CliRunner().invoke(cli, ["cron", "--notify", "mail:me@example.org"])
+    assert res.exit_code == 0 and "digest --notify mail:me@example.org" in res.output
+
+    monkeypatch.setenv("FAKE_MAIL_RC", "1")  # mail fails: error, and the digest waits
+    res = CliRunner().invoke(cli, ["digest", "--notify", "mail:me@example.org"])
+    assert res.exit_code == 1 and "mail failed" in res.output
+    monkeypatch.setenv("FAKE_MAIL_RC", "0")
+    for _ in range(2):
+        res = CliRunner().invoke(cli, ["digest", "--notify", "mail:me@example.org"])
+        assert res.exit_code == 0 and res.output == "", res.output
+    calls = [json.loads(x) for x in sent.read_text().splitlines()]
+    assert len(calls) == 2  # the failed one, then the retry; then nothing new
+    assert calls[1]["argv"] == ["-s", "dlhpc: 1 GPU(s) idle", "me@example.org"]
+    assert f"trial {tid} on node1 GPU 0" in calls[1]["body"]
