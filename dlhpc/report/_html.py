@@ -345,12 +345,13 @@ def _gpu_section(p: Page) -> str:
 
 
 def _repro_section(p: Page) -> str:
-    return (
-        _kv(p.repro)
-        + f"<details><summary>Experiment file as given</summary><pre>{esc(p.yaml_text)}</pre>"
-        + f"</details><details><summary>Resolved config</summary><pre>{esc(p.config_text)}"
-        + "</pre></details>"
+    texts = {"Experiment file as given": p.yaml_text, "Resolved config": p.config_text}
+    texts.update(p.repro_texts)
+    folded = "".join(
+        f"<details><summary>{esc(title)}</summary><pre>{esc(text)}</pre></details>"
+        for title, text in texts.items()
     )
+    return _kv(p.repro) + folded
 
 
 def render_page(p: Page) -> str:

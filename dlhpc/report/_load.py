@@ -15,13 +15,11 @@ import json
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from dlhpc import __version__
 from dlhpc.report._curves import Curve, curves_path, db_curves, read_curves
 from dlhpc.report._model import (
     AttemptView,
@@ -34,10 +32,11 @@ from dlhpc.report._model import (
     pick_best,
     rungs_of,
 )
+from dlhpc.report._record import parse_record, repro_record
 from dlhpc.report.status import status_data
 from dlhpc.store import Attempt, Event, Experiment, Metric, Store, Trial
 
-__all__ = ["MAX_EVENTS", "load_page", "repro_record"]
+__all__ = ["MAX_EVENTS", "load_page"]
 
 MAX_EVENTS = 300  # notable events shown, newest kept
 # left out: job log lines below warning, and the routine "trial is running" transitions
@@ -50,23 +49,6 @@ def _epoch(value: str | datetime | None) -> float | None:
     if isinstance(value, str):
         value = datetime.fromisoformat(value.rstrip("Z"))
     return value.replace(tzinfo=timezone.utc).timestamp()
-
-
-def repro_record(exp: Experiment, config: Mapping[str, Any]) -> dict[str, str]:
-    """What dlhpc records today to reproduce a run, as label -> text (more later)."""
-    repro = config.get("reproducibility") or {}
-    return {
-        "experiment file (as given)": exp.source_path,
-        "code snapshot": str(Path(exp.run_dir) / "code") if exp.run_dir else "",
-        "run folder": exp.run_dir,
-        "entrypoint": str(config.get("entrypoint", "")),
-        "site / backend": f"{exp.site} / {exp.backend}",
-        "user": exp.user or "(not recorded)",
-        "seed / deterministic": f"{repro.get('seed', '?')} / {repro.get('deterministic', '?')}",
-        "dlhpc at launch": "(not recorded yet)",
-        "python at launch": "(not recorded yet)",
-        "dlhpc writing this report": __version__,
-    }
 
 
 def _archived(
@@ -174,6 +156,14 @@ def load_page(store: Store, experiment_id: int, now: datetime | None = None) -> 
     except ValueError:
         config = {}
     searcher = config.get("searcher") or {}
+    facts = {
+        "source_path": exp.source_path,
+        "run_dir": exp.run_dir,
+        "site": exp.site,
+        "backend": exp.backend,
+        "user": exp.user,
+    }
+    repro, repro_texts = repro_record(facts, config, parse_record(exp.repro_json))
     trials = []
     for td in data["trials"]:
         attempts = []
@@ -244,7 +234,8 @@ def load_page(store: Store, experiment_id: int, now: datetime | None = None) -> 
         events_hidden=hidden,
         decisions=data.get("decisions"),
         idle_gpus=tuple(data.get("idle_gpus") or ()),
-        repro=repro_record(exp, config),
+        repro=repro,
+        repro_texts=repro_texts,
         yaml_text=exp.yaml_text,
         config_text=json.dumps(config, indent=2, sort_keys=True),
         curve_sources=sources,

@@ -139,6 +139,7 @@ class Page:
     decisions: Mapping[str, Any] | None = None  # status_data's decision stats
     idle_gpus: tuple[Mapping[str, Any], ...] = ()
     repro: Mapping[str, str] = field(default_factory=dict)  # label -> value
+    repro_texts: Mapping[str, str] = field(default_factory=dict)  # title -> long text
     yaml_text: str = ""
     config_text: str = ""  # resolved config, pretty JSON
     curve_sources: Mapping[str, int] = field(default_factory=dict)  # hdf5/db/none -> trials

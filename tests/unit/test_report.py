@@ -43,6 +43,7 @@ from dlhpc.report._model import (
     rungs_of,
     step_seconds,
 )
+from dlhpc.report._record import parse_record, repro_record
 from dlhpc.store import Attempt, Event, Experiment, GpuSample, Metric, Store, Trial
 
 T0 = datetime(2025, 1, 1, 12, 0, 0)
@@ -406,6 +407,35 @@ def test_an_experiment_with_no_trials_or_a_bad_config_renders(store: Store, tmp_
     assert "No metric reported yet" in html and "No attempt has started yet" in html
 
 
+def test_repro_record_shows_the_launch_record_and_what_is_missing() -> None:
+    facts = {"source_path": "/x/exp.yaml", "run_dir": "/runs/exp-1", "site": "s", "backend": "b"}
+    items, texts = repro_record(facts, {"entrypoint": "python t.py"}, {})
+    assert items["code snapshot"] == "/runs/exp-1/code" and items["user"] == "(not recorded)"
+    assert items["launch record"].startswith("(none") and texts == {}
+    record = {
+        "code": {"kind": "git", "commit": "abc123", "branch": "main", "dirty": True,
+                 "root": "/src", "diff": "+x = 1\n", "digest": "d1"},
+        "config": {"yaml_sha256": "y", "resolved_sha256": "r"},
+        "python": {"version": "3.11.7", "implementation": "CPython", "executable": "/py"},
+        "packages": {"source": "pip freeze", "items": {"torch": "2.3.0", "dlhpc": "0.1.0"}},
+        "conda": None, "modules": {"loaded": ["cuda/12.1"]}, "slurm": {"version": "22.05.8"},
+        "data": [{"path": "/data", "hash": "h"}], "collected_at": 1.7e9, "host": "login1",
+    }  # fmt: skip
+    items, texts = repro_record(facts, {}, record)
+    assert items["code"] == "git abc123 on main, uncommitted changes; /src"
+    assert items["python at launch"] == "CPython 3.11.7 /py"
+    assert items["dlhpc at launch"] == "0.1.0" and items["packages"] == "2 (pip freeze)"
+    assert items["environment modules"] == "cuda/12.1" and items["Slurm"] == "22.05.8"
+    assert items["data"] == "/data: h" and items["recorded"].endswith("on login1")
+    assert texts == {
+        "uncommitted diff at launch": "+x = 1\n",
+        "packages at launch": "dlhpc==0.1.0\ntorch==2.3.0",
+    }
+    items, _ = repro_record(facts, {}, {"code": {"kind": "snapshot", "error": "too big"}})
+    assert items["code"] == "snapshot: too big"
+    assert parse_record("[1]") == {} and parse_record("{bad") == {} and parse_record(None) == {}
+
+
 # -- escaping ---------------------------------------------------------------------------
 
 
@@ -483,6 +513,10 @@ def test_hostile_names_and_values_are_shown_as_text(store: Store, tmp_path: Path
         e = s.get(Experiment, exp_id)
         assert e is not None
         e.description, e.yaml_text, e.source_path, e.user, e.site = h4, h2, h1, h0, h3
+        e.repro_json = json.dumps(
+            {"code": {"kind": "git", "commit": h0, "branch": h3, "diff": h2, "root": h1},
+             "packages": {"source": h4, "items": {h0: h3}}, "modules": {"loaded": [h2]}}
+        )  # fmt: skip
     tid = _trial(
         store,
         exp_id,

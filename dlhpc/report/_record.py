@@ -1,0 +1,117 @@
+"""The reproducibility section of a report: what was recorded to rerun an experiment.
+
+:func:`repro_record` turns the experiment's facts, its resolved config and its launch
+record (``experiments.repro_json``, from :func:`dlhpc.repro.collect_launch_record`;
+``{}`` for an experiment launched before it existed) into a definition list (label ->
+one line) and long texts (title -> text, shown folded: the package list, the diff at
+launch). A field the record lacks is left out, and one whose collection failed shows
+its ``error``, so the section takes new fields of the record without a change here
+beyond a line. Pure: every value arrives as an argument.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from dlhpc import __version__
+
+__all__ = ["parse_record", "repro_record"]
+
+
+def parse_record(text: str | None) -> dict[str, Any]:
+    """``repro_json`` as a dict; ``{}`` when it is empty or not a JSON object."""
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _d(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _code(code: Mapping[str, Any]) -> str:
+    if code.get("error"):
+        return f"{code.get('kind', '?')}: {code['error']}"
+    if code.get("kind") == "git":
+        state = "uncommitted changes" if code.get("dirty") else "clean"
+        where = f" ({code['remote']})" if code.get("remote") else ""
+        return (
+            f"git {code.get('commit', '?')} on {code.get('branch') or '(detached)'}, {state};"
+            f" {code.get('root', '')}{where}"
+        )
+    if code.get("kind") == "snapshot":
+        return f"snapshot manifest: {code.get('files', '?')} files, {code.get('bytes', '?')} bytes"
+    return ""
+
+
+def repro_record(
+    facts: Mapping[str, str], config: Mapping[str, Any], record: Mapping[str, Any]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """``(label -> text, title -> long text)``. ``facts``: the experiment's
+    ``source_path``, ``run_dir``, ``site``, ``backend``, ``user``."""
+    seeds = _d(config.get("reproducibility"))
+    run_dir = facts.get("run_dir", "")
+    items = {
+        "experiment file (as given)": facts.get("source_path", ""),
+        "code snapshot": str(Path(run_dir) / "code") if run_dir else "",
+        "entrypoint": str(config.get("entrypoint", "")),
+        "site / backend": f"{facts.get('site', '')} / {facts.get('backend', '')}",
+        "user": facts.get("user") or "(not recorded)",
+        "seed / deterministic": f"{seeds.get('seed', '?')} / {seeds.get('deterministic', '?')}",
+    }
+    long: dict[str, str] = {}
+    if not record:
+        items["launch record"] = "(none: launched before dlhpc recorded one)"
+    code = _d(record.get("code"))
+    if code:
+        items["code"] = _code(code)
+        if code.get("digest"):
+            items["code digest"] = str(code["digest"])
+        if code.get("diff"):
+            long["uncommitted diff at launch"] = str(code["diff"])
+    cfg = _d(record.get("config"))
+    if cfg:
+        items["config sha256 (YAML / resolved)"] = (
+            f"{cfg.get('yaml_sha256', '?')} / {cfg.get('resolved_sha256', '?')}"
+        )
+    py = _d(record.get("python"))
+    if py:
+        items["python at launch"] = " ".join(
+            str(py[k]) for k in ("implementation", "version", "executable") if py.get(k)
+        )
+    packages = _d(_d(record.get("packages")).get("items"))
+    if packages:
+        dlhpc_at_launch = packages.get("dlhpc")
+        if dlhpc_at_launch:
+            items["dlhpc at launch"] = str(dlhpc_at_launch)
+        source = _d(record.get("packages")).get("source", "")
+        items["packages"] = f"{len(packages)} ({source})" if source else str(len(packages))
+        long["packages at launch"] = "\n".join(
+            f"{k}=={v}" if v else k for k, v in sorted(packages.items())
+        )
+    conda = _d(record.get("conda"))
+    if conda:
+        items["conda"] = f"{conda.get('prefix', '?')}: {len(_d(conda.get('items')))} packages"
+    modules = _d(record.get("modules"))
+    if "loaded" in modules:
+        items["environment modules"] = ", ".join(map(str, modules["loaded"] or [])) or "(none)"
+    if "slurm" in record:
+        items["Slurm"] = str(_d(record.get("slurm")).get("version") or "(none)")
+    data = record.get("data")
+    if isinstance(data, list) and data:
+        items["data"] = "; ".join(
+            f"{_d(d).get('path', '?')}: {_d(d).get('hash') or _d(d).get('error', '?')}"
+            for d in data
+        )
+    at = record.get("collected_at")
+    if isinstance(at, int | float):
+        when = datetime.fromtimestamp(at, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+        items["recorded"] = f"{when} on {record.get('host', '?')}"
+    items["dlhpc writing this report"] = __version__
+    return items, long
