@@ -45,11 +45,12 @@ from dlhpc.search._rungs import (
     STOPPING,
     BracketPlan,
     RankKey,
+    RungState,
     TrialRecord,
     check_adaptive_config,
     check_max_new,
     decode_metric,
-    encode_metric,
+    encode_results,
     rank_key,
     rung_results,
     sample_config,
@@ -57,8 +58,6 @@ from dlhpc.search._rungs import (
 from dlhpc.search.base import BaseSearcher, Continue, Create, Operation, Stop
 
 __all__ = ["ASHASearcher"]
-
-_STATE_VERSION = 1
 
 
 class _Bracket:
@@ -76,7 +75,7 @@ class _Bracket:
         self.waiting: list[list[RankKey]] = [[] for _ in rungs]  # paused at this rung's grant
 
 
-class ASHASearcher(BaseSearcher):
+class ASHASearcher(RungState, BaseSearcher):
     """ASHA over the rungs of :func:`~dlhpc.search._rungs.rung_lengths` (see the module doc).
 
     Request ids are ``0, 1, 2, ...`` in creation order; trial ``i`` has the
@@ -84,6 +83,7 @@ class ASHASearcher(BaseSearcher):
     """
 
     kind = "asha"
+    _other = "rungs or brackets"
 
     def __init__(self, space: dict[str, HParam], config: SearcherConfig) -> None:
         super().__init__(space, config)
@@ -276,36 +276,12 @@ class ASHASearcher(BaseSearcher):
             "smaller_is_better": self.config.smaller_is_better,
         }
 
-    def state_dict(self) -> dict[str, Any]:
+    def _state(self) -> dict[str, Any]:
         return {
-            "kind": self.kind,
-            "version": _STATE_VERSION,
-            **self._fingerprint(),
-            "trials": [t.to_row() for t in self._trials],
-            "results": [
-                [[[rid, encode_metric(v)] for rid, v in sorted(r.items())] for r in b.results]
-                for b in self._b
-            ],
+            "results": [encode_results(b.results) for b in self._b],
             "stops": list(self._stops),
             "finalised": [b.finalised for b in self._b],
         }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("kind") != self.kind or state.get("version") != _STATE_VERSION:
-            raise ValueError(
-                f"{self.kind} searcher: cannot load state of kind {state.get('kind')!r} "
-                f"version {state.get('version')!r}"
-            )
-        if any(state.get(k) != v for k, v in self._fingerprint().items()):
-            raise ValueError(
-                f"{self.kind} searcher: state is for other rungs or brackets "
-                "(did the searcher config change?)"
-            )
-        try:
-            self._load(state)
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
-            self._reset()
-            raise ValueError(f"{self.kind} searcher: malformed state: {exc}") from exc
 
     def _load(self, state: dict[str, Any]) -> None:
         self._reset()

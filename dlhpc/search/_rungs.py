@@ -11,7 +11,8 @@ Everything here is a pure function of its arguments:
   request id);
 * :class:`TrialRecord`: the per-trial bookkeeping (grant, status, results);
 * :func:`sample_config`, :func:`check_max_new`, :func:`encode_metric` /
-  :func:`decode_metric`: shared plumbing.
+  :func:`decode_metric`: shared plumbing;
+* :class:`RungState`: ``state_dict`` / ``load_state_dict`` of SHA and ASHA.
 """
 
 from __future__ import annotations
@@ -33,12 +34,14 @@ __all__ = [
     "RUNNING",
     "STOPPING",
     "BracketPlan",
+    "RungState",
     "TrialRecord",
     "bracket_size",
     "check_adaptive_config",
     "check_max_new",
     "decode_metric",
     "encode_metric",
+    "encode_results",
     "hyperband_plan",
     "rank_key",
     "rung_lengths",
@@ -254,3 +257,63 @@ def encode_metric(metric: float) -> float | str:
 def decode_metric(value: float | str) -> float:
     """Inverse of :func:`encode_metric`."""
     return float(value)
+
+
+def encode_results(rungs: list[dict[int, float]]) -> list[list[list[Any]]]:
+    """Rung results as JSON: per rung, ``[request id, metric]`` rows by request id."""
+    return [[[rid, encode_metric(v)] for rid, v in sorted(r.items())] for r in rungs]
+
+
+class RungState:
+    """``state_dict`` / ``load_state_dict`` of the SHA and ASHA searchers (a mixin).
+
+    The state is ``kind``, ``version``, the keys of :meth:`_fingerprint` (the
+    config the state belongs to), the trials, then the searcher's own part
+    (:meth:`_state`). A state of another kind or version, or for another
+    config (for other :attr:`_other`, the error says), raises
+    :class:`ValueError`; so does a malformed one, after :meth:`_reset`.
+    """
+
+    kind: str
+    _trials: list[TrialRecord]
+    _state_version = 1
+    _other = "rungs"
+
+    def _fingerprint(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _state(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _load(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _reset(self) -> None:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "version": self._state_version,
+            **self._fingerprint(),
+            "trials": [t.to_row() for t in self._trials],
+            **self._state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        kind, version = self.kind, self._state_version
+        if state.get("kind") != kind or state.get("version") != version:
+            raise ValueError(
+                f"{kind} searcher: cannot load state of kind {state.get('kind')!r} "
+                f"version {state.get('version')!r}"
+            )
+        if any(state.get(k) != v for k, v in self._fingerprint().items()):
+            raise ValueError(
+                f"{kind} searcher: state is for other {self._other} "
+                "(did the searcher config change?)"
+            )
+        try:
+            self._load(state)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            self._reset()
+            raise ValueError(f"{kind} searcher: malformed state: {exc}") from exc

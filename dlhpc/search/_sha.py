@@ -33,11 +33,12 @@ from dlhpc.search._rungs import (
     RUNNING,
     STOPPING,
     BracketPlan,
+    RungState,
     TrialRecord,
     check_adaptive_config,
     check_max_new,
     decode_metric,
-    encode_metric,
+    encode_results,
     rank_key,
     rung_results,
     sample_config,
@@ -46,13 +47,12 @@ from dlhpc.search.base import BaseSearcher, Continue, Create, Operation, Stop
 
 __all__ = ["SHASearcher"]
 
-_STATE_VERSION = 1
 
-
-class SHASearcher(BaseSearcher):
+class SHASearcher(RungState, BaseSearcher):
     """Synchronous successive halving (see the module doc); request ids ``0, 1, 2, ...``."""
 
     kind = "sha"
+    _other = "rungs or trials"
 
     def __init__(self, space: dict[str, HParam], config: SearcherConfig) -> None:
         super().__init__(space, config)
@@ -189,35 +189,13 @@ class SHASearcher(BaseSearcher):
             "smaller_is_better": self.config.smaller_is_better,
         }
 
-    def state_dict(self) -> dict[str, Any]:
+    def _state(self) -> dict[str, Any]:
         return {
-            "kind": self.kind,
-            "version": _STATE_VERSION,
-            **self._fingerprint(),
-            "trials": [t.to_row() for t in self._trials],
-            "results": [
-                [[rid, encode_metric(v)] for rid, v in sorted(r.items())] for r in self._results
-            ],
+            "results": encode_results(self._results),
             "members": [list(m) for m in self._members],
             "continues": list(self._continues),
             "stops": list(self._stops),
         }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("kind") != self.kind or state.get("version") != _STATE_VERSION:
-            raise ValueError(
-                f"sha searcher: cannot load state of kind {state.get('kind')!r} "
-                f"version {state.get('version')!r}"
-            )
-        if any(state.get(k) != v for k, v in self._fingerprint().items()):
-            raise ValueError(
-                "sha searcher: state is for other rungs or trials (did the searcher config change?)"
-            )
-        try:
-            self._load(state)
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
-            self._reset()
-            raise ValueError(f"sha searcher: malformed state: {exc}") from exc
 
     def _load(self, state: dict[str, Any]) -> None:
         self._reset()

@@ -30,6 +30,7 @@ from dlhpc.report.quota import Quota, parse_lfs_quota, quota_warning
 from dlhpc.report.status import status_data
 from dlhpc.store import Attempt, Checkpoint, Decision, Experiment, Metric, Store, Trial, utcnow
 from dlhpc.store.ingest import ingest_attempt
+from tests.unit._db import add_experiment, add_trial
 
 NAN = float("nan")
 
@@ -182,40 +183,22 @@ def _config(root: Path, n: int = 0, m: int = 1, k: int = 1) -> str:
 
 
 def _experiment(s: Any, root: Path, smaller: bool = False, **policy: int) -> Experiment:
-    exp = Experiment(
-        name="e",
-        state="ACTIVE",
-        backend="local",
-        site="local",
+    return add_experiment(
+        s,
+        root.parent / "runs",
         searcher="asha",
         metric="acc",
         smaller_is_better=smaller,
         source_path="exp.yaml",
         yaml_text="name: e  # as given\n",
         config_json=_config(root, **policy),
-        run_dir=str(root.parent / "runs"),
         repro_json=json.dumps({"code": {"git": "abc123"}}),
-        created_at=utcnow(),
     )
-    s.add(exp)
-    s.flush()
-    return exp
 
 
 def _trial(s: Any, exp: Experiment, state: str, rid: int) -> Trial:
-    t = Trial(
-        experiment_id=exp.id,
-        request_id=rid,
-        state=state,
-        hparams_json=json.dumps({"lr": 0.1 * (rid + 1)}),
-        max_length=3,
-        seed=rid,
-        run_dir="",
-        created_at=utcnow(),
-    )
-    s.add(t)
-    s.flush()
-    return t
+    hparams = json.dumps({"lr": 0.1 * (rid + 1)})
+    return add_trial(s, exp, request_id=rid, state=state, hparams_json=hparams, seed=rid)
 
 
 def _folder(root: Path, exp_id: int, trial_id: int, step: int, size: int = 1000) -> Path:

@@ -9,21 +9,16 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import CliRunner
 
 from dlhpc.cli import _cron
 from dlhpc.cli.main import cli
+from tests.unit._cli import local_exp_dir, run, status, until_over
 
 CRON_PATH = "/usr/bin:/bin"  # what cron gives a job
-
-
-def _run(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 def cron_command(line: str) -> tuple[str, str]:
@@ -94,7 +89,7 @@ def test_printed_line_survives_cron_and_sh(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("SLURM_CONF", f"/etc/slurm {ODD}/slurm.conf")
     monkeypatch.setenv("PATH", f"/opt/x {ODD}/bin:relative/bin:/usr/bin:/bin")
     out_dir, digest = tmp_path / f"out {ODD}", tmp_path / f"digest {ODD}.txt"
-    res = _run(
+    res = run(
         "cron", "--site", str(site), "--every", "5", "--out-dir", str(out_dir),
         "--notify", str(digest),
     )  # fmt: skip
@@ -139,18 +134,7 @@ def test_cron_refuses_what_cron_cannot_hold(monkeypatch: pytest.MonkeyPatch, hom
 
 @pytest.fixture
 def exp_dir(tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("DLHPC_SITE", "local")
-    d = tmp_path / "exp"
-    d.mkdir()
-    (d / "train.py").write_text(
-        "import sys, dlhpc\n"
-        "ctx = dlhpc.init()\n"
-        "for step in range(1, ctx.max_length + 1):\n"
-        "    ctx.report(step, {'loss': ctx.hparams['x'] / step})\n"
-        "ctx.close()\n"
-        "sys.exit(3 if ctx.hparams['x'] > 0.99 else 0)\n"
-    )
-    return d
+    return local_exp_dir(tmp_path, monkeypatch)
 
 
 def _launch(exp_dir: Path, name: str, hparams: str) -> int:
@@ -159,43 +143,37 @@ def _launch(exp_dir: Path, name: str, hparams: str) -> int:
         f"hyperparameters:\n  {hparams}\n"
         "searcher: {name: grid, metric: loss, max_length: 2, max_concurrent_trials: 2}\n"
     )
-    res = _run("launch", str(exp_dir / f"{name}.yaml"), "--json")
+    res = run("launch", str(exp_dir / f"{name}.yaml"), "--json")
     assert res.exit_code == 0, res.output
     return int(json.loads(res.output)["experiment_id"])
 
 
-def _status(exp_id: int) -> dict[str, Any]:
-    res = _run("status", str(exp_id), "--json")
-    assert res.exit_code == 0, res.output
-    return json.loads(res.output)["experiments"][0]  # type: ignore[no-any-return]
-
-
 def _cron_until_over(line: str, exp_id: int, cwd: Path, timeout: float = 180) -> list[str]:
     """Run the line as cron would until the experiment ends; each run's output."""
-    outputs, deadline = [], time.monotonic() + timeout
-    while True:
+    outputs: list[str] = []
+
+    def once() -> None:
         proc = run_as_cron(line, cwd)
         assert proc.returncode == 0, proc
         outputs.append(proc.stdout + proc.stderr)
-        if _status(exp_id)["state"] != "ACTIVE":
-            return outputs
-        assert time.monotonic() < deadline, outputs
-        time.sleep(0.5)
+
+    until_over(exp_id, once, timeout)
+    return outputs
 
 
 def test_cron_line_ticks_reports_and_digests(exp_dir: Path, home: Path, tmp_path: Path) -> None:
     ok_id = _launch(exp_dir, "cron-ok", "x: {type: double, minval: 0.1, maxval: 0.5, count: 2}")
     out_dir, digest = tmp_path / "reports", tmp_path / "digest.txt"
-    res = _run("cron", "--out-dir", str(out_dir), "--notify", str(digest))
+    res = run("cron", "--out-dir", str(out_dir), "--notify", str(digest))
     assert res.exit_code == 0, res.output
     line = _the_line(res.output)
     cron_home = tmp_path / "cron-home"  # cron's cwd and $HOME: nothing of ours there
     cron_home.mkdir()
 
-    assert _status(ok_id)["state"] == "ACTIVE"  # only a tick can end it: the line's
+    assert status(ok_id)["state"] == "ACTIVE"  # only a tick can end it: the line's
     outputs = _cron_until_over(line, ok_id, cron_home)
     assert outputs == [""] * len(outputs), outputs  # all well: not a word (no cron mail)
-    exp = _status(ok_id)
+    exp = status(ok_id)
     assert exp["state"] == "COMPLETED"
     assert all(t["steps_completed"] == 2 for t in exp["trials"])
     pages = {p.name for p in out_dir.rglob("*.html")}

@@ -14,45 +14,12 @@ from sqlalchemy import func, select
 from dlhpc.harness import telemetry
 from dlhpc.protocol import EventWriter
 from dlhpc.report.status import status_data
-from dlhpc.store import Attempt, Experiment, GpuSample, Store, Trial, utcnow
+from dlhpc.store import Attempt, GpuSample, Store, Trial, utcnow
 from dlhpc.store.ingest import ingest_attempt
+from tests.unit._db import exp_and_trial
 
 T0 = 1_700_000_000.0
 END = T0 + 660  # 11 minutes of samples, every 30 s
-
-
-def _exp_and_trial(store: Store, tmp_path: Path) -> int:
-    now = utcnow()
-    with store.write() as s:
-        exp = Experiment(
-            name="gpu-exp",
-            state="ACTIVE",
-            backend="local",
-            site="local",
-            searcher="single",
-            metric="val_loss",
-            smaller_is_better=True,
-            source_path="x",
-            yaml_text="",
-            config_json="{}",
-            run_dir=str(tmp_path),
-            created_at=now,
-        )
-        s.add(exp)
-        s.flush()
-        t = Trial(
-            experiment_id=exp.id,
-            request_id=0,
-            state="RUNNING",
-            hparams_json="{}",
-            max_length=3,
-            seed=1,
-            run_dir=str(tmp_path / "t"),
-            created_at=now,
-        )
-        s.add(t)
-        s.flush()
-        return t.id
 
 
 def _write_samples(adir: Path) -> None:
@@ -101,7 +68,7 @@ def _count(store: Store) -> int:
 @pytest.fixture
 def running(tmp_path: Path) -> tuple[Store, int, Path]:
     store = Store(tmp_path / "home")
-    tid = _exp_and_trial(store, tmp_path)
+    tid = exp_and_trial(store, tmp_path, name="gpu-exp")
     adir = tmp_path / "t" / "attempts" / "123_4.r0"
     _write_samples(adir)
     return store, tid, adir

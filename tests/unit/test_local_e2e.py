@@ -7,53 +7,20 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import CliRunner
 
 from dlhpc.cli.main import cli
+from tests.unit._cli import local_exp_dir, run, status, until_over
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _run(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
-
-
-def _status(exp_id: int) -> dict[str, Any]:
-    res = _run("status", str(exp_id), "--json")
-    assert res.exit_code == 0, res.output
-    return json.loads(res.output)["experiments"][0]  # type: ignore[no-any-return]
-
-
-def _tick_until_over(exp_id: int, timeout: float = 120) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        assert _run("tick", "-q").exit_code == 0
-        exp = _status(exp_id)
-        if exp["state"] != "ACTIVE":
-            return exp
-        assert time.monotonic() < deadline, exp
-        time.sleep(0.5)
-
-
 @pytest.fixture
 def exp_dir(tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("DLHPC_SITE", "local")
-    d = tmp_path / "exp"
-    d.mkdir()
-    (d / "train.py").write_text(
-        "import sys, dlhpc\n"
-        "ctx = dlhpc.init()\n"
-        "for step in range(1, ctx.max_length + 1):\n"
-        "    ctx.report(step, {'loss': ctx.hparams['x'] / step})\n"
-        "ctx.close()\n"
-        "sys.exit(3 if ctx.hparams['x'] > 0.99 else 0)\n"
-    )
-    return d
+    return local_exp_dir(tmp_path, monkeypatch)
 
 
 def test_grid_on_local_backend_completes_with_metrics(exp_dir: Path) -> None:
@@ -62,17 +29,17 @@ def test_grid_on_local_backend_completes_with_metrics(exp_dir: Path) -> None:
         "hyperparameters:\n  x: {type: double, minval: 0.1, maxval: 0.5, count: 3}\n"
         "searcher: {name: grid, metric: loss, max_length: 3, max_concurrent_trials: 2}\n"
     )
-    res = _run("launch", str(exp_dir / "exp.yaml"), "--json")
+    res = run("launch", str(exp_dir / "exp.yaml"), "--json")
     assert res.exit_code == 0, res.output
     exp_id = json.loads(res.output)["experiment_id"]
-    exp = _tick_until_over(exp_id)
+    exp = until_over(exp_id)
     assert exp["state"] == "COMPLETED"
     assert sorted(t["hparams"]["x"] for t in exp["trials"]) == pytest.approx([0.1, 0.3, 0.5])
     for t in exp["trials"]:
         assert t["state"] == "COMPLETED" and t["steps_completed"] == 3
         assert t["best_metric"] == pytest.approx(t["hparams"]["x"] / 3)
         assert t["latest_metric"] == pytest.approx(t["hparams"]["x"] / 3)
-    table = _run("status").output
+    table = run("status").output
     assert "local-grid" in table and "COMPLETED" in table
 
 
@@ -81,8 +48,8 @@ def test_failing_trial_is_failed_with_its_error(exp_dir: Path) -> None:
         "name: local-fail\nentrypoint: python train.py\n"
         "hyperparameters:\n  x: 1.0\nsearcher: {name: single, metric: loss, max_length: 1}\n"
     )
-    exp_id = json.loads(_run("launch", str(exp_dir / "exp.yaml"), "--json").output)["experiment_id"]
-    exp = _tick_until_over(exp_id)
+    exp_id = json.loads(run("launch", str(exp_dir / "exp.yaml"), "--json").output)["experiment_id"]
+    exp = until_over(exp_id)
     assert exp["state"] == "FAILED"
     (trial,) = exp["trials"]
     assert trial["state"] == "FAILED" and "exit code 3" in trial["error"]
@@ -94,13 +61,13 @@ def test_kill_experiment_cancels_running_trials(exp_dir: Path) -> None:
         "name: local-kill\nentrypoint: python slow.py\n"
         "hyperparameters:\n  x: 1.0\nsearcher: {name: single, metric: loss}\n"
     )
-    exp_id = json.loads(_run("launch", str(exp_dir / "exp.yaml"), "--json").output)["experiment_id"]
-    res = _run("kill", str(exp_id))
+    exp_id = json.loads(run("launch", str(exp_dir / "exp.yaml"), "--json").output)["experiment_id"]
+    res = run("kill", str(exp_id))
     assert res.exit_code == 0, res.output
-    exp = _status(exp_id)
+    exp = status(exp_id)
     assert exp["state"] == "KILLED" and exp["trials"][0]["state"] == "KILLED"
-    assert _run("tick", "-q").exit_code == 0
-    assert _status(exp_id)["state"] == "KILLED"
+    assert run("tick", "-q").exit_code == 0
+    assert status(exp_id)["state"] == "KILLED"
 
 
 def test_bad_input_exits_2_and_writes_nothing(exp_dir: Path, home: Path) -> None:
@@ -117,7 +84,7 @@ def test_bad_input_exits_2_and_writes_nothing(exp_dir: Path, home: Path) -> None
 
 def test_dry_run_on_local_backend_writes_nothing(exp_dir: Path, home: Path) -> None:
     shutil.copy(REPO / "templates" / "examples" / "digits" / "grid.yaml", exp_dir / "grid.yaml")
-    res = _run("launch", str(exp_dir / "grid.yaml"), "--dry-run")
+    res = run("launch", str(exp_dir / "grid.yaml"), "--dry-run")
     assert res.exit_code == 0, res.output
     assert "4 trial(s)" in res.output
     assert not home.exists()
@@ -125,7 +92,7 @@ def test_dry_run_on_local_backend_writes_nothing(exp_dir: Path, home: Path) -> N
 
 def test_doctor_on_a_local_site_skips_slurm(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DLHPC_SITE", "local")
-    res = _run("doctor", "--json")
+    res = run("doctor", "--json")
     assert res.exit_code == 0, res.output
     checks = {c["name"]: c["status"] for c in json.loads(res.output)["checks"]}
     assert checks["slurm"] == "skip" and checks["state folder writable"] == "ok"
@@ -147,8 +114,8 @@ def test_crash_is_restarted_and_counted(exp_dir: Path) -> None:
         "name: flaky\nentrypoint: python flaky.py\nmax_restarts: 2\n"
         "hyperparameters:\n  x: 1\nsearcher: {name: single, metric: loss}\n"
     )
-    exp_id = json.loads(_run("launch", str(exp_dir / "exp.yaml"), "--json").output)["experiment_id"]
-    exp = _tick_until_over(exp_id)
+    exp_id = json.loads(run("launch", str(exp_dir / "exp.yaml"), "--json").output)["experiment_id"]
+    exp = until_over(exp_id)
     (t,) = exp["trials"]
     assert exp["state"] == "COMPLETED" and t["state"] == "COMPLETED"
     assert t["restarts"] == 1 and t["crashes"] == 1 and len(t["slurm_job_ids"]) == 2
@@ -162,8 +129,8 @@ def test_crashes_past_max_restarts_fail_the_trial_with_its_error(exp_dir: Path) 
         "name: doomed\nentrypoint: python flaky.py\nmax_restarts: 2\n"
         "hyperparameters:\n  x: 1\nsearcher: {name: single, metric: loss}\n"
     )
-    exp_id = json.loads(_run("launch", str(exp_dir / "exp.yaml"), "--json").output)["experiment_id"]
-    exp = _tick_until_over(exp_id)
+    exp_id = json.loads(run("launch", str(exp_dir / "exp.yaml"), "--json").output)["experiment_id"]
+    exp = until_over(exp_id)
     (t,) = exp["trials"]
     assert exp["state"] == "FAILED" and t["state"] == "FAILED"
     assert t["restarts"] == 2 and t["crashes"] == 2  # 3 attempts in all
@@ -176,7 +143,7 @@ def test_launch_follow_ticks_until_the_experiment_ends(exp_dir: Path) -> None:
         "hyperparameters:\n  x: {type: double, minval: 0.1, maxval: 0.2, count: 2}\n"
         "searcher: {name: grid, metric: loss, max_length: 2}\n"
     )
-    res = _run("launch", str(exp_dir / "exp.yaml"), "--follow", "--interval", "0.3")
+    res = run("launch", str(exp_dir / "exp.yaml"), "--follow", "--interval", "0.3")
     assert res.exit_code == 0, res.output
     assert "experiment 1 launched" in res.output
     assert "[COMPLETED]" in res.output and res.output.count("COMPLETED") >= 3

@@ -9,14 +9,12 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
 from sqlalchemy import select
 
-from dlhpc.cli.main import cli
 from dlhpc.store import Attempt, Decision, Store, Trial
+from tests.unit._cli import run, until_over
 
 # Loss falls with the step and is ordered by x at every step, so the best trial
 # is known (smallest x). The checkpoint is a JSON file with the last step done.
@@ -42,20 +40,9 @@ ctx.close()
 """
 
 
-def _run(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
-
-
-def _tick_until_over(exp_id: int, timeout: float = 180) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        assert _run("tick", "-q").exit_code == 0
-        res = _run("status", str(exp_id), "--json")
-        exp: dict[str, Any] = json.loads(res.output)["experiments"][0]
-        if exp["state"] != "ACTIVE":
-            return exp
-        assert time.monotonic() < deadline, exp
-        time.sleep(0.3)
+@pytest.fixture(autouse=True)
+def _local_site(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DLHPC_SITE", "local")
 
 
 def _launch(tmp_path: Path, searcher: str, extra_hp: str = "") -> int:
@@ -67,21 +54,18 @@ def _launch(tmp_path: Path, searcher: str, extra_hp: str = "") -> int:
         f"hyperparameters:\n  x: {{type: double, minval: 0, maxval: 1}}\n{extra_hp}"
         f"searcher: {searcher}\n"
     )
-    res = _run("launch", str(d / "exp.yaml"), "--json")
+    res = run("launch", str(d / "exp.yaml"), "--json")
     assert res.exit_code == 0, res.output
     return int(json.loads(res.output)["experiment_id"])
 
 
-def test_asha_pauses_promotes_resumes_and_completes_the_best(
-    tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("DLHPC_SITE", "local")
+def test_asha_pauses_promotes_resumes_and_completes_the_best(tmp_path: Path, home: Path) -> None:
     exp_id = _launch(
         tmp_path,
         "{name: asha, metric: loss, max_trials: 9, max_length: 9, divisor: 3, max_rungs: 3,"
         " max_concurrent_trials: 3, seed: 4}",
     )
-    exp = _tick_until_over(exp_id)
+    exp = until_over(exp_id, timeout=180, pause=0.3)
     assert exp["state"] == "COMPLETED"
     states = sorted(t["state"] for t in exp["trials"])
     assert len(states) == 9 and states.count("COMPLETED") == 1
@@ -128,17 +112,14 @@ def test_asha_pauses_promotes_resumes_and_completes_the_best(
     assert sorted(logs.values(), key=len)[-1] == ["0->1", "1->3", "3->9"]
 
 
-def test_asha_stop_once_stops_weak_trials_while_they_run(
-    tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("DLHPC_SITE", "local")
+def test_asha_stop_once_stops_weak_trials_while_they_run(tmp_path: Path, home: Path) -> None:
     exp_id = _launch(
         tmp_path,
         "{name: asha, stop_once: true, metric: loss, max_trials: 6, max_length: 9,"
         " divisor: 3, max_rungs: 3, max_concurrent_trials: 6, seed: 1}",
         extra_hp="  sleep: 0.4\n",
     )
-    exp = _tick_until_over(exp_id)
+    exp = until_over(exp_id, timeout=180, pause=0.3)
     assert exp["state"] == "COMPLETED"
     stopped = [t for t in exp["trials"] if t["state"] == "STOPPED_EARLY"]
     assert stopped and any(t["state"] == "COMPLETED" for t in exp["trials"])
@@ -156,7 +137,7 @@ def test_asha_stop_once_stops_weak_trials_while_they_run(
 
 
 def test_reconciler_killed_at_every_point_of_an_asha_search_loses_and_duplicates_nothing(
-    tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, home: Path
 ) -> None:
     """SIGKILL the reconciler (a real ``dlhpc tick`` process) at each failpoint in turn
     while ASHA runs: the search ends exactly as the rule says, every trial ran each
@@ -166,7 +147,6 @@ def test_reconciler_killed_at_every_point_of_an_asha_search_loses_and_duplicates
     import subprocess
     import sys
 
-    monkeypatch.setenv("DLHPC_SITE", "local")
     exp_id = _launch(
         tmp_path,
         "{name: asha, metric: loss, max_trials: 9, max_length: 9, divisor: 3, max_rungs: 3,"
@@ -197,7 +177,7 @@ def test_reconciler_killed_at_every_point_of_an_asha_search_loses_and_duplicates
             killed += 1
         else:
             assert proc.returncode == 0, proc.stderr
-        exp = json.loads(_run("status", str(exp_id), "--json").output)["experiments"][0]
+        exp = json.loads(run("status", str(exp_id), "--json").output)["experiments"][0]
         if exp["state"] != "ACTIVE":
             break
         assert time.monotonic() < deadline, exp

@@ -18,7 +18,8 @@ from dlhpc.cli import _attention
 from dlhpc.cli._views import experiment_view, experiments_table
 from dlhpc.cli.main import cli
 from dlhpc.report.status import status_data
-from dlhpc.store import Attempt, Experiment, Store, Trial, utcnow
+from dlhpc.store import Attempt, Store, utcnow
+from tests.unit._db import add_experiment, add_trial
 from tests.unit.test_gpu_status import _ingest, running  # noqa: F401 (fixture)
 
 CONFIG = {
@@ -31,38 +32,28 @@ def _store(tmp_path: Path, config: dict[str, object]) -> Store:
     store = Store(tmp_path / "home")
     now = utcnow()
     with store.write() as s:
-        exp = Experiment(
+        exp = add_experiment(
+            s,
+            tmp_path,
             name="usage",
-            state="ACTIVE",
-            backend="local",
-            site="local",
             searcher="asha",
             metric="loss",
-            smaller_is_better=True,
-            source_path="x",
-            yaml_text="",
             config_json=json.dumps(config),
-            run_dir=str(tmp_path),
             created_at=now,
         )
-        s.add(exp)
-        s.flush()
         for i, (state, grant, steps) in enumerate(
             [("PAUSED", 3, 3), ("RUNNING", 9, 4), ("STOPPED_EARLY", 1, 1)]
         ):
-            t = Trial(
-                experiment_id=exp.id,
+            t = add_trial(
+                s,
+                exp,
                 request_id=i,
                 state=state,
-                hparams_json="{}",
                 max_length=grant,
                 seed=i,
-                run_dir="",
                 steps_completed=steps,
                 created_at=now,
             )
-            s.add(t)
-            s.flush()
             if i == 0:  # 90 min ended, then 30 min still running (to now)
                 spans = [(now - timedelta(minutes=150), now - timedelta(minutes=60), "FAILED")]
                 spans.append((now - timedelta(minutes=30), None, "RUNNING"))

@@ -13,7 +13,6 @@ from dlhpc.errors import LeaseHeldError, SchemaVersionError
 from dlhpc.protocol import EventWriter
 from dlhpc.store import (
     Attempt,
-    Experiment,
     IngestedFile,
     LeaseLostError,
     Metric,
@@ -23,40 +22,7 @@ from dlhpc.store import (
 )
 from dlhpc.store.ingest import ingest_attempt, refresh_trial_metrics
 from dlhpc.store.models import Decision, Lease
-
-
-def _exp_and_trial(store: Store, tmp_path: Path) -> int:
-    now = utcnow()
-    with store.write() as s:
-        exp = Experiment(
-            name="e",
-            state="ACTIVE",
-            backend="local",
-            site="local",
-            searcher="single",
-            metric="val_loss",
-            smaller_is_better=True,
-            source_path="x",
-            yaml_text="",
-            config_json="{}",
-            run_dir=str(tmp_path),
-            created_at=now,
-        )
-        s.add(exp)
-        s.flush()
-        t = Trial(
-            experiment_id=exp.id,
-            request_id=0,
-            state="RUNNING",
-            hparams_json="{}",
-            max_length=3,
-            seed=1,
-            run_dir=str(tmp_path / "t"),
-            created_at=now,
-        )
-        s.add(t)
-        s.flush()
-        return t.id
+from tests.unit._db import exp_and_trial
 
 
 def test_new_db_records_schema_version(tmp_path: Path) -> None:
@@ -109,7 +75,7 @@ def test_old_schema_gets_clear_message_and_migrates(
     assert res.exit_code == 0, res.output
     assert "v1 -> v3" in res.output and (home / "dlhpc.db.v1.bak").exists()
     store = Store(home)  # opens without complaint now
-    _exp_and_trial(store, tmp_path)
+    exp_and_trial(store, tmp_path)
     with store.read() as s:
         t = s.scalar(select(Trial))
         assert t is not None and t.crashes == 0 and t.needs_job is False
@@ -142,7 +108,7 @@ def test_second_reconciler_is_refused_then_takes_expired_lease(tmp_path: Path) -
 
 def test_ingest_is_exactly_once_and_keeps_latest_value_per_step(tmp_path: Path) -> None:
     store = Store(tmp_path / "home")
-    tid = _exp_and_trial(store, tmp_path)
+    tid = exp_and_trial(store, tmp_path)
     adir = tmp_path / "t" / "attempts" / "123_4.r0"
     w = EventWriter(adir, "user-r0")
     w.add("metric", step=1, metrics={"val_loss": 0.9})
@@ -179,7 +145,7 @@ def test_ingest_is_exactly_once_and_keeps_latest_value_per_step(tmp_path: Path) 
 
 def test_ingest_rolls_back_whole_file_on_failure(tmp_path: Path) -> None:
     store = Store(tmp_path / "home")
-    tid = _exp_and_trial(store, tmp_path)
+    tid = exp_and_trial(store, tmp_path)
     adir = tmp_path / "t" / "attempts" / "9.r0"
     w = EventWriter(adir, "user-r0")
     w.add("metric", step=1, metrics={"val_loss": 1.0})
@@ -239,7 +205,7 @@ def test_readers_work_while_a_writer_holds_its_transaction(tmp_path: Path) -> No
     import threading
 
     store = Store(tmp_path)
-    _exp_and_trial(store, tmp_path)
+    exp_and_trial(store, tmp_path)
     inside, release = threading.Event(), threading.Event()
 
     def writer() -> None:
