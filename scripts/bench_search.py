@@ -58,10 +58,11 @@ CALIB_SEED = 1000  # the calibration sample's searcher and training seed (no run
 
 @dataclass
 class Run:
-    """One method, one seed."""
+    """One method (label), one seed."""
 
     method: str
     seed: int
+    workers: int = 1
     epochs_to_target: int | None = None
     cpu_to_target: float | None = None
     best: float = 0.0
@@ -285,9 +286,16 @@ def _median(values: list[float | None]) -> float:
     return statistics.median([math.inf if v is None else v for v in values])
 
 
+def random_label(labels: list[str], workers: int) -> str | None:
+    """The random-search row run with ``workers`` slots (else the first one)."""
+    rows = [m for m in labels if m.split(" ")[0] == "random"]
+    return next((m for m in rows if m in ("random", f"random w={workers}")), None) or (
+        rows[0] if rows else None
+    )
+
+
 def table(runs: list[Run], methods: list[str], budget: int) -> tuple[str, dict[str, float]]:
     med = {m: _median([r.epochs_to_target for r in runs if r.method == m]) for m in methods}
-    ref = med.get("random", math.inf)
     lines = [
         "| method | seeds reaching target | median trial-epochs to target | vs random "
         "| median CPU-s to target | median best val_accuracy at budget | median trials |",
@@ -295,6 +303,8 @@ def table(runs: list[Run], methods: list[str], budget: int) -> tuple[str, dict[s
     ]
     for m in methods:
         rs = [r for r in runs if r.method == m]
+        ref_label = random_label(methods, rs[0].workers)
+        ref = med[ref_label] if ref_label is not None else math.inf
         hit = sum(r.epochs_to_target is not None for r in rs)
         e, cpu = med[m], _median([r.cpu_to_target for r in rs])
         if math.isinf(e):
@@ -325,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--methods", default=",".join(DLHPC_METHODS + OPTUNA_METHODS))
     p.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 (searcher and training)")
-    p.add_argument("--workers", type=int, default=4, help="slots of the dlhpc simulation")
+    p.add_argument("--workers", default="4", help="slots of the dlhpc simulation; a list runs each")
     p.add_argument("--max-length", type=int, default=27, help="R, epochs of a full training")
     p.add_argument("--divisor", type=int, default=3)
     p.add_argument("--max-rungs", type=int, default=5)
@@ -341,45 +351,57 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     budget = args.budget * args.max_length
     args.budget = budget
-    methods = [m for m in args.methods.split(",") if m]
+    workers = [int(w) for w in args.workers.split(",")]
+    args.workers = workers[0]  # what calibrate() sees; each run gets its own
+    plan: list[tuple[str, str, int]] = []  # (label, method, workers)
+    for m in (m for m in args.methods.split(",") if m):
+        if m.startswith("optuna-"):  # a sequential study: one slot
+            plan.append((m, m, 1))
+        else:
+            plan += [(m if len(workers) == 1 else f"{m} w={w}", m, w) for w in workers]
     cache = CurveCache(args.cache)
     calib = calibrate(args, cache)
     cache.save()
     print(f"calibration: {json.dumps(calib)}", flush=True)
     runs: list[Run] = []
     skipped: dict[str, str] = {}
-    for method in methods:
+    for label, method, w in plan:
         drive: Callable[[str, int, argparse.Namespace, CurveCache, Run], None]
         drive = run_optuna if method.startswith("optuna-") else run_dlhpc
+        run_args = argparse.Namespace(**{**vars(args), "workers": w})
         for seed in range(args.seeds):
-            run = Run(method, seed, _target=calib["target"], _budget=budget)
+            run = Run(label, seed, w, _target=calib["target"], _budget=budget)
             t1 = time.monotonic()
             try:
-                drive(method, seed, args, cache, run)
+                drive(method, seed, run_args, cache, run)
             except (NotImplementedError, ImportError) as exc:
-                skipped[method] = f"{type(exc).__name__}: {exc}"
+                skipped[label] = f"{type(exc).__name__}: {exc}"
                 break
             finally:
                 cache.release_all()
             cache.save()
             runs.append(run)
             print(f"{json.dumps(run.public())} ({time.monotonic() - t1:.0f} s)", flush=True)
-    done = [m for m in methods if m not in skipped]
+    done = [label for label, _, _ in plan if label not in skipped]
     text, med = table(runs, done, budget)
     elapsed = time.monotonic() - t0
     print(
         f"\nbudget {budget} trial-epochs ({budget // args.max_length} x {args.max_length}), "
         f"target val_accuracy >= {calib['target']:.4f}, {args.seeds} seeds, "
-        f"{args.workers} dlhpc workers, clock {args.clock}\n"
+        f"dlhpc workers {','.join(map(str, workers))} (Optuna: 1), clock {args.clock}\n"
     )
     print(text)
     for method, why in skipped.items():
         print(f"\nskipped {method}: {why}")
-    if "asha" in med and "random" in med:
-        optuna_best = min((med[m] for m in done if m.startswith("optuna-")), default=math.inf)
+    optuna = [med[m] for m in done if m.startswith("optuna-")]
+    for label, method, w in plan:
+        ref = random_label(done, w)
+        if method != "asha" or label not in med or ref is None:
+            continue
         print(
-            f"\nasha <= 1/5 of random: {verdict(med['asha'], med['random'], 0.2, budget)}; "
-            f"asha <= Optuna's best pruner: {verdict(med['asha'], optuna_best, 1.0, budget)}"
+            f"\n{label}: <= 1/5 of {ref}: {verdict(med[label], med[ref], 0.2, budget)}; "
+            "<= Optuna's best pruner: "
+            + (verdict(med[label], min(optuna), 1.0, budget) if optuna else "n/a (not run)")
         )
     print(
         f"\nruntime {elapsed:.0f} s; real epochs trained {cache.epochs_trained}, "
@@ -389,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(
             json.dumps(
                 {
-                    "args": {k: str(v) for k, v in vars(args).items()},
+                    "args": {**{k: str(v) for k, v in vars(args).items()}, "workers": workers},
                     "calibration": calib,
                     "runs": [r.public() for r in runs],
                     "skipped": skipped,

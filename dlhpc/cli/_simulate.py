@@ -31,6 +31,12 @@ def _num(value: float | None, fmt: str = ".3g") -> str:
     return "-" if value is None else format(value, fmt)
 
 
+def _gpu_hours(value: float | None) -> str:
+    if value is None or value < 100:
+        return _num(value, ".3g" if value is None or value < 10 else ".1f")
+    return f"{value:,.0f}"
+
+
 def _searchers(text: str) -> list[str]:
     if text.strip().lower() == "none":
         return []
@@ -72,7 +78,7 @@ def _table(c: Comparison) -> Table:
         states = ", ".join(f"{k} x{v}" for k, v in j["states"].items())
         table.add_row(
             summary.searcher,
-            _num(j["median_gpu_hours"]),
+            _gpu_hours(j["median_gpu_hours"]),
             _duration(j["median_wall_hours"]),
             f"{j['p_best']:.0%}",
             _num(j["median_best_metric"], ".4g"),

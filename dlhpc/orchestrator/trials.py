@@ -141,7 +141,9 @@ def _settle_stop(s: Session, t: Trial, current: Attempt | None, p: TrialPass) ->
 def _completed(s: Session, t: Trial, current: Attempt | None, p: TrialPass) -> None:
     """The job exited 0: the trial completed, or trained to its grant and pauses."""
     reached = t.steps_completed >= t.max_length
-    promotion = pending_promotion(s, t) if reached else None
+    # a promotion of a trial already PAUSED is applied at once (decide.py), so only a
+    # trial whose job was still ending when promoted can have one pending
+    promotion = pending_promotion(s, t) if reached and t.state != TrialState.PAUSED.value else None
     if current is not None and reached and t.max_length < p.final_length:
         current.cause = "paused"
     if promotion is not None:  # promoted while its job was ending: a new job, longer grant
