@@ -17,7 +17,7 @@ frees its slot; Continue resumes it where it stopped; Stop ends it. Optuna runs
 its usual sequential study (ask, report every epoch, ``should_prune``).
 
     . .venv/bin/activate; pip install -e '.[torch,bayes,bench]'
-    python scripts/bench_search.py            # 5 seeds, every method
+    python scripts/bench_search.py --workers 4,1 --json /tmp/bench_search.json  # docs/BENCHMARKS.md
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ class Run:
     workers: int = 1
     epochs_to_target: int | None = None
     cpu_to_target: float | None = None
+    length_at_target: int | None = None  # epochs trained by the trial that reached it
     best: float = 0.0
     epochs: int = 0
     cpu: float = 0.0
@@ -73,13 +74,14 @@ class Run:
     _target: float = field(default=1.0, repr=False)
     _budget: int = field(default=0, repr=False)
 
-    def charge(self, acc: float, cpu: float) -> bool:
+    def charge(self, acc: float, cpu: float, length: int) -> bool:
         """Count one trained epoch that reported ``acc``; True once the budget is spent."""
         self.epochs += 1
         self.cpu += cpu
         self.best = max(self.best, acc)
         if self.epochs_to_target is None and acc >= self._target - 1e-9:
             self.epochs_to_target, self.cpu_to_target = self.epochs, round(self.cpu, 3)
+            self.length_at_target = length
         return self.epochs >= self._budget
 
     def public(self) -> dict[str, Any]:
@@ -129,13 +131,15 @@ def natural_trials(name: str, seed: int, args: argparse.Namespace) -> int:
 
     def spend(n: int) -> float:
         brackets = make_searcher(SPACE, replace(base, max_trials=n)).brackets  # type: ignore[attr-defined]
-        return sum(
-            b.trials
-            * sum(
-                (hi - lo) / args.divisor**k
-                for k, (lo, hi) in enumerate(zip((0, *b.lengths), b.lengths, strict=False))
+        return float(
+            sum(
+                b.trials
+                * sum(
+                    (hi - lo) / args.divisor**k
+                    for k, (lo, hi) in enumerate(zip((0, *b.lengths), b.lengths, strict=False))
+                )
+                for b in brackets
             )
-            for b in brackets
         )
 
     n = 1
@@ -193,7 +197,7 @@ def run_dlhpc(name: str, seed: int, args: argparse.Namespace, cache: CurveCache,
             t = trials[rid]
             t.length += 1
             acc, cpu = cache.point(t.hp, seed, t.length)
-            if run.charge(acc, cpu):
+            if run.charge(acc, cpu, t.length):
                 return
             if t.stopping:  # the epoch is paid for; its report comes too late
                 end(rid)
@@ -228,7 +232,10 @@ def run_optuna(
         if pruner_name == "hb"
         else optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=args.divisor)
     )
-    study = optuna.create_study(direction="maximize", sampler=sampler, pruner=pruner)
+    # A fixed name: HyperbandPruner picks brackets by a hash of the study name (else a uuid).
+    study = optuna.create_study(
+        study_name=f"bench-{method}-{seed}", direction="maximize", sampler=sampler, pruner=pruner
+    )
     lo, hi = 10 ** SPACE["lr"].minval, 10 ** SPACE["lr"].maxval  # type: ignore[operator]
     wlo, whi = 10 ** SPACE["weight_decay"].minval, 10 ** SPACE["weight_decay"].maxval  # type: ignore[operator]
     while True:
@@ -244,7 +251,7 @@ def run_optuna(
         acc = 0.0
         for epoch in range(1, args.max_length + 1):
             acc, cpu = cache.point(hp, seed, epoch)
-            if run.charge(acc, cpu):
+            if run.charge(acc, cpu, epoch):
                 return
             trial.report(acc, epoch)
             if trial.should_prune():

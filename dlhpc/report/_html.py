@@ -137,6 +137,14 @@ def _duration(seconds: float) -> str:
     return f"{s // 60}m{s % 60:02d}s"
 
 
+def _bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
 def _hours(h: float) -> str:
     return f"{h:,.0f}" if h >= 100 else f"{h:.3g}"
 
@@ -197,6 +205,13 @@ def _summary(p: Page) -> str:
         items["searcher decisions"] = (
             f"{d.get('promotions', 0)} promotions, {d.get('stops', 0)} stops"
             + (f"; latency median {lat['median']} s, max {lat['max']} s" if lat else "")
+        )
+    if p.disk:
+        items["checkpoint disk use"] = (
+            f"{_bytes(p.disk.get('checkpoint_bytes') or 0)} in"
+            f" {p.disk.get('checkpoints', 0)} checkpoint(s)"
+            f"; {_bytes(p.disk.get('freed_bytes') or 0)} freed by the keep policy"
+            f" ({p.disk.get('deleted_checkpoints', 0)} deleted)"
         )
     if p.idle_gpus:
         items["idle GPUs now"] = "; ".join(

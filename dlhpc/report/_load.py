@@ -233,6 +233,7 @@ def load_page(store: Store, experiment_id: int, now: datetime | None = None) -> 
         events=tuple(events),
         events_hidden=hidden,
         decisions=data.get("decisions"),
+        disk=data.get("disk"),
         idle_gpus=tuple(data.get("idle_gpus") or ()),
         repro=repro,
         repro_texts=repro_texts,

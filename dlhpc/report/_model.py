@@ -137,6 +137,7 @@ class Page:
     events: tuple[EventView, ...] = ()
     events_hidden: int = 0  # notable events left out (the newest are shown)
     decisions: Mapping[str, Any] | None = None  # status_data's decision stats
+    disk: Mapping[str, Any] | None = None  # status_data's checkpoint disk usage
     idle_gpus: tuple[Mapping[str, Any], ...] = ()
     repro: Mapping[str, str] = field(default_factory=dict)  # label -> value
     repro_texts: Mapping[str, str] = field(default_factory=dict)  # title -> long text

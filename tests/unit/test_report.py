@@ -336,8 +336,10 @@ def test_page_model_summary_usage_and_rungs(store: Store, tmp_path: Path) -> Non
     assert {h.name: h.kind for h in page.hparams} == {"bs": "categorical", "lr": "log"}
     assert page.repro["experiment file (as given)"].endswith("exp.yaml")
     assert page.repro["code snapshot"].endswith("run/code")
+    assert page.disk is not None and page.disk["checkpoints"] == 0
     html = render_page(page)
     assert "GPU-hours saved by early stopping" in html and "rung 3: 9" in html
+    assert "checkpoint disk use" in html and "0 B in 0 checkpoint(s)" in html
 
 
 def test_pure_model_functions() -> None:
