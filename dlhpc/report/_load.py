@@ -147,6 +147,11 @@ def load_page(store: Store, experiment_id: int, now: datetime | None = None) -> 
         }
         names = _metric_names(s, list(run_dirs))
         events, hidden = _events(s, experiment_id)
+        envs = list(
+            s.scalars(
+                select(Attempt.env_json).join(Trial).where(Trial.experiment_id == experiment_id)
+            )
+        )
     curves, stale, sources, archived_names = _archived(run_dirs, counts, exp.metric)
     if stale:
         with store.read() as s:
@@ -163,7 +168,7 @@ def load_page(store: Store, experiment_id: int, now: datetime | None = None) -> 
         "backend": exp.backend,
         "user": exp.user,
     }
-    repro, repro_texts = repro_record(facts, config, parse_record(exp.repro_json))
+    repro, repro_texts = repro_record(facts, config, parse_record(exp.repro_json), envs)
     trials = []
     for td in data["trials"]:
         attempts = []

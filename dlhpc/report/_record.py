@@ -12,14 +12,15 @@ beyond a line. Pure: every value arrives as an argument.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from dlhpc import __version__
 
-__all__ = ["parse_record", "repro_record"]
+__all__ = ["attempt_environments", "parse_record", "repro_record"]
 
 
 def parse_record(text: str | None) -> dict[str, Any]:
@@ -50,11 +51,47 @@ def _code(code: Mapping[str, Any]) -> str:
     return ""
 
 
+def _environment(env: Mapping[str, Any]) -> str:
+    """One line of what an attempt ran on (its ``env`` record, see :mod:`dlhpc.repro`)."""
+    cpu = _d(env.get("cpu"))
+    gpu = _d(env.get("gpu"))
+    raw = gpu.get("devices")
+    devices: list[Any] = raw if isinstance(raw, list) else []
+    names = Counter(str(_d(d).get("name", "?")) for d in devices)
+    gpus = ", ".join(f"{n} x {name}" for name, n in sorted(names.items())) or "no GPU"
+    driver = gpu.get("driver")
+    cuda = gpu.get("cuda_driver")
+    soft = f" (driver {driver}, CUDA {cuda})" if driver or cuda else ""
+    return f"{env.get('nodes') or env.get('host', '?')}: {cpu.get('model', '?')}; {gpus}{soft}"
+
+
+def attempt_environments(env_jsons: Sequence[str]) -> tuple[str, str]:
+    """``(summary, one line per distinct environment with its attempt count)`` from the
+    attempts' ``env_json`` records; attempts without one are counted apart."""
+    seen: Counter[str] = Counter()
+    missing = 0
+    for text in env_jsons:
+        env = parse_record(text)
+        if env:
+            seen[_environment(env)] += 1
+        else:
+            missing += 1
+    summary = f"{sum(seen.values())} attempt(s) recorded, {len(seen)} distinct"
+    if missing:
+        summary += f"; {missing} without a record"
+    lines = [f"{n} attempt(s): {line}" for line, n in sorted(seen.items(), key=lambda x: -x[1])]
+    return summary, "\n".join(lines)
+
+
 def repro_record(
-    facts: Mapping[str, str], config: Mapping[str, Any], record: Mapping[str, Any]
+    facts: Mapping[str, str],
+    config: Mapping[str, Any],
+    record: Mapping[str, Any],
+    env_jsons: Sequence[str] = (),
 ) -> tuple[dict[str, str], dict[str, str]]:
     """``(label -> text, title -> long text)``. ``facts``: the experiment's
-    ``source_path``, ``run_dir``, ``site``, ``backend``, ``user``."""
+    ``source_path``, ``run_dir``, ``site``, ``backend``, ``user``; ``env_jsons``: its
+    attempts' environment records (nodes, CPU, GPU model, driver, CUDA)."""
     seeds = _d(config.get("reproducibility"))
     run_dir = facts.get("run_dir", "")
     items = {
@@ -113,5 +150,9 @@ def repro_record(
     if isinstance(at, int | float):
         when = datetime.fromtimestamp(at, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
         items["recorded"] = f"{when} on {record.get('host', '?')}"
+    if env_jsons:
+        items["attempt environments"], envs = attempt_environments(env_jsons)
+        if envs:
+            long["attempt environments (nodes: CPU; GPUs)"] = envs
     items["dlhpc writing this report"] = __version__
     return items, long

@@ -409,6 +409,26 @@ def test_an_experiment_with_no_trials_or_a_bad_config_renders(store: Store, tmp_
     assert "No metric reported yet" in html and "No attempt has started yet" in html
 
 
+def test_attempt_environments_are_summarised_in_the_record() -> None:
+    from dlhpc.report._record import attempt_environments
+
+    h100 = {"name": "NVIDIA H100 80GB HBM3"}
+    env = {"nodes": "node1", "cpu": {"model": "EPYC"}, "gpu": {"devices": [h100, h100],
+           "driver": "580.159.04", "cuda_driver": "13.0"}}  # fmt: skip
+    cpu_only = {"host": "node2", "cpu": {"model": "EPYC"}, "gpu": {"devices": []}}
+    summary, lines = attempt_environments(
+        [json.dumps(env), json.dumps(env), json.dumps(cpu_only), "{}"]
+    )
+    assert summary == "3 attempt(s) recorded, 2 distinct; 1 without a record"
+    assert lines.splitlines() == [
+        "2 attempt(s): node1: EPYC; 2 x NVIDIA H100 80GB HBM3 (driver 580.159.04, CUDA 13.0)",
+        "1 attempt(s): node2: EPYC; no GPU",
+    ]
+    items, texts = repro_record({}, {}, {}, [json.dumps(env)])
+    assert items["attempt environments"] == "1 attempt(s) recorded, 1 distinct"
+    assert "H100" in texts["attempt environments (nodes: CPU; GPUs)"]
+
+
 def test_repro_record_shows_the_launch_record_and_what_is_missing() -> None:
     facts = {"source_path": "/x/exp.yaml", "run_dir": "/runs/exp-1", "site": "s", "backend": "b"}
     items, texts = repro_record(facts, {"entrypoint": "python t.py"}, {})
@@ -545,6 +565,13 @@ def test_hostile_names_and_values_are_shown_as_text(store: Store, tmp_path: Path
         t.error = f"Traceback: {h2}\n{h0}"
         for a in t.attempts:
             a.node_list, a.exit_reason = h2, h4
+            a.env_json = json.dumps(
+                {
+                    "nodes": h1,
+                    "cpu": {"model": h2},
+                    "gpu": {"devices": [{"name": h0}], "driver": h3},
+                }
+            )
         s.add(Event(experiment_id=exp_id, trial_id=tid, time=T0, kind=f"log.error{h1}", message=h0))
         s.add(
             Metric(trial_id=tid, attempt_id=t.attempts[0].id, step=1, name=h4, value=1.0, time=0.0)
