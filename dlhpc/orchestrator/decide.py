@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 from dlhpc.config.model import ExperimentConfig
 from dlhpc.orchestrator.common import add_trials, log_event
 from dlhpc.orchestrator.states import TrialState
-from dlhpc.protocol import STOP_FILE
+from dlhpc.protocol import STOP_FILE, atomic_write_text
 from dlhpc.search import BaseSearcher, Continue, Create, Stop
 from dlhpc.store import Decision, Experiment, Metric, Trial
 
@@ -176,8 +176,6 @@ class SearchPass:
 
 def write_stop_files(trials: list[Trial]) -> None:
     """Ask the jobs of ``trials`` to stop (idempotent; after the decision committed)."""
-    from dlhpc.protocol import atomic_write_text
-
     for t in trials:
         if not t.run_dir:
             continue

@@ -123,3 +123,22 @@ def final_sha(cli: Cli, exp_id: int, trial_id: int) -> str:
     """The sha the trial's script wrote next to its checkpoints when it finished."""
     path = cli.home / "scratch" / "checkpoints" / f"exp-{exp_id:06d}" / f"trial-{trial_id:06d}"
     return (path / "final_weights.sha256").read_text().strip()
+
+
+def hog_argv(sleep_s: int) -> list[str]:
+    """``sbatch`` of a job on the high partition that needs both whole nodes, so it
+    preempts (requeues) whatever runs on the debug partition."""
+    return [
+        "sbatch",
+        "--parsable",
+        "-p",
+        "high",
+        "-N2",
+        "--exclusive",
+        "-t",
+        "2",
+        "--job-name=chaos-hog",
+        "--output=/dev/null",
+        "--wrap",
+        f"sleep {sleep_s}",
+    ]

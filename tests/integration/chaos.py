@@ -68,6 +68,7 @@ from tests.integration._reference import (
     DIGITS,
     References,
     final_sha,
+    hog_argv,
     seed_of,
     start_references,
 )
@@ -533,20 +534,7 @@ class ChaosDriver:
         targets: list[Task] = self._wait("preemption targets", pick)
         self._sleep(step.delay_s)
         sleep = int(step.hold_s)
-        rc, out = self._cmd(
-            "sbatch",
-            "--parsable",
-            "-p",
-            "high",
-            "-N2",
-            "--exclusive",
-            "-t",
-            "2",
-            "--job-name=chaos-hog",
-            "--output=/dev/null",
-            "--wrap",
-            f"sleep {sleep}",
-        )
+        rc, out = self._cmd(*hog_argv(sleep))
         self.log("hog", out if rc == 0 else "-", detail=f"sbatch -p high sleep {sleep} -> rc {rc}")
         if rc != 0:
             return

@@ -166,7 +166,10 @@ def test_launch_killed_between_sbatch_and_recording_is_adopted_not_resubmitted(c
     assert len(names) == 1  # adopted, never submitted a second time
     out = subprocess.run(
         ["sacct", "-X", "-n", "-P", f"--name={names[0]}", "--format=JobID"],
-        env=cli.env, capture_output=True, text=True, check=True,
+        env=cli.env,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     assert sorted(out.split()) == sorted(jobs)  # Slurm saw exactly one array of 4
 

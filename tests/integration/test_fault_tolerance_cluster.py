@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration._reference import DIGITS, final_sha, reference_shas, seed_of
+from tests.integration._reference import DIGITS, final_sha, hog_argv, reference_shas, seed_of
 from tests.integration.conftest import Cli
 
 pytestmark = pytest.mark.cluster
@@ -75,20 +75,7 @@ def test_preempted_trials_checkpoint_requeue_and_finish_bitwise_identical(
     _wait_running_with_progress(cli, exp_id)
     # a high-priority job that needs both whole nodes preempts (requeues) them
     hog = subprocess.run(
-        [
-            "sbatch",
-            "--parsable",
-            "-p",
-            "high",
-            "-N2",
-            "--exclusive",
-            "-t",
-            "2",
-            "--job-name=chaos-hog",
-            "--output=/dev/null",
-            "--wrap",
-            "sleep 15",
-        ],
+        hog_argv(15),
         env=cli.env,
         capture_output=True,
         text=True,

@@ -24,7 +24,8 @@ from dlhpc.errors import DlhpcError
 from dlhpc.harness import deepspeed as dsh
 from dlhpc.harness.checkpoint import MANIFEST_NAME, latest_verified, publish_checkpoint
 from dlhpc.harness.context import TrialContext
-from dlhpc.protocol import REQUEUE_EXIT_CODE, TrialSpec
+from dlhpc.protocol import REQUEUE_EXIT_CODE
+from tests.unit._spec import make_spec
 
 REPO = Path(__file__).resolve().parents[2]
 pytest.importorskip("deepspeed")
@@ -142,21 +143,7 @@ def test_restore_refuses_a_checkpoint_that_is_not_a_deepspeed_one(tmp_path: Path
 
 
 def _ctx(tmp_path: Path, deepspeed: dict[str, Any] | None = None) -> TrialContext:
-    spec = TrialSpec(
-        experiment_id=1,
-        trial_id=1,
-        hparams={},
-        max_length=1,
-        seed=0,
-        experiment_dir=str(tmp_path),
-        code_dir=str(tmp_path),
-        entry_script="",
-        checkpoint_dir=str(tmp_path / "ckpt"),
-        metric="m",
-        smaller_is_better=True,
-        keep_latest=2,
-        deepspeed=deepspeed,
-    )
+    spec = make_spec(tmp_path, keep_latest=2, deepspeed=deepspeed)
     return TrialContext(spec, tmp_path / "attempt", {})
 
 

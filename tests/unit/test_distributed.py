@@ -11,6 +11,7 @@ from dlhpc.errors import DlhpcError
 from dlhpc.harness import distributed as d
 from dlhpc.harness.worker import _child_env
 from dlhpc.protocol import TrialSpec
+from tests.unit._spec import make_spec
 
 
 @pytest.mark.parametrize(
@@ -101,20 +102,7 @@ def test_single_process_env_picks_a_free_port() -> None:
 
 
 def _spec(tmp_path: Path, env: dict[str, str]) -> TrialSpec:
-    return TrialSpec(
-        experiment_id=1,
-        trial_id=2,
-        hparams={},
-        max_length=1,
-        seed=0,
-        experiment_dir=str(tmp_path),
-        code_dir=str(tmp_path),
-        entry_script="",
-        checkpoint_dir=str(tmp_path / "ckpt"),
-        metric="m",
-        smaller_is_better=True,
-        env=env,
-    )
+    return make_spec(tmp_path, trial_id=2, env=env)
 
 
 def test_worker_gives_each_srun_task_its_rank_and_the_config_wins(
