@@ -44,12 +44,23 @@ from dlhpc.search import make_searcher  # noqa: E402
 from dlhpc.search.base import Continue, Create, Stop  # noqa: E402
 
 # lr and weight_decay are log10 exponents (dlhpc's log type); count is for grid only.
-SPACE = {
-    "lr": HParam("lr", "log", minval=-4.5, maxval=-0.5, count=4),
-    "hidden": HParam("hidden", "int", minval=8, maxval=256, count=2),
-    "dropout": HParam("dropout", "double", minval=0.0, maxval=0.7, count=1),
-    "batch_size": HParam("batch_size", "categorical", vals=(16, 32, 64, 128)),
-    "weight_decay": HParam("weight_decay", "log", minval=-6.0, maxval=-1.0, count=1),
+# "base" is the space of the first run; "wide" was declared afterwards, before it ran, as a
+# space where good configurations are rarer (docs/BENCHMARKS.md, issue 5).
+SPACES: dict[str, dict[str, HParam]] = {
+    "base": {
+        "lr": HParam("lr", "log", minval=-4.5, maxval=-0.5, count=4),
+        "hidden": HParam("hidden", "int", minval=8, maxval=256, count=2),
+        "dropout": HParam("dropout", "double", minval=0.0, maxval=0.7, count=1),
+        "batch_size": HParam("batch_size", "categorical", vals=(16, 32, 64, 128)),
+        "weight_decay": HParam("weight_decay", "log", minval=-6.0, maxval=-1.0, count=1),
+    },
+    "wide": {
+        "lr": HParam("lr", "log", minval=-6.0, maxval=0.0, count=4),
+        "hidden": HParam("hidden", "int", minval=4, maxval=512, count=2),
+        "dropout": HParam("dropout", "double", minval=0.0, maxval=0.9, count=1),
+        "batch_size": HParam("batch_size", "categorical", vals=(16, 32, 64, 128, 256)),
+        "weight_decay": HParam("weight_decay", "log", minval=-8.0, maxval=0.0, count=1),
+    },
 }
 DLHPC_METHODS = ("asha", "hyperband", "random", "grid", "bayes")
 OPTUNA_METHODS = ("optuna-sha-random", "optuna-sha-tpe", "optuna-hb-random", "optuna-hb-tpe")
@@ -130,7 +141,7 @@ def natural_trials(name: str, seed: int, args: argparse.Namespace) -> int:
     )
 
     def spend(n: int) -> float:
-        brackets = make_searcher(SPACE, replace(base, max_trials=n)).brackets  # type: ignore[attr-defined]
+        brackets = make_searcher(SPACES[args.space], replace(base, max_trials=n)).brackets  # type: ignore[attr-defined]
         return float(
             sum(
                 b.trials
@@ -150,7 +161,7 @@ def natural_trials(name: str, seed: int, args: argparse.Namespace) -> int:
 
 def run_dlhpc(name: str, seed: int, args: argparse.Namespace, cache: CurveCache, run: Run) -> None:
     """Event simulation of ``args.workers`` slots driving one dlhpc searcher."""
-    searcher = make_searcher(SPACE, searcher_config(name, seed, args))
+    searcher = make_searcher(SPACES[args.space], searcher_config(name, seed, args))
     trials: dict[int, _Trial] = {}
     events: list[tuple[float, int, int]] = []  # (end time of the epoch in progress, seq, rid)
     now, seq = 0.0, 0
@@ -236,17 +247,9 @@ def run_optuna(
     study = optuna.create_study(
         study_name=f"bench-{method}-{seed}", direction="maximize", sampler=sampler, pruner=pruner
     )
-    lo, hi = 10 ** SPACE["lr"].minval, 10 ** SPACE["lr"].maxval  # type: ignore[operator]
-    wlo, whi = 10 ** SPACE["weight_decay"].minval, 10 ** SPACE["weight_decay"].maxval  # type: ignore[operator]
     while True:
         trial = study.ask()
-        hp = {
-            "batch_size": trial.suggest_categorical("batch_size", [16, 32, 64, 128]),
-            "dropout": trial.suggest_float("dropout", 0.0, 0.7),
-            "hidden": trial.suggest_int("hidden", 8, 256),
-            "lr": trial.suggest_float("lr", lo, hi, log=True),
-            "weight_decay": trial.suggest_float("weight_decay", wlo, whi, log=True),
-        }
+        hp = {name: _suggest(trial, h) for name, h in sorted(SPACES[args.space].items())}
         run.trials += 1
         acc = 0.0
         for epoch in range(1, args.max_length + 1):
@@ -262,10 +265,22 @@ def run_optuna(
         cache.release(hp, seed)
 
 
+def _suggest(trial: Any, h: HParam) -> Any:
+    """Optuna's draw for one dlhpc hyperparameter (log types are log10 exponents)."""
+    if h.type == "categorical":
+        return trial.suggest_categorical(h.name, list(h.vals))
+    if h.type == "int":
+        return trial.suggest_int(h.name, int(cast(float, h.minval)), int(cast(float, h.maxval)))
+    lo, hi = cast(float, h.minval), cast(float, h.maxval)
+    if h.type == "log":
+        return trial.suggest_float(h.name, 10**lo, 10**hi, log=True)
+    return trial.suggest_float(h.name, lo, hi)
+
+
 def calibrate(args: argparse.Namespace, cache: CurveCache) -> dict[str, Any]:
     """Final accuracies of a random sample of configs, trained to max_length."""
     cfg = replace(searcher_config("random", CALIB_SEED, args), max_trials=args.calib_configs)
-    ops = make_searcher(SPACE, cfg).ask(args.calib_configs)
+    ops = make_searcher(SPACES[args.space], cfg).ask(args.calib_configs)
     curves = []
     for op in ops:
         assert isinstance(op, Create)
@@ -350,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calib-configs", type=int, default=100)
     p.add_argument("--target-pct", type=float, default=99.0)
     p.add_argument("--target", type=float, default=None, help="skip the percentile rule")
+    p.add_argument("--space", choices=sorted(SPACES), default="base")
     p.add_argument("--clock", choices=("epochs", "cpu"), default="epochs")
     p.add_argument("--cache", type=Path, default=Path("/tmp/dlhpc-bench-search-cache.json"))
     p.add_argument("--json", type=Path, default=None, help="write every run here")

@@ -18,6 +18,21 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return h
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--long",
+        action="store_true",
+        default=False,
+        help="run the stress, fuzz and scale tests in their long form (see docs/BENCHMARKS.md)",
+    )
+
+
+@pytest.fixture
+def long_run(request: pytest.FixtureRequest) -> bool:
+    """True under ``pytest --long`` (or DLHPC_LONG=1): tests scale their work up."""
+    return bool(request.config.getoption("--long")) or os.environ.get("DLHPC_LONG") == "1"
+
+
 def in_ci() -> bool:
     return bool(os.environ.get("CI"))
 
