@@ -16,6 +16,7 @@ fast. A curve cached to ``k`` epochs that must grow is replayed from scratch
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import time
@@ -23,26 +24,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 from torch import nn
 
-SPLIT_SEED = 0  # as in the example: one train/val split for every trial
-
 Data = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+EXAMPLE = Path(__file__).resolve().parent.parent / "templates/examples/digits/train.py"
 
 
 def load_data() -> Data:
-    x, y = load_digits(return_X_y=True)
-    x_train, x_val, y_train, y_val = train_test_split(
-        x / 16.0, y, test_size=0.2, random_state=SPLIT_SEED, stratify=y
-    )
-    return (
-        torch.tensor(x_train, dtype=torch.float32),
-        torch.tensor(y_train, dtype=torch.long),
-        torch.tensor(x_val, dtype=torch.float32),
-        torch.tensor(y_val, dtype=torch.long),
-    )
+    """The example's own ``load_data`` (same data, split and scaling)."""
+    spec = importlib.util.spec_from_file_location("_digits_example", EXAMPLE)
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"cannot load {EXAMPLE}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.load_data()  # type: ignore[no-any-return]
 
 
 class DigitsTrainer:

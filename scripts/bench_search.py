@@ -38,6 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_search_digits import CurveCache  # noqa: E402
+from _bench_search_optuna import optuna_study  # noqa: E402
 
 from dlhpc.config.model import HParam, SearcherConfig, SearcherName  # noqa: E402
 from dlhpc.search import make_searcher  # noqa: E402
@@ -227,54 +228,7 @@ def run_optuna(
     method: str, seed: int, args: argparse.Namespace, cache: CurveCache, run: Run
 ) -> None:
     """A sequential Optuna study with the same space, trainer and budget."""
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    _, pruner_name, sampler_name = method.split("-")
-    sampler: optuna.samplers.BaseSampler = (
-        optuna.samplers.TPESampler(seed=seed)
-        if sampler_name == "tpe"
-        else optuna.samplers.RandomSampler(seed=seed)
-    )
-    pruner: optuna.pruners.BasePruner = (
-        optuna.pruners.HyperbandPruner(
-            min_resource=1, max_resource=args.max_length, reduction_factor=args.divisor
-        )
-        if pruner_name == "hb"
-        else optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=args.divisor)
-    )
-    # A fixed name: HyperbandPruner picks brackets by a hash of the study name (else a uuid).
-    study = optuna.create_study(
-        study_name=f"bench-{method}-{seed}", direction="maximize", sampler=sampler, pruner=pruner
-    )
-    while True:
-        trial = study.ask()
-        hp = {name: _suggest(trial, h) for name, h in sorted(SPACES[args.space].items())}
-        run.trials += 1
-        acc = 0.0
-        for epoch in range(1, args.max_length + 1):
-            acc, cpu = cache.point(hp, seed, epoch)
-            if run.charge(acc, cpu, epoch):
-                return
-            trial.report(acc, epoch)
-            if trial.should_prune():
-                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                break
-        else:
-            study.tell(trial, acc)
-        cache.release(hp, seed)
-
-
-def _suggest(trial: Any, h: HParam) -> Any:
-    """Optuna's draw for one dlhpc hyperparameter (log types are log10 exponents)."""
-    if h.type == "categorical":
-        return trial.suggest_categorical(h.name, list(h.vals))
-    if h.type == "int":
-        return trial.suggest_int(h.name, int(cast(float, h.minval)), int(cast(float, h.maxval)))
-    lo, hi = cast(float, h.minval), cast(float, h.maxval)
-    if h.type == "log":
-        return trial.suggest_float(h.name, 10**lo, 10**hi, log=True)
-    return trial.suggest_float(h.name, lo, hi)
+    optuna_study(method, seed, SPACES[args.space], args.max_length, args.divisor, cache, run)
 
 
 def calibrate(args: argparse.Namespace, cache: CurveCache) -> dict[str, Any]:
