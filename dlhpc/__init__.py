@@ -1,7 +1,20 @@
 """dlhpc: Slurm-native, daemon-free orchestration of deep-learning experiments."""
 
+from typing import TYPE_CHECKING, Any
+
 from dlhpc.errors import DlhpcError
-from dlhpc.harness.context import TrialContext, init
+
+if TYPE_CHECKING:
+    from dlhpc.harness.context import TrialContext, init
 
 __version__ = "0.1.0"
 __all__ = ["DlhpcError", "TrialContext", "__version__", "init"]
+
+
+def __getattr__(name: str) -> Any:
+    # The in-job API loads on first use: the `dlhpc` command does not need it.
+    if name in ("TrialContext", "init"):
+        from dlhpc.harness import context
+
+        return getattr(context, name)
+    raise AttributeError(f"module 'dlhpc' has no attribute {name!r}")

@@ -19,10 +19,12 @@ __all__ = [
     "DlhpcError",
     "LeaseHeldError",
     "NotFoundError",
+    "NotPermittedError",
     "UsageError",
     "SchedulerError",
     "SchemaVersionError",
     "StoreError",
+    "UnsafePathError",
 ]
 
 
@@ -68,6 +70,14 @@ class UsageError(DlhpcError):
 
 class NotFoundError(UsageError):
     """An experiment, trial or attempt id that does not exist."""
+
+
+class NotPermittedError(UsageError):
+    """The site's permission policy forbids this (e.g. changing another user's experiment)."""
+
+
+class UnsafePathError(DlhpcError):
+    """A path that should stay under a root escapes it (``..``, a symlink, an absolute path)."""
 
 
 class StoreError(DlhpcError):

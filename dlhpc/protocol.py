@@ -52,15 +52,19 @@ worker's liveness, every :data:`HEARTBEAT_INTERVAL_S`) and ``progress.json``
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
+import stat
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from dlhpc._perms import fix_fd_mode
 
 __all__ = [
     "EVENT_FILE_RE",
@@ -116,16 +120,42 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _landed(tmp: str, path: Path, data: bytes) -> bool:
+    """True when a rename of ``tmp`` to ``path`` that reported an error happened anyway.
+
+    On NFS a RENAME whose reply was lost is retransmitted, and the server may answer
+    the retry with ENOENT or ESTALE although the first try succeeded. The temp name
+    is unique to the call, so "temp gone and ``path`` holds exactly ``data``" means
+    the rename is done.
+    """
+    if os.path.lexists(tmp):
+        return False
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(data) + 1) == data
+    except OSError:
+        return False
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Publish ``data`` at ``path`` atomically: readers see all of it or nothing."""
+    """Publish ``data`` at ``path`` atomically: readers see all of it or nothing.
+
+    A rename that reports an error but happened (NFS) counts as done, so a caller
+    never publishes the same records again under another name.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        fix_fd_mode(fd)  # mkstemp's 0600 -> what the umask (the site's policy) gives
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except OSError:
+            if not _landed(tmp, path, data):
+                raise
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -158,6 +188,7 @@ class TrialSpec:
     deepspeed: dict[str, Any] | None = None  # the resolved `deepspeed.config` mapping
     # declared data inputs (`data:`), fingerprinted at attempt start: [{"path", "hash"}]
     data: list[dict[str, Any]] = field(default_factory=list)
+    umask: int | None = None  # the site's permission policy; the worker applies it first
 
     def write(self, path: Path) -> None:
         atomic_write_text(path, json.dumps(asdict(self), indent=2, sort_keys=True))
@@ -217,27 +248,48 @@ class EventBatch:
 
 
 def iter_attempt_dirs(trial_path: Path) -> Iterator[Path]:
+    """The attempt folders of a trial; a symlink (a job pointing elsewhere) is never one."""
     attempts = trial_path / "attempts"
-    if not attempts.is_dir():
+    if attempts.is_symlink() or not attempts.is_dir():
         return
-    yield from sorted(p for p in attempts.iterdir() if p.is_dir())
+    yield from sorted(p for p in attempts.iterdir() if p.is_dir() and not p.is_symlink())
 
 
 def read_event_batches(attempt_path: Path, skip: Iterable[str] = ()) -> list[EventBatch]:
     """Read the published event files of an attempt, except those named in ``skip``.
 
-    Temp files (dot-prefixed) are never read. A file that does not parse is a
-    bug in the writer, not a torn write (publication is atomic), so it raises.
+    Temp files (dot-prefixed) are never read, nor is anything but a regular file
+    (a symlink could point out of the attempt folder: it is opened with
+    ``O_NOFOLLOW`` and returned as a batch without records). A file that does not
+    parse is a bug in the writer, not a torn write (publication is atomic), so it
+    raises.
     """
     done = set(skip)
     batches = []
     for p in sorted(attempt_path.iterdir()):
         if p.name in done or not EVENT_FILE_RE.match(p.name):
             continue
-        text = p.read_text(encoding="utf-8")
+        text = _read_regular(p)
+        if text is None:  # marked ingested with no records, so it is not looked at again
+            batches.append(EventBatch(p.name, []))
+            continue
         records = [json.loads(line) for line in text.splitlines() if line.strip()]
         batches.append(EventBatch(p.name, records))
     return batches
+
+
+def _read_regular(path: Path) -> str | None:
+    """The text of ``path`` if it is a regular file, not through a symlink; else None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as err:
+        if err.errno == errno.ELOOP:  # a symlink
+            return None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return None  # a fifo or device would block or never end
+        return f.read().decode("utf-8")
 
 
 def read_small_json(path: Path) -> dict[str, Any] | None:

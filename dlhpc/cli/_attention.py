@@ -17,7 +17,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from dlhpc.report.status import status_data
+from dlhpc._perms import fix_fd_mode
+from dlhpc.report.status import idle_gpus, status_data
 from dlhpc.store import Attempt, Experiment, GpuSample, Store, Trial, utcnow
 
 __all__ = [
@@ -51,6 +52,7 @@ def atomic_write_json(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        fix_fd_mode(fd)  # the site's policy, not mkstemp's 0600
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=1, sort_keys=True)
             f.flush()
@@ -130,8 +132,7 @@ def _idle_now(s: Session) -> list[dict[str, Any]]:
     ).all()
     out: list[dict[str, Any]] = []
     for exp_id in sorted(sampled):
-        exp = status_data(s, exp_id)["experiments"][0]
-        out.extend({"experiment_id": exp_id, **g} for g in exp["idle_gpus"])
+        out.extend({"experiment_id": exp_id, **g} for g in idle_gpus(s, exp_id))
     return out
 
 

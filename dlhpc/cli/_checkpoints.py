@@ -16,7 +16,8 @@ from rich.table import Table
 from rich.text import Text
 from sqlalchemy import select
 
-from dlhpc.cli._common import console, echo_json, open_store, site_option
+from dlhpc._perms import may_modify
+from dlhpc.cli._common import check_owner, console, echo_json, open_store, site_option
 from dlhpc.cli._views import human_bytes
 from dlhpc.errors import NotFoundError
 from dlhpc.orchestrator.checkpoints import GcReport, experiment_plan, gc, set_pinned
@@ -107,7 +108,9 @@ def _pin_command(name: str, pinned: bool, doc: str) -> click.Command:
     @click.argument("checkpoint_id", type=int)
     @site_option
     def command(checkpoint_id: int, site: str | None) -> None:
-        row = set_pinned(open_store(site), checkpoint_id, pinned)
+        store = open_store(site)
+        check_owner(store, checkpoint_id=checkpoint_id)
+        row = set_pinned(store, checkpoint_id, pinned)
         state = "pinned" if pinned else "unpinned"
         click.echo(f"checkpoint {row['id']} (trial {row['trial_id']}) {state}: {row['path']}")
 
@@ -130,10 +133,16 @@ def _gc_json(r: GcReport) -> dict[str, Any]:
 def gc_command(experiment_id: int | None, site: str | None, dry_run: bool, as_json: bool) -> None:
     """Apply the checkpoint keep policy to EXPERIMENT_ID (default: every experiment)."""
     store = open_store(site)
-    if experiment_id is None:
+    skipped: list[int] = []
+    if experiment_id is None:  # every experiment this user may change; others' are skipped
         with store.read() as s:
-            ids = list(s.scalars(select(Experiment.id).order_by(Experiment.id)))
+            rows = s.execute(select(Experiment.id, Experiment.user).order_by(Experiment.id))
+            owners: dict[int, str] = {eid: user for eid, user in rows}
+        ids = [i for i, user in owners.items() if may_modify(user, store.permissions)]
+        skipped = sorted(set(owners) - set(ids))
     else:
+        if not dry_run:
+            check_owner(store, experiment_id=experiment_id)
         ids = [experiment_id]
     reports = [gc(store, i, dry_run) for i in ids]
     freed = sum(r.bytes_freed for r in reports)
@@ -143,10 +152,13 @@ def gc_command(experiment_id: int | None, site: str | None, dry_run: bool, as_js
                 "dry_run": dry_run,
                 "bytes_freed": freed,
                 "experiments": [_gc_json(r) for r in reports],
+                "skipped_not_yours": skipped,
             }
         )
         return
     verb = "would delete" if dry_run else "deleted"
+    if skipped:
+        click.echo(f"skipped other users' experiments (read-only to you): {skipped}")
     for r in reports:
         line = f"experiment {r.experiment_id}: {verb} {len(r.deleted)} checkpoint(s), "
         line += f"{human_bytes(r.bytes_freed)}; {r.kept} kept"

@@ -4,16 +4,29 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
+from sqlalchemy import select
 
-from dlhpc.config import load_site
-from dlhpc.orchestrator.common import SchedulerPool
-from dlhpc.store import Store, default_home
+from dlhpc import _perms
+from dlhpc._perms import apply_umask
+from dlhpc.config import SiteConfig, load_site
+from dlhpc.store import Checkpoint, Experiment, Store, Trial, default_home
 
-__all__ = ["console", "echo_json", "open_store", "pool_for", "site_option"]
+if TYPE_CHECKING:  # the orchestrator loads only for the commands that act
+    from dlhpc.orchestrator.common import SchedulerPool
+
+__all__ = [
+    "check_owner",
+    "console",
+    "echo_json",
+    "open_store",
+    "pool_for",
+    "site_option",
+    "use_site",
+]
 
 # Off a terminal (pipes, cron mail, CI logs) rich would wrap at 80 columns; tables read
 # better unwrapped there.
@@ -24,13 +37,48 @@ site_option = click.option(
 )
 
 
+def use_site(cfg: SiteConfig) -> SiteConfig:
+    """Apply the site's permission policy (its umask) to this process; returns ``cfg``.
+    The CLI calls it once it knows its site, before it creates anything."""
+    apply_umask(cfg.permissions.umask)
+    return cfg
+
+
 def open_store(site: str | None = None) -> Store:
-    """The store of the user's state folder ($DLHPC_HOME, else the site's state_dir)."""
-    cfg = load_site(site)
-    return Store(default_home(cfg.state_dir), journal_mode=cfg.journal_mode)
+    """The store of the user's state folder ($DLHPC_HOME, else the site's state_dir),
+    with the site's permission policy applied."""
+    cfg = use_site(load_site(site))
+    return Store(
+        default_home(cfg.state_dir), journal_mode=cfg.journal_mode, permissions=cfg.permissions
+    )
+
+
+def check_owner(
+    store: Store,
+    *,
+    experiment_id: int | None = None,
+    trial_id: int | None = None,
+    checkpoint_id: int | None = None,
+) -> None:
+    """Refuse (:class:`~dlhpc.errors.NotPermittedError`, exit 2) to change another user's
+    experiment unless the site allows it (``permissions.others_experiments: write``).
+    An unknown id passes: the command itself reports it."""
+    query = select(Experiment.id, Experiment.user)
+    if checkpoint_id is not None:
+        query = query.join(Trial).join(Checkpoint).where(Checkpoint.id == checkpoint_id)
+    elif trial_id is not None:
+        query = query.join(Trial).where(Trial.id == trial_id)
+    else:
+        query = query.where(Experiment.id == experiment_id)
+    with store.read() as s:
+        row = s.execute(query).first()
+    if row is not None:
+        _perms.check_may_modify(row.user, f"experiment {row.id}", store.permissions)
 
 
 def pool_for(store: Store) -> SchedulerPool:
+    from dlhpc.orchestrator.common import SchedulerPool
+
     return SchedulerPool(local_root=store.home / "local")
 
 

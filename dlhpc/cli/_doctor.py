@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import grp
+import os
+import re
 import shutil
 import sqlite3
+import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -13,14 +17,18 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from dlhpc.cli._common import console, echo_json, site_option
+from dlhpc._perms import DB_SIDE_FILES, current_user
+from dlhpc.cli._common import console, echo_json, site_option, use_site
 from dlhpc.config import load_site
+from dlhpc.config._permissions import Permissions
 from dlhpc.config.model import SiteConfig
 from dlhpc.errors import DlhpcError, UsageError
 from dlhpc.report.quota import lustre_quota, quota_warning
+from dlhpc.scheduler.slurm._pyslurm import poll_path
 from dlhpc.store import default_home
 from dlhpc.store._engine import SCHEMA_VERSION, make_engine, read_version
 from dlhpc.store._engine import migrate as run_migrations
+from dlhpc.store.store import DB_NAME
 
 __all__ = ["COMMANDS"]
 
@@ -91,24 +99,182 @@ def _slurm_checks(site: SiteConfig) -> list[Check]:
     return checks
 
 
+def pyslurm_check() -> Check:
+    """How ``poll`` reads the queue in this process (pyslurm or squeue), and why."""
+    path = poll_path()
+    return Check("queue polling", "ok", path.reason)
+
+
 def run_checks(site: SiteConfig) -> list[Check]:
     checks = _slurm_checks(site)
+    if site.backend != "local":
+        checks.append(pyslurm_check())
     home = default_home(site.state_dir)
     for label, path in (("state folder", home), ("checkpoint folder", site.scratch.expanduser())):
         ok, detail = _writable(path)
         checks.append(Check(f"{label} writable", "ok" if ok else "fail", detail))
     checks.append(_quota_check(site.scratch.expanduser()))
-    fstype = fs_type(home)
-    if fstype in _NETWORK_FS:
-        advice = (
-            f"{home} is on {fstype}: SQLite is safe there only with one writer at a time (dlhpc's"
-            " lease) and working POSIX locks; keep the journal mode 'delete' (never WAL), or put"
-            " DLHPC_HOME on a login node's local disk if you always use the same login node"
-        )
-        checks.append(Check("database filesystem", "warn", advice))
-    else:
-        checks.append(Check("database filesystem", "ok", f"{home} is on {fstype}"))
+    checks += permission_checks(site)
+    mounts = read_mounts()
+    checks.append(db_filesystem_check(home, site.journal_mode, mounts))
+    slurm = site.backend != "local" and shutil.which("sbatch") is not None
+    checks += shared_folder_checks(site, home, mounts, slurm)
     return checks
+
+
+# --- where the DB and the run folders live (shared filesystems) -----------------
+
+_LOCAL_FS = {"xfs", "btrfs", "tmpfs", "zfs", "overlay", "overlayfs", "f2fs", "jfs", "ramfs"}
+_DB_RULE = (
+    " Only the reconciler holding the lease writes it (one `dlhpc tick` at a time, from cron on"
+    " one login node; a second one exits quietly), and jobs never open it: never open it from a"
+    " compute node. It has no path of its own: it lives in DLHPC_HOME (the site's state_dir)"
+    " with the run folders, which the compute nodes must see."
+)
+
+
+@dataclass(frozen=True)
+class Mount:
+    point: str
+    fstype: str
+    options: frozenset[str]
+
+
+def read_mounts(text: str | None = None) -> list[Mount]:
+    """The mount table (``/proc/mounts`` unless ``text``); empty where there is none."""
+    if text is None:
+        try:
+            text = Path("/proc/mounts").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return []
+    mounts = []
+    for parts in (line.split() for line in text.splitlines()):
+        if len(parts) >= 4:  # the kernel writes a space in a mount point as \040
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), parts[1])
+            mounts.append(Mount(point, parts[2], frozenset(parts[3].split(","))))
+    return mounts
+
+
+def mount_of(path: Path, mounts: list[Mount]) -> Mount | None:
+    """The mount holding ``path``: the longest mount point above it (the later wins a tie)."""
+    p = path.expanduser().absolute()
+    best: Mount | None = None
+    for m in mounts:
+        if (p == Path(m.point) or Path(m.point) in p.parents) and (
+            best is None or len(m.point) >= len(best.point)
+        ):
+            best = m
+    return best
+
+
+def _fs_of(path: Path, mounts: list[Mount]) -> tuple[str, Mount | None]:
+    """(filesystem type, mount): the mount table's type, else ``stat -f``'s."""
+    m = mount_of(path, mounts)
+    return (m.fstype if m else fs_type(path)), m
+
+
+def lock_problem(m: Mount) -> str | None:
+    """Why POSIX (fcntl) locks, SQLite's, do not work across hosts on ``m``, or None."""
+    if m.fstype.startswith("nfs") and "nolock" in m.options:
+        return "it is mounted 'nolock' (locks are local to each host)"
+    if m.fstype.startswith("nfs") and m.options & {"local_lock=all", "local_lock=posix"}:
+        return "it is mounted with 'local_lock' (POSIX locks are local to each host)"
+    if m.fstype == "lustre" and "localflock" in m.options:
+        return "it is mounted 'localflock' (locks are local to each client)"
+    if m.fstype == "lustre" and "flock" not in m.options:
+        return "it is mounted without 'flock' (lock calls fail there)"
+    if m.fstype == "fuse.sshfs":
+        return "sshfs has no locks shared between hosts"
+    return None
+
+
+def db_filesystem_check(home: Path, journal_mode: str, mounts: list[Mount]) -> Check:
+    """Where the DB lives, and whether SQLite is safe there (see :data:`_DB_RULE`)."""
+    db, name = home / DB_NAME, "database filesystem"
+    fstype, m = _fs_of(home, mounts)
+    if fstype not in _NETWORK_FS and not fstype.startswith(("nfs", "fuse.")):
+        return Check(name, "ok", f"{db} is on {fstype} (not a network filesystem)")
+    if journal_mode == "wal":
+        why = "WAL needs memory shared by every process that opens the DB, which a network"
+        return Check(
+            name,
+            "fail",
+            f"{db} is on {fstype} with journal_mode wal: {why} filesystem lacks; set"
+            " journal_mode: delete in the site file",
+        )
+    problem = lock_problem(m) if m is not None else "its mount options are unknown"
+    if problem is None:
+        return Check(name, "ok", f"{db} is on {fstype}, with working locks." + _DB_RULE)
+    return Check(
+        name,
+        "warn",
+        f"{db} is on {fstype} and {problem}: run every dlhpc command that opens the DB (cron's"
+        " tick, launch, status, report) on one login node, or ask for a mount with working"
+        " POSIX locks." + _DB_RULE,
+    )
+
+
+def shared_folder_checks(
+    site: SiteConfig, home: Path, mounts: list[Mount], slurm: bool
+) -> list[Check]:
+    """With Slurm (``slurm``), the run folders (trial.json, event files) and the checkpoint
+    folder must be on a filesystem the compute nodes see: a local one is a warning."""
+    checks = []
+    for label, path, key in (
+        ("run folders", home / "runs", "state_dir"),
+        ("checkpoint folder", site.scratch.expanduser(), "scratch"),
+    ):
+        fstype, _ = _fs_of(path, mounts)
+        local = fstype in _LOCAL_FS or fstype.startswith("ext")
+        if local and slurm:
+            detail = (
+                f"{path} is on {fstype}, a local filesystem: jobs on other nodes cannot see it"
+                f" (fine only if the compute nodes are this machine); put the site's {key} on"
+                " a filesystem the compute nodes mount"
+            )
+            checks.append(Check(f"{label} filesystem", "warn", detail))
+        else:
+            checks.append(Check(f"{label} filesystem", "ok", f"{path} is on {fstype}"))
+    return checks
+
+
+def permission_checks(site: SiteConfig) -> list[Check]:
+    """The site's permission policy, and whether the DB and state folder follow it."""
+    policy = site.permissions
+    checks = [Check("permission policy", "ok", policy.describe())]
+    home = default_home(site.state_dir)
+    if policy.group is not None:
+        try:
+            members = grp.getgrnam(policy.group)
+            mine = members.gr_gid in os.getgroups() or current_user() in members.gr_mem
+        except KeyError:
+            mine = False
+        detail = f"you ({current_user()}) are {'' if mine else 'not '}in group {policy.group}"
+        checks.append(Check("lab group", "ok" if mine else "fail", detail))
+    for path in (home, *(Path(f"{home / DB_NAME}{s}") for s in DB_SIDE_FILES)):
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        checks.append(_mode_check(path, st, policy))
+    return checks
+
+
+def _mode_check(path: Path, st: os.stat_result, policy: Permissions) -> Check:
+    mode = stat.S_IMODE(st.st_mode)
+    label = "state folder mode" if path.is_dir() else f"{path.name} mode"
+    if mode & stat.S_IWOTH and not (path.is_dir() and mode & stat.S_ISVTX):
+        return Check(label, "fail", f"{path} is world-writable ({mode:04o}): chmod o-w {path}")
+    if policy.mode == "group" and policy.group is not None and path.is_dir():
+        gid = grp.getgrnam(policy.group).gr_gid
+        if st.st_gid != gid or not mode & stat.S_ISGID:
+            fix = f"chgrp {policy.group} {path} && chmod g+rwxs {path}"
+            return Check(label, "warn", f"{path} ({mode:04o}) is not shared with the group: {fix}")
+    if mode & 0o007 or (policy.mode == "private" and mode & 0o070):
+        who = "others" if mode & 0o007 else "your group"
+        detail = f"{path} ({mode:04o}) is readable by {who}; the policy is {policy.mode}"
+        return Check(label, "warn", detail)
+    return Check(label, "ok", f"{path} ({mode:04o})")
 
 
 def _quota_check(scratch: Path) -> Check:
@@ -127,7 +293,7 @@ def _quota_check(scratch: Path) -> Check:
 @click.option("--json", "as_json", is_flag=True)
 def doctor(site: str | None, as_json: bool) -> None:
     """Check that Slurm, accounting, partitions and folders work for this site."""
-    cfg = load_site(site)
+    cfg = use_site(load_site(site))
     checks = run_checks(cfg)
     if as_json:
         echo_json({"site": cfg.name, "checks": [c.__dict__ for c in checks]})
@@ -152,7 +318,7 @@ def db() -> None:
 @site_option
 def migrate(site: str | None) -> None:
     """Back up an older state database, then bring it to this dlhpc's schema version."""
-    cfg = load_site(site)
+    cfg = use_site(load_site(site))
     db_file = default_home(cfg.state_dir) / "dlhpc.db"
     if not db_file.exists():
         raise UsageError(f"no state database at {db_file}")

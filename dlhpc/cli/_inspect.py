@@ -11,7 +11,7 @@ from rich.console import Group
 from rich.live import Live
 
 from dlhpc.cli._common import console, echo_json, open_store, site_option
-from dlhpc.cli._views import experiment_view, experiments_table
+from dlhpc.cli._views import ROW_LIMIT, experiment_view, experiments_table
 from dlhpc.errors import NotFoundError
 from dlhpc.report.quota import quota_warning
 from dlhpc.report.status import status_data
@@ -26,8 +26,16 @@ __all__ = ["COMMANDS"]
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--watch", is_flag=True, help="Refresh in place every few seconds.")
 @click.option("--interval", default=5.0, show_default=True)
+@click.option(
+    "--all", "show_all", is_flag=True, help=f"List every trial (default: {ROW_LIMIT}, live first)."
+)
 def status(
-    experiment_id: int | None, site: str | None, as_json: bool, watch: bool, interval: float
+    experiment_id: int | None,
+    site: str | None,
+    as_json: bool,
+    watch: bool,
+    interval: float,
+    show_all: bool,
 ) -> None:
     """Experiments (newest first) and the newest one's trials, or EXPERIMENT_ID's trials."""
     store = open_store(site)
@@ -44,15 +52,16 @@ def status(
         return data
 
     def render() -> Group:
+        limit = None if show_all else ROW_LIMIT
         with store.read() as s:
-            data = status_data(s, experiment_id)
+            data = status_data(s, experiment_id, limit=limit)
         with_quota({"experiments": data["experiments"][:1]})  # the one whose trials show
         if experiment_id is not None:
-            return Group(experiment_view(data["experiments"][0]))
+            return Group(experiment_view(data["experiments"][0], limit=limit))
         if not data["experiments"]:
             return Group("no experiments yet: dlhpc launch EXPERIMENT.yaml")
         # the list, then the newest experiment's trials (what one usually wants to see)
-        return Group(experiments_table(data), experiment_view(data["experiments"][0]))
+        return Group(experiments_table(data), experiment_view(data["experiments"][0], limit=limit))
 
     if as_json:
         with store.read() as s:

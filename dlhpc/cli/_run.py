@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+import shutil
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -13,16 +15,25 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from dlhpc.cli import _attention
-from dlhpc.cli._common import console, echo_json, open_store, pool_for, site_option
+from dlhpc.cli._common import (
+    check_owner,
+    console,
+    echo_json,
+    open_store,
+    pool_for,
+    site_option,
+    use_site,
+)
 from dlhpc.cli._views import experiment_view
 from dlhpc.config import ExperimentConfig, load_experiment
-from dlhpc.errors import LeaseHeldError
+from dlhpc.errors import LeaseHeldError, UsageError
 from dlhpc.orchestrator import TickReport, kill_experiment, kill_trial, plan_launch
 from dlhpc.orchestrator import launch as do_launch
 from dlhpc.orchestrator import tick as do_tick
 from dlhpc.orchestrator.common import SchedulerPool
 from dlhpc.orchestrator.states import ExperimentState
 from dlhpc.report.status import status_data
+from dlhpc.scheduler import SlurmScheduler
 from dlhpc.search._space import grid_points
 from dlhpc.store import Store, default_home
 
@@ -42,8 +53,16 @@ def launch(
     experiment: Path, site: str | None, dry_run: bool, follow: bool, as_json: bool, interval: float
 ) -> None:
     """Launch EXPERIMENT (a YAML file) as Slurm job arrays."""
-    cfg = load_experiment(experiment, site=site)
+    cfg = load_experiment(experiment, site=site, partitions=_cluster_partitions(dry_run))
+    use_site(cfg.site)
     home = default_home(cfg.site.state_dir)
+    if cfg.backend == "slurm" and "%" in str(home):
+        # sbatch reads % in --output/--error as a file-name pattern (%j, %u, ...), so the
+        # job logs would land somewhere other than where dlhpc records them.
+        raise UsageError(
+            f"the state folder {home} contains '%', which Slurm reads as a pattern in log file"
+            " names; set DLHPC_HOME (or the site's state_dir) to a folder without '%'"
+        )
     if dry_run:
         plan = plan_launch(cfg, home, SchedulerPool(local_root=home / "local"))
         if as_json:
@@ -51,7 +70,7 @@ def launch(
         else:
             click.echo(plan.render())
         return
-    store = Store(home, journal_mode=cfg.site.journal_mode)
+    store = Store(home, journal_mode=cfg.site.journal_mode, permissions=cfg.site.permissions)
     pool = pool_for(store)
     if as_json or not sys.stdout.isatty() or _expected_trials(cfg) < _LARGE_LAUNCH:
         result = do_launch(cfg, store, pool)
@@ -76,6 +95,14 @@ def launch(
         )
     if follow:
         _follow(store, result.experiment_id, interval)
+
+
+def _cluster_partitions(dry_run: bool) -> Callable[[], list[str]] | None:
+    """Slurm's partitions for the loader's check (one sinfo, asked only when a Slurm
+    job names a partition); a dry run skips the check where sinfo is not installed."""
+    if dry_run and shutil.which("sinfo") is None:
+        return None
+    return SlurmScheduler().partitions
 
 
 _LARGE_LAUNCH = 200  # trials: from here on a TTY shows a progress bar while launching
@@ -167,6 +194,10 @@ def _attention_lines(store: Store, since: datetime) -> list[str]:
 def kill(ident: int, is_trial: bool, site: str | None) -> None:
     """Kill experiment IDENT (or trial IDENT with -t): cancel its jobs, mark it KILLED."""
     store = open_store(site)
+    if is_trial:
+        check_owner(store, trial_id=ident)
+    else:
+        check_owner(store, experiment_id=ident)
     pool = pool_for(store)
     for _ in range(30):
         try:

@@ -9,6 +9,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from dlhpc.report.status import pick_trials
+
 __all__ = ["experiment_view", "experiments_table", "human_bytes", "idle_gpu_lines"]
 
 _STATE_STYLE = {
@@ -105,15 +107,15 @@ def experiments_table(data: dict[str, Any]) -> Table:
     for col in ("id", "name", "state", "searcher", "trials", "best", "GPU-h", "created (UTC)"):
         table.add_column(col, no_wrap=col != "name", justify="right" if col == "GPU-h" else "left")
     for e in data["experiments"]:
-        states = [t["state"] for t in e["trials"]]
-        done = sum(s == "COMPLETED" for s in states)
+        counts = e.get("trial_counts") or {}
+        done, total = counts.get("COMPLETED", 0), e.get("trials_total", 0)
         best = _best(e)
         table.add_row(
             str(e["id"]),
             Text(e["name"]),
             _state(e["state"]),
             e["searcher"],
-            f"{done}/{len(states)} done",
+            f"{done}/{total} done",
             f"{e['metric']}={_metric(best['best_metric'])}" if best else "-",
             _hours(e.get("gpu_hours")),
             e["created_at"][:16].replace("T", " "),
@@ -169,7 +171,37 @@ def _disk_lines(exp: dict[str, Any]) -> list[Text]:
     return lines
 
 
-def experiment_view(exp: dict[str, Any], note: str = "") -> RenderableType:
+ROW_LIMIT = 40  # trials listed by default: a terminal cannot show 10,000 rows usefully
+
+
+def _shown(exp: dict[str, Any], limit: int | None) -> list[dict[str, Any]]:
+    """The trials to list (status_data may have picked them already; see pick_trials)."""
+    trials: list[dict[str, Any]] = exp["trials"]
+    keep = pick_trials(
+        [(t["id"], t["state"], t["best_metric"]) for t in trials], exp["smaller_is_better"], limit
+    )
+    return [t for t in trials if t["id"] in keep]
+
+
+def _counts_line(exp: dict[str, Any], shown: int) -> list[Text]:
+    total = exp.get("trials_total", len(exp["trials"]))
+    if shown >= total:
+        return []
+    counts = exp.get("trial_counts") or {}
+    by_state = ", ".join(f"{n} {state}" for state, n in counts.items())
+    return [
+        Text(
+            f"{shown} of {total} trials listed (live first, then the best): {by_state};"
+            " --all lists every trial, --json has them all",
+            style="dim",
+        )
+    ]
+
+
+def experiment_view(
+    exp: dict[str, Any], note: str = "", limit: int | None = ROW_LIMIT
+) -> RenderableType:
+    """The experiment's trial table (at most ``limit`` rows; None: all) and notes."""
     direction = "min" if exp["smaller_is_better"] else "max"
     table = Table(
         title=f"experiment {exp['id']} {exp['name']} [{exp['state']}]  "
@@ -194,7 +226,8 @@ def experiment_view(exp: dict[str, Any], note: str = "") -> RenderableType:
         table.add_column("GPU util", no_wrap=True)
     table.add_column("hparams", overflow="fold")
     best = _best(exp)
-    for t in exp["trials"]:
+    shown = _shown(exp, limit)
+    for t in shown:
         style = "bold" if best is not None and t["id"] == best["id"] else ""
         cells: list[RenderableType] = [
             str(t["id"]),
@@ -211,6 +244,7 @@ def experiment_view(exp: dict[str, Any], note: str = "") -> RenderableType:
         table.add_row(*cells, _hparams(t["hparams"]), style=style)
     parts: list[RenderableType] = [
         table,
+        *_counts_line(exp, len(shown)),
         *idle_gpu_lines(exp),
         *_decision_line(exp),
         *_usage_line(exp),

@@ -8,22 +8,122 @@ exit codes as a shell does.
 
 from __future__ import annotations
 
+import importlib
 import traceback
 from typing import Any
 
 import click
 
 from dlhpc import __version__
-from dlhpc.cli import _checkpoints, _cron, _doctor, _inspect, _run, _simulate
-from dlhpc.cli import _report as _report_cmds
-from dlhpc.cli import _repro as _repro_cmds
+from dlhpc._perms import apply_umask
+from dlhpc.config._permissions import PRIVATE_UMASK
 from dlhpc.errors import DlhpcError
 
-__all__ = ["cli", "main"]
+__all__ = ["LAZY_COMMANDS", "cli", "main"]
+
+# Command name -> (module under dlhpc.cli holding it in its COMMANDS, its short help).
+# A command's module (and what it imports: the orchestrator, searchers, report HTML...)
+# loads only when that command runs, so `dlhpc status` does not pay for `dlhpc launch`.
+# The short help lists the commands in `dlhpc --help` without importing them; it is
+# each command's own (a unit test holds them equal).
+LAZY_COMMANDS: dict[str, tuple[str, str]] = {
+    "checkpoints": (
+        "_checkpoints",
+        "List EXPERIMENT_ID's checkpoints: size, metric, and why each is kept.",
+    ),
+    "cron": (
+        "_cron",
+        "Print the crontab line for this user and site (install it with `crontab -e`).",
+    ),
+    "db": ("_doctor", "State database upkeep."),
+    "diff": (
+        "_repro",
+        "The differences between the records of TRIAL_A and TRIAL_B: code, config,"
+        " hyperparameters, seed, packages, modules, nodes, CPU, GPU/driver, env, data.",
+    ),
+    "digest": (
+        "_cron",
+        "What is new since the last digest to the same place: finished experiments, failed"
+        " trials, idle GPUs (each idle spell once); a first digest looks back 24 hours.",
+    ),
+    "doctor": (
+        "_doctor",
+        "Check that Slurm, accounting, partitions and folders work for this site.",
+    ),
+    "export": (
+        "_checkpoints",
+        "Export TRIAL_ID into FOLDER: weights, config, metrics, reproducibility record.",
+    ),
+    "gc": (
+        "_checkpoints",
+        "Apply the checkpoint keep policy to EXPERIMENT_ID (default: every experiment).",
+    ),
+    "kill": (
+        "_run",
+        "Kill experiment IDENT (or trial IDENT with -t): cancel its jobs, mark it KILLED.",
+    ),
+    "launch": ("_run", "Launch EXPERIMENT (a YAML file) as Slurm job arrays."),
+    "logs": ("_inspect", "Print the log of TRIAL_ID's latest attempt."),
+    "pin": ("_checkpoints", "Protect CHECKPOINT_ID from the GC (until unpinned)."),
+    "report": (
+        "_report",
+        "Write EXPERIMENT_ID's report as one self-contained HTML file, or with --all every"
+        " experiment's page and an index into --out-dir.",
+    ),
+    "reproduce": (
+        "_repro",
+        "Run TRIAL_ID again as a new experiment: its code snapshot, config, hyperparameters"
+        " and seed.",
+    ),
+    "simulate": (
+        "_simulate",
+        "Simulate EXPERIMENT (a YAML file) with its searcher and alternatives on a simulated"
+        " cluster: expected GPU-hours, wall time and the chance of finding the best"
+        " configuration.",
+    ),
+    "status": (
+        "_inspect",
+        "Experiments (newest first) and the newest one's trials, or EXPERIMENT_ID's trials.",
+    ),
+    "tick": (
+        "_run",
+        "One idempotent reconciliation pass over all active experiments (what cron runs).",
+    ),
+    "unpin": ("_checkpoints", "Let the keep policy decide about CHECKPOINT_ID again."),
+}
 
 
 class _Group(click.Group):
+    """The ``dlhpc`` group: commands of :data:`LAZY_COMMANDS` load on first use, and
+    errors become one line and an exit code."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*LAZY_COMMANDS, *self.commands})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in LAZY_COMMANDS:
+            module = importlib.import_module(f"dlhpc.cli.{LAZY_COMMANDS[cmd_name][0]}")
+            for command in module.COMMANDS:
+                self.commands.setdefault(command.name or "", command)
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # as click.Group's, from the short help above: `dlhpc --help` imports no command
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(map(len, names), default=0)
+        rows = []
+        for name in names:
+            cmd = self.commands.get(name) or click.Command(name, help=LAZY_COMMANDS[name][1])
+            if not cmd.hidden:
+                rows.append((name, cmd.get_short_help_str(limit)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
     def invoke(self, ctx: click.Context) -> Any:
+        # Private until the command knows its site (`use_site` applies the site's umask);
+        # the caller's umask is back afterwards (matters in-process, under CliRunner).
+        umask = apply_umask(PRIVATE_UMASK)
         try:
             return super().invoke(ctx)
         except DlhpcError as err:
@@ -41,6 +141,8 @@ class _Group(click.Group):
                 f"error: internal error: {type(err).__name__}: {err} (rerun with --debug)", err=True
             )
             ctx.exit(1)
+        finally:
+            apply_umask(umask)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -51,19 +153,6 @@ def cli(ctx: click.Context, debug: bool) -> None:
     """Slurm-native, daemon-free orchestration of deep-learning experiments."""
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
-
-
-for command in (
-    *_run.COMMANDS,
-    *_inspect.COMMANDS,
-    *_doctor.COMMANDS,
-    *_simulate.COMMANDS,
-    *_checkpoints.COMMANDS,
-    *_cron.COMMANDS,
-    *_repro_cmds.COMMANDS,
-    *_report_cmds.COMMANDS,
-):
-    cli.add_command(command)
 
 
 def main() -> None:

@@ -10,7 +10,6 @@ site's. Errors name the file as the caller gave it.
 from __future__ import annotations
 
 import copy
-import json
 import os
 import re
 from collections.abc import Mapping
@@ -19,7 +18,9 @@ from typing import Any
 
 from dlhpc.config import _fields as F
 from dlhpc.config._data import read_data
+from dlhpc.config._deepspeed import read_deepspeed
 from dlhpc.config._hparams import read_hyperparameters, read_searcher
+from dlhpc.config._partitions import PartitionLister, check_cluster_partition
 from dlhpc.config._paths import absolute
 from dlhpc.config._site import SiteRef, load_site, load_site_ref, not_listed, resolve_backend
 from dlhpc.config._units import format_minutes
@@ -37,7 +38,6 @@ from dlhpc.config._validate import (
 from dlhpc.config._yaml import parse_yaml_text, read_text
 from dlhpc.config.model import (
     CheckpointConfig,
-    DeepSpeedConfig,
     Environment,
     ExperimentConfig,
     PreemptionConfig,
@@ -49,6 +49,7 @@ from dlhpc.errors import ConfigError, ConfigIssue
 
 __all__ = ["load_experiment"]
 
+_MAX_COUNT = 100_000  # nodes, CPUs, restarts, kept checkpoints: more is a typo
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _MEM = re.compile(r"[0-9]{1,12}[KMGT]?")
 _SBATCH_ARG = re.compile(r"--?[A-Za-z][A-Za-z0-9-]*(=.*)?", re.DOTALL)
@@ -122,17 +123,17 @@ _TOP = {
     "hyperparameters": Field(_passthrough),
     "searcher": Field(_passthrough),
     "checkpoint": Field(_passthrough),
-    "max_restarts": Field(integer(min=0), default=5),
+    "max_restarts": Field(integer(min=0, cap=_MAX_COUNT), default=5),
     "preemption": Field(_passthrough),
     "reproducibility": Field(_passthrough),
     "deepspeed": Field(_passthrough),
     "data": Field(_passthrough),
 }
 _RESOURCES = {
-    "nodes": Field(integer(min=1), default=1),
-    "gpus_per_node": Field(integer(min=0), default=0),
-    "tasks_per_node": Field(integer(min=1), nullable=True),
-    "cpus_per_task": Field(integer(min=1), default=1),
+    "nodes": Field(integer(min=1, cap=_MAX_COUNT), default=1),
+    "gpus_per_node": Field(integer(min=0, cap=1024), default=0),
+    "tasks_per_node": Field(integer(min=1, cap=_MAX_COUNT), nullable=True),
+    "cpus_per_task": Field(integer(min=1, cap=_MAX_COUNT), default=1),
     "mem": Field(_mem, default="4G"),
     "time": Field(F.slurm_time(allow_unlimited=False), default=("01:00:00", 60)),
     "partition": Field(F.TOKEN, nullable=True),
@@ -153,14 +154,19 @@ _REPRODUCIBILITY = {
 
 
 def load_experiment(
-    path: str | Path, site: str | None = None, environ: Mapping[str, str] | None = None
+    path: str | Path,
+    site: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    partitions: PartitionLister | None = None,
 ) -> ExperimentConfig:
     """Load, validate and resolve the experiment file ``path``.
 
     The site is ``site`` (a name or path), else the file's ``site:`` key (a
     path relative to the file's folder), else ``$DLHPC_SITE``, else auto.
     ``environ`` (default ``os.environ``) is used for ``~``, ``${VAR}``,
-    ``$DLHPC_*`` and finding ``sbatch``.
+    ``$DLHPC_*`` and finding ``sbatch``. ``partitions``: the Slurm cluster's
+    partition names, asked (once) only when the backend is Slurm and a
+    partition is set (see :mod:`dlhpc.config._partitions`); its errors propagate.
     """
     env: Mapping[str, str] = os.environ if environ is None else environ
     label = str(path)
@@ -175,20 +181,27 @@ def load_experiment(
     cfg_site = site_cfg if site_cfg is not None else SiteConfig("unknown", None)
 
     resources = _resources(issues, top["resources"], cfg_site, site_ok)
+    backend = resolve_backend(cfg_site.backend, env)
+    if partitions is not None and site_ok and backend == "slurm":
+        ours = isinstance(top["resources"], dict) and top["resources"].get("partition")
+        if issues.ok(("resources", "partition")):
+            site_issues += check_cluster_partition(
+                issues, cfg_site, resources.partition, bool(ours), partitions
+            )
     e = read_section(issues, top["environment"], ("environment",), _ENVIRONMENT)
     space = read_hyperparameters(issues, top["hyperparameters"])
     searcher = read_searcher(issues, top["searcher"], space)
     path_check = F.path(base, env)
     ckpt_fields = {
         "dir": Field(path_check, nullable=True),
-        "keep_best": Field(integer(min=0), default=1),
-        "keep_latest": Field(integer(min=1), default=1),
-        "keep_experiment_best": Field(integer(min=0), default=0),
+        "keep_best": Field(integer(min=0, cap=_MAX_COUNT), default=1),
+        "keep_latest": Field(integer(min=1, cap=_MAX_COUNT), default=1),
+        "keep_experiment_best": Field(integer(min=0, cap=_MAX_COUNT), default=0),
     }
     c = read_section(issues, top["checkpoint"], ("checkpoint",), ckpt_fields)
     preemption = _preemption(issues, top["preemption"], cfg_site, site_ok, resources)
     r = read_section(issues, top["reproducibility"], ("reproducibility",), _REPRODUCIBILITY)
-    deepspeed = _deepspeed(issues, top["deepspeed"], base, env)
+    deepspeed = read_deepspeed(issues, top["deepspeed"], base, env)
     data = read_data(issues, top["data"], base, env)
     workdir = base
     if top["workdir"] is not None:
@@ -234,7 +247,7 @@ def load_experiment(
         ),
         deepspeed=deepspeed,
         data=data,
-        backend=resolve_backend(site_cfg.backend, env),
+        backend=backend,
         raw=copy.deepcopy(doc.data),
     )
 
@@ -248,7 +261,12 @@ def _site(
             return load_site_ref(arg, SiteRef("site"), Path.cwd(), env), []
         if key is not None:
             ref = SiteRef(issues.file, issues.line(("site",)), "site")
-            return load_site_ref(key, ref, base, env), []
+            try:
+                return load_site_ref(key, ref, base, env), []
+            except ConfigError as exc:  # an unreadable site file: point at the key
+                if any(i.file != key or i.line is not None for i in exc.issues):
+                    raise
+                return None, [ref.error(f"{key}: {i.message}").issues[0] for i in exc.issues]
         if not issues.ok(("site",)):
             return None, []  # the key's problem is already reported
         return load_site(None, env), []
@@ -320,66 +338,3 @@ def _preemption(
     return PreemptionConfig(
         signal=s["signal"] if s["signal"] is not None else site.signal, lead_time_s=lead
     )
-
-
-def _deepspeed(
-    issues: Issues, value: Any, base: Path, env: Mapping[str, str]
-) -> DeepSpeedConfig | None:
-    path = ("deepspeed",)
-    if value is None:
-        return None
-    s = read_section(issues, value, path, {"config": Field(_passthrough, required=True)})
-    config = s["config"]
-    here = (*path, "config")
-    if config is None:
-        return None  # missing: already reported
-    if isinstance(config, dict):
-        try:
-            return DeepSpeedConfig(config=F.json_value(config))
-        except Invalid as exc:
-            issues.add(here, str(exc))
-            return None
-    try:
-        file = F.path(base, env)(config)
-    except Invalid as exc:
-        issues.add(here, f"must be a mapping or a path to a JSON/YAML file: {exc}")
-        return None
-    try:
-        data = _load_mapping(file, str(file))
-        return DeepSpeedConfig(config=F.json_value(data), path=file)
-    except Invalid as exc:
-        issues.add(here, f"{file}: {exc}")
-    except ConfigError as exc:
-        issues.add(here, f"cannot use {file} (see below)")
-        issues.issues.extend(exc.issues)
-    return None
-
-
-def _load_mapping(file: Path, label: str) -> dict[str, Any]:
-    """A JSON (``.json``) or YAML file whose top level is a mapping."""
-    text = read_text(file, label)
-    if file.suffix.lower() != ".json":
-        data: Any = parse_yaml_text(text, label).data
-        return dict(data)
-
-    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, val in pairs:
-            if key in out:
-                raise ValueError(f"duplicate key {key!r}")
-            out[key] = val
-        return out
-
-    try:
-        data = json.loads(text, object_pairs_hook=no_duplicates)
-    except json.JSONDecodeError as exc:
-        issue = ConfigIssue(label, exc.lineno, "", f"invalid JSON: {exc.msg}")
-        raise ConfigError([issue]) from None
-    except (ValueError, RecursionError) as exc:
-        message = str(exc) if isinstance(exc, ValueError) else "nested too deeply"
-        raise ConfigError([ConfigIssue(label, None, "", f"invalid JSON: {message}")]) from None
-    if not isinstance(data, dict):
-        raise ConfigError(
-            [ConfigIssue(label, 1, "", f"top level must be a mapping, got {describe(data)}")]
-        )
-    return data

@@ -37,6 +37,8 @@ _TYPES: tuple[str, ...] = get_args(HParamType)
 _SEARCHERS: tuple[str, ...] = get_args(SearcherName)
 _EXACT_INT = 2**53  # int bounds are used as floats by the searchers
 _MAX_GRID = 100_000  # the grid searcher's own limit
+_MAX_TRIALS = 1_000_000  # what one launch may ask the searcher for
+_MAX_LENGTH = 10**12  # steps or epochs; far beyond any run, well inside SQLite's integers
 
 
 def _vals(value: Any) -> tuple[Any, ...]:
@@ -139,12 +141,12 @@ _SEARCHER_FIELDS = {
     "name": Field(choice(*_SEARCHERS), default="single"),
     "metric": Field(string(nonempty=True, single_line=True), default="val_loss"),
     "smaller_is_better": Field(boolean, default=True),
-    "max_trials": Field(integer(min=1), default=1),
-    "max_concurrent_trials": Field(integer(min=0), nullable=True),
-    "max_length": Field(integer(min=1), nullable=True),
-    "divisor": Field(integer(min=2), default=3),
-    "max_rungs": Field(integer(min=1), nullable=True),
-    "min_length": Field(integer(min=1), nullable=True),
+    "max_trials": Field(integer(min=1, cap=_MAX_TRIALS), default=1),
+    "max_concurrent_trials": Field(integer(min=0, cap=_MAX_TRIALS), nullable=True),
+    "max_length": Field(integer(min=1, cap=_MAX_LENGTH), nullable=True),
+    "divisor": Field(integer(min=2, cap=_MAX_LENGTH), default=3),
+    "max_rungs": Field(integer(min=1, cap=1000), nullable=True),
+    "min_length": Field(integer(min=1, cap=_MAX_LENGTH), nullable=True),
     "stop_once": Field(boolean, default=False),
     "seed": Field(integer(min=0, max=2**32 - 1), default=0),
     "mode": Field(choice("aggressive", "standard", "conservative"), nullable=True),
@@ -160,7 +162,7 @@ def read_searcher(issues: Issues, value: Any, space: Mapping[str, HParam]) -> Se
     if max_length is None:
         if name in ("single", "grid", "random"):
             max_length = 1
-        elif issues.ok((*path, "name")):
+        elif issues.ok((*path, "name"), (*path, "max_length")):
             issues.add((*path, "max_length"), f"required for searcher {name!r}")
     mode = s["mode"]
     if mode is not None and name != "hyperband" and issues.ok((*path, "name")):
@@ -190,6 +192,14 @@ def read_searcher(issues: Issues, value: Any, space: Mapping[str, HParam]) -> Se
                     ("hyperparameters", hp.name),
                     "searcher 'grid' needs 'count' (the number of grid points) here",
                 )
+        size = _grid_size(space)
+        if size > _MAX_GRID and issues.ok(("hyperparameters",)):
+            shown = f"{size:,}" if size < 10**15 else "over 10^15"
+            issues.add(
+                (*path, "name"),
+                f"grid search allows at most {_MAX_GRID:,} points, this grid has {shown} "
+                "(lower the counts or use searcher 'random')",
+            )
     return SearcherConfig(
         name=name,
         metric=s["metric"],
@@ -221,6 +231,19 @@ def _concurrency(name: str, given: int | None) -> int:
     if given is not None:
         return given
     return DEFAULT_ADAPTIVE_CONCURRENCY if name in (*_ADAPTIVE, "bayes") else 0
+
+
+def _grid_size(space: Mapping[str, HParam]) -> int:
+    """Points of the grid over ``space`` (as :func:`dlhpc.search.grid_points` builds it)."""
+    size = 1
+    for hp in space.values():
+        if hp.type == "categorical":
+            size *= len(hp.vals or ())
+        elif hp.type == "int" and hp.count is not None:
+            size *= min(hp.count, int(hp.maxval or 0) - int(hp.minval or 0) + 1)
+        elif hp.type in ("double", "log"):
+            size *= hp.count or 1
+    return size
 
 
 def _rungs_between(min_length: int, max_length: int, divisor: int) -> int:

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import dlhpc
 from dlhpc.config import _fields as F
 from dlhpc.config._paths import absolute, expand_path, home
+from dlhpc.config._permissions import read_permissions
 from dlhpc.config._validate import (
     Check,
     Field,
@@ -182,8 +183,10 @@ def load_site_file(file: Path, label: str, environ: Mapping[str, str]) -> SiteCo
         "env": Field(F.env_vars, default={}),
         "journal_mode": Field(choice("delete", "wal"), default="delete"),
         "local_max_parallel": Field(integer(min=1, max=100_000), nullable=True),
+        "permissions": Field(lambda value: value, nullable=True),  # read_permissions checks
     }
     s = read_section(issues, doc.data, (), fields)
+    permissions = read_permissions(issues, s["permissions"])
     partitions: dict[str, PartitionInfo] = s["partitions"]
     if partitions and s["partition"] is not None and issues.ok(("partition",), ("partitions",)):
         for part in s["partition"].split(","):
@@ -206,6 +209,7 @@ def load_site_file(file: Path, label: str, environ: Mapping[str, str]) -> SiteCo
         env=s["env"],
         journal_mode=s["journal_mode"],
         local_max_parallel=s["local_max_parallel"],
+        permissions=permissions,
     )
     return _finish(site, environ, scratch=s["scratch"], state_dir=s["state_dir"])
 

@@ -181,8 +181,12 @@ def _quote_hint(value: Any) -> str:
     return " (put it in quotes)" if isinstance(value, (int, float, bool)) else ""
 
 
-def integer(min: int | None = None, max: int | None = None) -> Check:
-    """An ``int`` (not a bool, not a string) in ``[min, max]``."""
+def integer(min: int | None = None, max: int | None = None, *, cap: int | None = None) -> Check:
+    """An ``int`` (not a bool, not a string) in ``[min, max]``.
+
+    ``cap``: a sanity limit above ``min`` (huge values are mistakes, and must
+    not reach SQLite's 64-bit integers or sbatch), reported on its own.
+    """
     if min is not None and max is not None:
         what = f"must be an integer between {min} and {max}"
     elif min is not None:
@@ -196,6 +200,8 @@ def integer(min: int | None = None, max: int | None = None) -> Check:
         ok = isinstance(value, int) and not isinstance(value, bool)
         if not ok or (min is not None and value < min) or (max is not None and value > max):
             raise Invalid(f"{what}, got {describe(value)}")
+        if cap is not None and value > cap:
+            raise Invalid(f"must be at most {cap:,}, got {describe(value)}")
         return int(value)
 
     return check

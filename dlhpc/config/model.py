@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from dlhpc.config._permissions import Permissions
+
 SCHEMA_VERSION = 1
 
 HParamType = Literal["const", "int", "double", "log", "categorical"]
@@ -144,6 +146,7 @@ class SiteConfig:
     env: dict[str, str] = field(default_factory=dict)  # e.g. NCCL_SOCKET_IFNAME
     journal_mode: Literal["delete", "wal"] = "delete"  # WAL only on local disks
     local_max_parallel: int | None = None  # local backend: concurrent tasks (default: CPUs)
+    permissions: Permissions = field(default_factory=Permissions)  # who may read what we create
 
 
 @dataclass(frozen=True)

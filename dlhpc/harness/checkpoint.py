@@ -175,6 +175,17 @@ def _reserve_name(root: Path, step: int) -> Path:
             n += 1
 
 
+def _moved_in(tmp: Path, final: Path, files: dict[str, FileRecord]) -> bool:
+    """True when the folder rename of ``tmp`` onto ``final`` that reported an error
+    happened anyway (an NFS retransmit answered ENOENT/ESTALE): the uniquely named
+    temp folder is gone and ``final`` holds every sealed file at its size."""
+    try:
+        sizes = {rel: os.lstat(final / rel).st_size for rel in files}
+    except OSError:
+        return False
+    return not os.path.lexists(tmp) and sizes == {k: v.size for k, v in files.items()}
+
+
 def publish_checkpoint(
     root: Path,
     step: int,
@@ -204,7 +215,11 @@ def publish_checkpoint(
         files = _seal(tmp)
         failpoint("ckpt-after-seal")
         final = _reserve_name(root, step)
-        os.replace(tmp, final)  # onto the empty reserved folder: atomic on POSIX
+        try:
+            os.replace(tmp, final)  # onto the empty reserved folder: atomic on POSIX
+        except OSError:
+            if not _moved_in(tmp, final, files):
+                raise
         _fsync_dir(root)
         failpoint("ckpt-after-rename")
         created = time.time()

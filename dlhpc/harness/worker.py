@@ -131,6 +131,8 @@ def _requeue_self(job_id: str) -> str:
 def run_entrypoint(trial_dir: Path) -> int:
     """Run the trial once; returns the entrypoint's exit code (signals as 128+n)."""
     spec = TrialSpec.read(trial_dir / "trial.json")
+    if spec.umask is not None:  # the site's policy, before this job creates anything
+        os.umask(spec.umask)
     job_id, restart, rank = job_identity(os.environ)
     attempt_dir = trial_dir / "attempts" / attempt_key(job_id, restart)
     events = EventWriter(attempt_dir, f"worker-r{rank}")

@@ -32,6 +32,8 @@ stale temp folders (see :mod:`dlhpc.harness.checkpoint`).
 
 from __future__ import annotations
 
+import hashlib
+import heapq
 import json
 import math
 import os
@@ -43,13 +45,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from dlhpc.errors import DlhpcError, NotFoundError, UsageError
+from dlhpc._safepath import inside
+from dlhpc.errors import DlhpcError, NotFoundError, UnsafePathError, UsageError
 from dlhpc.harness.checkpoint import remove_checkpoint
 from dlhpc.orchestrator.states import TrialState
 from dlhpc.store import Checkpoint, Decision, Experiment, Store, Trial, utcnow
+from dlhpc.store.models import Meta
 
 __all__ = [
     "CkptInfo",
@@ -69,6 +73,7 @@ TRIAL_BEST = "trial-best"
 TRIAL_LATEST = "trial-latest"
 PINNED = "pinned"
 LIVE = "live"  # the newest of a trial a resume or promotion loads
+_ENDED = [st.value for st in TrialState if st.is_terminal]
 _CKPT_NAME = re.compile(r"^ckpt-\d{10,}(?:-[1-9]\d*)?$")  # dlhpc.harness.checkpoint's names
 
 
@@ -117,8 +122,9 @@ def _score(c: CkptInfo) -> float | None:
 def _best(cands: Iterable[CkptInfo], n: int, smaller_is_better: bool) -> list[CkptInfo]:
     scored = [(s, c) for c in cands if (s := _score(c)) is not None]
     sign = 1.0 if smaller_is_better else -1.0
-    scored.sort(key=lambda sc: (sign * sc[0], -sc[1].step, -sc[1].id))
-    return [c for _, c in scored[: max(0, n)]]
+    # nsmallest: the same as a stable sort's first n, without sorting all of them
+    best = heapq.nsmallest(max(0, n), scored, key=lambda sc: (sign * sc[0], -sc[1].step, -sc[1].id))
+    return [c for _, c in best]
 
 
 def plan_gc(
@@ -141,6 +147,15 @@ def plan_gc(
     for c in _best(checkpoints, policy.experiment_best, smaller_is_better):
         reasons[c.id].append(EXPERIMENT_BEST)
     for trial_id, cks in by_trial.items():
+        if len(cks) == 1:  # most trials of a long search: the general case's result, fast
+            (c,) = cks
+            if policy.trial_best > 0 and _score(c) is not None:
+                reasons[c.id].append(TRIAL_BEST)
+            if policy.trial_latest > 0:
+                reasons[c.id].append(TRIAL_LATEST)
+            if trial_id in protected_trials:
+                reasons[c.id].append(LIVE)
+            continue
         for c in _best(cks, policy.trial_best, smaller_is_better):
             reasons[c.id].append(TRIAL_BEST)
         newest = sorted(cks, key=lambda c: (c.step, c.id), reverse=True)
@@ -170,19 +185,22 @@ def _checkpoint_cfg(exp: Experiment) -> dict[str, Any]:
 
 
 def _protected(s: Session, exp_id: int) -> set[int]:
-    trials = s.execute(
-        select(Trial.id, Trial.state, Trial.max_length).where(Trial.experiment_id == exp_id)
-    ).all()
-    out = {tid for tid, state, _ in trials if not TrialState(state).is_terminal}
-    length = {tid: max_length for tid, _, max_length in trials}
-    promos = s.execute(
-        select(Decision.trial_id, Decision.length).where(
-            Decision.experiment_id == exp_id,
-            Decision.kind == "promote",
-            Decision.acted_at.is_(None),
+    """Live trials, and trials with a promotion to a longer grant not acted on yet."""
+    out = set(
+        s.scalars(select(Trial.id).where(Trial.experiment_id == exp_id, Trial.state.not_in(_ENDED)))
+    )
+    out.update(
+        s.scalars(
+            select(Decision.trial_id)
+            .join(Trial, Trial.id == Decision.trial_id)
+            .where(
+                Decision.experiment_id == exp_id,
+                Decision.kind == "promote",
+                Decision.acted_at.is_(None),
+                Decision.length > Trial.max_length,
+            )
         )
-    ).all()
-    out.update(tid for tid, n in promos if n > length.get(tid, n))
+    )
     return out
 
 
@@ -236,8 +254,9 @@ def _safe_folder(path: str, root: Path | None) -> Path | None:
         return None
     if not _CKPT_NAME.match(os.path.basename(path)):
         return None
-    real, real_root = Path(os.path.realpath(path)), Path(os.path.realpath(root))
-    if real == real_root or not real.is_relative_to(real_root):
+    try:
+        real = inside(root, path, "checkpoint folder")
+    except UnsafePathError:
         return None
     if os.path.lexists(real) and not real.is_dir():
         return None
@@ -296,11 +315,43 @@ class _TickLike(Protocol):
     checkpoint_bytes_freed: int
 
 
+def _fingerprint(s: Session, exp: Experiment) -> str:
+    """What the plan depends on, in a few aggregate queries: the ACTIVE rows (an
+    ACTIVE row never changes but for its pin; rows come and go), the pinned ones, the
+    protected trials and the policy. Equal fingerprints give equal plans (but for a
+    collision of the id sums, which can only postpone a deletion to the next change)."""
+    ids = (
+        select(Checkpoint.id)
+        .join(Trial, Trial.id == Checkpoint.trial_id)
+        .where(Trial.experiment_id == exp.id, Checkpoint.state == "ACTIVE")
+    )
+    c = ids.subquery()
+    rows = s.execute(
+        select(func.count(), func.sum(c.c.id), func.sum((c.c.id * 2654435761) % 4294967291))
+    ).one()
+    pinned = s.scalars(ids.where(Checkpoint.pinned.is_(True)).order_by(Checkpoint.id)).all()
+    facts = [list(rows), list(pinned), sorted(_protected(s, exp.id)), exp.config_json]
+    return hashlib.sha256(json.dumps([facts, exp.smaller_is_better]).encode()).hexdigest()
+
+
 def gc_pass(store: Store, experiment_id: int, report: _TickLike) -> None:
     """The tick's GC of one experiment: bytes freed and errors go into ``report``
-    (refused folders are left to ``dlhpc gc`` to show; they are not errors here)."""
+    (refused folders are left to ``dlhpc gc`` to show; they are not errors here).
+
+    Skipped while nothing the plan depends on changed since a pass that found nothing
+    to remove (:func:`_fingerprint`, kept in ``meta``): the plan is O(checkpoints)."""
+    key = f"gc.fingerprint.{experiment_id}"
     try:
+        with store.read() as s:
+            exp = s.get(Experiment, experiment_id)
+            fingerprint = _fingerprint(s, exp) if exp is not None else ""
+            seen = s.get(Meta, key)
+        if seen is not None and seen.value == fingerprint:
+            return
         result = gc(store, experiment_id)
+        if fingerprint and not (result.deleted or result.missing or result.errors):
+            with store.write() as s:
+                s.merge(Meta(key=key, value=fingerprint))
     except (DlhpcError, OSError, ValueError, TypeError) as err:  # e.g. the lease, a bad config
         report.errors.append(f"experiment {experiment_id}: checkpoint GC: {err}")
         return

@@ -226,12 +226,16 @@ def _record_tasks(
         assert sub is not None  # committed by the caller before submitting
         sub.state = "FAILED" if error and not tasks else "SUBMITTED"
         sub.error = error
-        for trial, task in zip(trials, tasks, strict=False):  # tasks may be a prefix
+        done = list(zip(trials, tasks, strict=False))  # tasks may be a prefix
+        rows = {
+            t.id: t
+            for t in session.scalars(select(Trial).where(Trial.id.in_([t.id for t, _ in done])))
+        }
+        for trial, task in done:
             session.add(new_attempt(trial.id, sub_id, task.job_id, str(task.stdout), now))
-            row = session.get(Trial, trial.id)
-            if row is not None:
-                row.needs_job = False
-        mark_promotions_acted(session, [t.id for t, _ in zip(trials, tasks, strict=False)], now)
+            if trial.id in rows:
+                rows[trial.id].needs_job = False
+        mark_promotions_acted(session, [t.id for t, _ in done], now)
         ids = ", ".join(t.job_id for t in tasks[:3]) + (" ..." if len(tasks) > 3 else "")
         log_event(
             session,

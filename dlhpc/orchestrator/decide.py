@@ -26,8 +26,9 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
+from dlhpc._safepath import is_inside
 from dlhpc.config.model import ExperimentConfig
 from dlhpc.orchestrator.common import add_trials, log_event
 from dlhpc.orchestrator.states import TrialState
@@ -35,7 +36,13 @@ from dlhpc.protocol import STOP_FILE, atomic_write_text
 from dlhpc.search import BaseSearcher, Continue, Create, Stop
 from dlhpc.store import Decision, Experiment, Metric, Trial
 
-__all__ = ["STOP_GRACE", "SearchPass", "pending_promotion", "running_trials"]
+__all__ = [
+    "STOP_GRACE",
+    "SearchPass",
+    "pending_promotion",
+    "pending_promotions",
+    "running_trials",
+]
 
 STOP_GRACE = timedelta(seconds=float(os.environ.get("DLHPC_STOP_GRACE_S", "60")))
 _RUNNING = {TrialState.PENDING.value, TrialState.RUNNING.value}
@@ -52,19 +59,28 @@ def running_trials(trials: list[Trial]) -> int:
     return sum(t.state in _RUNNING for t in trials)
 
 
-def pending_promotion(s: Session, t: Trial) -> Decision | None:
-    """A promotion decided while the trial's job was still running, not applied yet."""
-    return s.scalar(
+def pending_promotions(s: Session, experiment_id: int) -> dict[int, list[Decision]]:
+    """Promotions decided while a trial's job was still running, not applied yet, by
+    trial id, oldest first (one query for the experiment; see :func:`pending_promotion`)."""
+    out: dict[int, list[Decision]] = {}
+    for d in s.scalars(
         select(Decision)
         .where(
-            Decision.trial_id == t.id,
+            Decision.experiment_id == experiment_id,
             Decision.kind == "promote",
             Decision.acted_at.is_(None),
-            Decision.length > t.max_length,
         )
-        .order_by(Decision.id.desc())
-        .limit(1)
-    )
+        .order_by(Decision.id)
+    ):
+        out.setdefault(d.trial_id, []).append(d)
+    return out
+
+
+def pending_promotion(t: Trial, pending: dict[int, list[Decision]]) -> Decision | None:
+    """The newest of ``t``'s pending promotions (:func:`pending_promotions`) to a
+    length beyond its grant."""
+    longer = [d for d in pending.get(t.id, ()) if d.length > t.max_length]
+    return longer[-1] if longer else None
 
 
 @dataclass
@@ -110,12 +126,16 @@ class SearchPass:
         )
         return _dt(newest)
 
-    def decide(self) -> list[Trial]:
-        """Ask for as much work as there are free slots and act on it; returns new trials."""
-        trials = list(self.exp.trials)
+    def decide(self, live: list[Trial]) -> list[Trial]:
+        """Ask for as much work as there are free slots and act on it; returns new trials.
+
+        ``live``: the trials that were not terminal at the start of the pass (the
+        others hold no job); a trial an operation names outside them is loaded."""
         limit = self.cfg.searcher.max_concurrent_trials or 1_000_000
-        ops = self.searcher.ask(max(0, limit - running_trials(trials)))
-        by_rid = {t.request_id: t for t in trials}
+        ops = self.searcher.ask(max(0, limit - running_trials(live)))
+        by_rid = {t.request_id: t for t in live}
+        named = [op.request_id for op in ops if isinstance(op, Continue | Stop)]
+        by_rid.update(self._trials([rid for rid in named if rid not in by_rid]))
         result_time = self._newest_result() if ops else None
         creates = [op for op in ops if isinstance(op, Create)]
         for op in ops:
@@ -124,6 +144,17 @@ class SearchPass:
             elif isinstance(op, Stop):
                 self._stop(by_rid[op.request_id], result_time)
         return add_trials(self.s, self.exp.id, creates, self.cfg, self.runs_root, self.now)
+
+    def _trials(self, request_ids: list[int]) -> dict[int, Trial]:
+        """The experiment's trials with these request ids, with their attempts (one query)."""
+        if not request_ids:
+            return {}
+        rows = self.s.scalars(
+            select(Trial)
+            .where(Trial.experiment_id == self.exp.id, Trial.request_id.in_(request_ids))
+            .options(selectinload(Trial.attempts))
+        ).all()
+        return {t.request_id: t for t in rows}
 
     def _record(self, t: Trial, kind: str, length: int, result_time: datetime | None) -> Decision:
         d = Decision(
@@ -175,10 +206,15 @@ class SearchPass:
 
 
 def write_stop_files(trials: list[Trial]) -> None:
-    """Ask the jobs of ``trials`` to stop (idempotent; after the decision committed)."""
+    """Ask the jobs of ``trials`` to stop (idempotent; after the decision committed).
+
+    Only inside the runs folder (``<runs>/exp-N/trials/trial-M``): a trial folder a job
+    replaced by a symlink to elsewhere gets no stop file (the stop grace then cancels)."""
     for t in trials:
         if not t.run_dir:
             continue
         path = Path(t.run_dir) / STOP_FILE
+        if not is_inside(Path(t.run_dir).parents[2], path):
+            continue
         if not path.exists():
             atomic_write_text(path, '{"reason": "searcher"}\n')

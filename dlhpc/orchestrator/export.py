@@ -5,7 +5,9 @@
 * ``checkpoint/``: a copy of the trial's best ACTIVE checkpoint by the searcher
   metric (its newest when none has a metric, or with ``latest=True``), verified
   against its manifest (sizes and sha256) after the copy; absent when the trial has
-  no checkpoint folder left (``repro.json`` then says ``"checkpoint": null``);
+  no checkpoint folder left (``repro.json`` then says ``"checkpoint": null``). Only a
+  folder inside the experiment's checkpoint root is copied (a path a job reported
+  elsewhere is passed over), and one holding a symlink is refused;
 * ``config.yaml``: the resolved config the trial ran with; ``experiment.yaml``: the
   experiment YAML as given at launch;
 * ``metrics.csv``: ``step,name,value,time`` for every metric the trial reported
@@ -35,9 +37,12 @@ from typing import Any
 import yaml
 from sqlalchemy import select
 
-from dlhpc.errors import DlhpcError, NotFoundError, UsageError
+from dlhpc._perms import copy_file, make_dirs, share_dir
+from dlhpc._safepath import is_inside
+from dlhpc.errors import DlhpcError, NotFoundError, UnsafePathError, UsageError
 from dlhpc.harness.checkpoint import MANIFEST_NAME, FileRecord, verify_checkpoint
 from dlhpc.harness.checkpoint import Checkpoint as CkptFolder
+from dlhpc.orchestrator.checkpoints import checkpoint_root
 from dlhpc.store import Checkpoint, Metric, Store, Trial
 
 __all__ = ["ExportResult", "export_trial"]
@@ -79,14 +84,26 @@ def _verify_copy(folder: Path, step: int) -> None:
         raise DlhpcError(f"the copied checkpoint does not match its manifest: {why}")
 
 
+def _no_links(folder: Path) -> None:
+    """A published checkpoint holds regular files only; a symlink (planted later) would
+    hand out whatever it points to."""
+    for dirpath, dirnames, filenames in os.walk(folder):
+        for name in dirnames + filenames:
+            if os.path.islink(os.path.join(dirpath, name)):
+                raise UnsafePathError(f"the checkpoint holds a symlink: {name}; not exported")
+
+
 def _write_checkpoint(
-    tmp: Path, rows: list[Checkpoint], smaller: bool, latest: bool
+    tmp: Path, rows: list[Checkpoint], smaller: bool, latest: bool, root: Path | None
 ) -> dict[str, Any] | None:
     for rank, c in enumerate(_candidates(rows, smaller, latest)):
+        if root is None or not is_inside(root, c.path) or os.path.islink(c.path):
+            continue  # a path a job reported outside the experiment's checkpoint folder
         src = Path(c.path)
         if not src.is_dir() or not (src / MANIFEST_NAME).is_file():
             continue
-        shutil.copytree(src, tmp / "checkpoint", symlinks=True)
+        shutil.copytree(src, tmp / "checkpoint", symlinks=True, copy_function=copy_file)
+        _no_links(tmp / "checkpoint")
         _verify_copy(tmp / "checkpoint", c.step)
         chosen = "latest" if latest or c.metric is None else "best"
         return {
@@ -162,12 +179,14 @@ def export_trial(store: Store, trial_id: int, folder: Path, latest: bool = False
             exp.yaml_text,
         )
         repro, smaller = _json(exp.repro_json), exp.smaller_is_better
+        root = checkpoint_root(exp)
     _check_target(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(folder.parent, store.permissions)
     tmp = folder.parent / f".{folder.name}.export-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        ckpt = _write_checkpoint(tmp, rows, smaller, latest)
+        share_dir(tmp, store.permissions)
+        ckpt = _write_checkpoint(tmp, rows, smaller, latest, root)
         (tmp / "config.yaml").write_text(
             "# the resolved config this trial ran with (dlhpc export)\n"
             + yaml.safe_dump(config, sort_keys=False, allow_unicode=True),

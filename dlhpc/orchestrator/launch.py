@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import getpass
 import json
 import shutil
 import sys
@@ -11,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dlhpc import _perms
+from dlhpc._perms import make_dirs
 from dlhpc.config.model import ExperimentConfig
 from dlhpc.config.serde import to_jsonable
 from dlhpc.errors import SchedulerError
@@ -146,7 +147,7 @@ def launch(
                     repro_json=json.dumps(record, sort_keys=True),
                     run_dir="",
                     searcher_state=searcher_state,
-                    user=getpass.getuser(),
+                    user=_perms.current_user(),
                     created_at=now,
                 )
                 session.add(exp)
@@ -158,6 +159,8 @@ def launch(
                 )
                 exp_id = exp.id
             publish_staging(staging, cfg, store.runs_root, exp_id)
+            if cfg.site.permissions.mode == "group":  # jobs' checkpoint folders inherit it
+                make_dirs(cfg.checkpoint.dir / f"exp-{exp_id:06d}", cfg.site.permissions)
             if prepare is not None:
                 try:
                     prepare(exp_id)

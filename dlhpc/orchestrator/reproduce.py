@@ -27,6 +27,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from dlhpc._perms import copy_file
+from dlhpc._safepath import inside
 from dlhpc.config.model import ExperimentConfig, HParam
 from dlhpc.config.serde import to_jsonable
 from dlhpc.errors import NotFoundError, UsageError
@@ -166,7 +168,7 @@ def plan_reproduce(store: Store, trial_id: int, from_checkpoint: bool = False) -
             raise UsageError(
                 f"trial {trial_id} has no verified checkpoint in {spec.checkpoint_dir}"
             )
-        checkpoint = ckpt.path
+        checkpoint = inside(spec.checkpoint_dir, ckpt.path, "checkpoint")  # not a symlink out
     notes = []
     code = original["experiment"].get("code")
     if not code:
@@ -215,7 +217,7 @@ def reproduce(store: Store, pool: SchedulerPool, plan: ReproducePlan) -> Reprodu
             )
             dest = Path(spec.checkpoint_dir)
             dest.mkdir(parents=True, exist_ok=True)
-            shutil.copytree(plan.checkpoint, dest / plan.checkpoint.name)
+            shutil.copytree(plan.checkpoint, dest / plan.checkpoint.name, copy_function=copy_file)
         with store.write() as session:
             how = f" from checkpoint {plan.checkpoint}" if plan.checkpoint else ""
             log_event(

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
+from dlhpc._perms import copy_file
 from dlhpc.config.model import ExperimentConfig
 from dlhpc.config.serde import to_jsonable
 from dlhpc.errors import UsageError
@@ -56,7 +57,7 @@ def snapshot_code(workdir: Path, dest: Path, skip: Path, limit: int = SNAPSHOT_L
     for src in files:
         target = dest / src.relative_to(workdir)
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, target)
+        copy_file(src, target)  # the mode masked by the site's umask, not the source's
     return total
 
 
@@ -88,7 +89,7 @@ def stage_run_folder(cfg: ExperimentConfig, runs_root: Path, code_from: Path | N
     staging.mkdir(parents=True)
     try:
         if code_from is not None:
-            shutil.copytree(code_from, staging / "code", symlinks=True)
+            shutil.copytree(code_from, staging / "code", symlinks=True, copy_function=copy_file)
         else:
             snapshot_code(cfg.workdir, staging / "code", skip=runs_root)
     except BaseException:
@@ -139,6 +140,7 @@ def trial_spec(
         deterministic=cfg.reproducibility.deterministic,
         deepspeed=cfg.deepspeed.config if cfg.deepspeed else None,
         data=[{"path": str(d.path), "hash": d.hash} for d in cfg.data],
+        umask=cfg.site.permissions.umask,
     )
 
 

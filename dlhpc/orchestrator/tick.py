@@ -12,15 +12,17 @@ pass, and ingest is keyed per file.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
+from dlhpc import _perms
 from dlhpc._failpoints import failpoint
 from dlhpc.errors import DlhpcError, LeaseHeldError, SchedulerError
 from dlhpc.orchestrator.checkpoints import gc_pass
@@ -33,19 +35,29 @@ from dlhpc.orchestrator.common import (
     searcher_of,
     submit_pending,
 )
-from dlhpc.orchestrator.decide import SearchPass, write_stop_files
+from dlhpc.orchestrator.decide import SearchPass, pending_promotions, write_stop_files
 from dlhpc.orchestrator.states import ExperimentState, TrialState
 from dlhpc.orchestrator.trials import LIVE_ATTEMPT_STATES, TrialPass, reconcile_trial
 from dlhpc.protocol import EVENT_FILE_RE, iter_attempt_dirs
-from dlhpc.report._curves import archive_trials
+from dlhpc.report._curves import archive_trials, curves_path
 from dlhpc.scheduler import JobStatus
-from dlhpc.store import Attempt, Experiment, IngestedFile, Store, Submission, Trial
-from dlhpc.store.ingest import ingest_attempt, refresh_trial_metrics
+from dlhpc.store import Attempt, Experiment, IngestedFile, Metric, Store, Submission, Trial
+from dlhpc.store.ingest import SETTLE_WINDOW, ingest_attempts
+from dlhpc.store.ingest import settling as settling_trials
 
 __all__ = ["TickReport", "tick"]
 
 _MAX_FAILED_SUBMISSIONS = 3
 _INGEST_BATCH = 64  # attempt folders per write transaction
+# A running trial's curve archive is rewritten at most this often (each rewrite is
+# an HDF5 encode and two fsyncs); a trial whose job exited or that ended gets it at
+# once. A report reads a stale archive's curve from the DB rows (report._load).
+_ARCHIVE_EVERY = timedelta(minutes=10)
+# At most this many such rewrites of running trials per pass (about 5 ms each): a
+# pass with many due defers the rest to the next ones, oldest first then, since a
+# rewritten archive is not due again for _ARCHIVE_EVERY. Exits do not count.
+_ARCHIVE_BUDGET = 16
+_TERMINAL = [st.value for st in TrialState if st.is_terminal]
 
 
 @dataclass
@@ -82,9 +94,14 @@ def tick(store: Store, pool: SchedulerPool, clock: Clock = SYSTEM_CLOCK) -> Tick
 
 
 def _tick(store: Store, pool: SchedulerPool, report: TickReport, clock: Clock) -> None:
+    now = clock.now()
+    # only this user's experiments (or unrecorded): Slurm would submit and scancel as us
+    users = ("", _perms.current_user())
     with store.read() as s:
         exps = s.scalars(
-            select(Experiment).where(Experiment.state == ExperimentState.ACTIVE.value)
+            select(Experiment).where(
+                Experiment.state == ExperimentState.ACTIVE.value, Experiment.user.in_(users)
+            )
         ).all()
         exp_ids = [e.id for e in exps]
         backend_of = {e.id: e.backend for e in exps}
@@ -100,7 +117,12 @@ def _tick(store: Store, pool: SchedulerPool, report: TickReport, clock: Clock) -
                 Attempt.state.in_(LIVE_ATTEMPT_STATES),
             )
         ).all()
-        done_files = _ingested_names(s, [t.id for t in live_trials])
+        # ended trials keep being listed for a while: shared filesystems show files late
+        settling = settling_trials(s, _TERMINAL, now, users)
+        quiet = _quiet_trials(s, [t.id for t in live_trials], now)
+        done_files = _ingested_names(
+            s, [t.id for t in (*live_trials, *settling) if t.id not in quiet]
+        )
     report.experiments = len(exps)
 
     exp_of_trial = {t.id: t.experiment_id for t in live_trials}
@@ -116,7 +138,11 @@ def _tick(store: Store, pool: SchedulerPool, report: TickReport, clock: Clock) -
             report.errors.append(f"poll {backend}: {err}")  # no states this pass, retry next
 
     failpoint("tick.after_poll")
-    _ingest(store, _pending_attempt_dirs(list(live_trials), done_files), report, clock)
+    scanned = [t for t in live_trials if t.id not in quiet]
+    archived: set[int] = set()  # trials whose curve archive this pass rewrote
+    _ingest(
+        store, _pending_attempt_dirs([*scanned, *settling], done_files), report, clock, archived
+    )
     failpoint("tick.after_ingest")
 
     for exp_id in exp_ids:
@@ -126,7 +152,7 @@ def _tick(store: Store, pool: SchedulerPool, report: TickReport, clock: Clock) -
             report.errors.append(f"experiment {exp_id}: recovering a submission: {err}")
             continue  # never resubmit while the orphan's jobs may exist
         try:
-            _reconcile_experiment(store, pool, exp_id, statuses, report, clock)
+            _reconcile_experiment(store, pool, exp_id, statuses, report, clock, archived)
         except (DlhpcError, ValueError) as err:
             # e.g. its searcher's optional dependency vanished, or its saved state does
             # not load: keep the other experiments moving, and say so every pass
@@ -151,6 +177,24 @@ def _ingested_names(s: Session, trial_ids: list[int]) -> dict[tuple[int, str], s
     return out
 
 
+def _quiet_trials(s: Session, trial_ids: list[int], now: datetime) -> set[int]:
+    """Live trials whose folders need no listing: every attempt ended (no live job)
+    before the settle window (e.g. a PAUSED trial, or one waiting for a new job).
+    An attempt without an end time, and a trial without attempts, are listed."""
+    last_end: dict[int, datetime | None] = {}
+    for trial_id, state, ended, seen in s.execute(
+        select(Attempt.trial_id, Attempt.state, Attempt.ended_at, Attempt.terminal_seen_at).where(
+            Attempt.trial_id.in_(trial_ids)
+        )
+    ):
+        end = max((x for x in (ended, seen) if x is not None), default=None)
+        if state in LIVE_ATTEMPT_STATES or end is None:
+            last_end[trial_id] = None
+        elif last_end.get(trial_id, end) is not None:
+            last_end[trial_id] = max(end, last_end.get(trial_id) or end)
+    return {tid for tid, end in last_end.items() if end is not None and end < now - SETTLE_WINDOW}
+
+
 def _pending_attempt_dirs(
     trials: list[Trial], done: dict[tuple[int, str], set[str]]
 ) -> list[tuple[int, Path]]:
@@ -166,27 +210,97 @@ def _pending_attempt_dirs(
     return todo
 
 
-def _ingest(store: Store, todo: list[tuple[int, Path]], report: TickReport, clock: Clock) -> None:
-    """Ingest in batches: one transaction per batch (a commit costs fsyncs on NFS)."""
+def _ingest(
+    store: Store,
+    todo: list[tuple[int, Path]],
+    report: TickReport,
+    clock: Clock,
+    archived: set[int] | None = None,
+) -> None:
+    """Ingest in batches: one transaction per batch (a commit costs fsyncs on NFS).
+    The trials' metric summaries are refreshed per batch in three grouped queries."""
+    archived = set() if archived is None else archived
+    budget = _ARCHIVE_BUDGET  # rewrites of running trials' archives left this pass
     for i in range(0, len(todo), _INGEST_BATCH):
         with store.write() as s:
+            chunk = todo[i : i + _INGEST_BATCH]
+            trials = {
+                t.id: t
+                for t in s.scalars(
+                    select(Trial).where(Trial.id.in_(sorted({tid for tid, _ in chunk})))
+                )
+            }
+            folders = [(trials[tid], adir) for tid, adir in chunk if tid in trials]
             touched: dict[int, Trial] = {}
             curves_changed: dict[int, str] = {}  # trial id -> run folder
-            for trial_id, adir in todo[i : i + _INGEST_BATCH]:
-                t = s.get(Trial, trial_id)
-                if t is None:
-                    continue
-                result = ingest_attempt(s, t, adir, clock.now())
+            results = ingest_attempts(s, folders, clock.now())
+            for (t, _), result in zip(folders, results, strict=True):
                 report.ingested_files += result.files
                 report.metrics += result.metrics
                 touched[t.id] = t
-                if result.metrics:
+                if not result.metrics:
+                    continue
+                if result.exited:
                     curves_changed[t.id] = t.run_dir
-            for t in touched.values():
-                refresh_trial_metrics(s, t, t.experiment.metric, t.experiment.smaller_is_better)
+                elif budget > 0 and t.id not in curves_changed and _archive_due(t.run_dir):
+                    curves_changed[t.id] = t.run_dir
+                    budget -= 1
+            _refresh_metrics(s, list(touched.values()))
         # after the commit: rewrite the HDF5 curve archive of the trials with new metrics
         report.errors.extend(archive_trials(store, curves_changed))
+        archived.update(curves_changed)
         failpoint("tick.after_ingest_batch")
+
+
+def _archive_due(run_dir: str) -> bool:
+    """No archive yet, or one older than :data:`_ARCHIVE_EVERY` (one stat)."""
+    try:
+        age = time.time() - os.stat(curves_path(run_dir)).st_mtime
+    except OSError:
+        return True
+    return age >= _ARCHIVE_EVERY.total_seconds()
+
+
+def _refresh_metrics(s: Session, trials: list[Trial]) -> None:
+    """steps_completed, best and latest of the searcher metric of ``trials``, from the
+    rows, in three grouped queries per experiment (as ``ingest.refresh_trial_metrics``
+    does for one trial)."""
+    by_exp: dict[int, list[Trial]] = defaultdict(list)
+    for t in trials:
+        by_exp[t.experiment_id].append(t)
+    for group in by_exp.values():
+        exp = group[0].experiment
+        ids = [t.id for t in group]
+        of_metric = (Metric.trial_id.in_(ids), Metric.name == exp.metric)
+        steps = dict(
+            s.execute(
+                select(Metric.trial_id, func.max(Metric.step))
+                .where(Metric.trial_id.in_(ids))
+                .group_by(Metric.trial_id)
+            ).all()
+        )
+        agg = func.min if exp.smaller_is_better else func.max
+        best = dict(
+            s.execute(
+                select(Metric.trial_id, agg(Metric.value))
+                .where(*of_metric)
+                .group_by(Metric.trial_id)
+            ).all()
+        )
+        # SQLite takes a bare column from the row that holds the max(): the value at
+        # the highest step ((trial, step, name) is unique)
+        latest = {
+            tid: value
+            for tid, _, value in s.execute(
+                select(Metric.trial_id, func.max(Metric.step), Metric.value)
+                .where(*of_metric)
+                .group_by(Metric.trial_id)
+            )
+        }
+        for t in group:
+            t.steps_completed = int(steps.get(t.id) or 0)
+            t.best_metric = best.get(t.id)
+            t.latest_metric = latest.get(t.id)
 
 
 def _reconcile_experiment(
@@ -196,25 +310,38 @@ def _reconcile_experiment(
     statuses: dict[str, JobStatus],
     report: TickReport,
     clock: Clock,
+    archived: set[int] | None = None,
 ) -> None:
+    """Reconcile the experiment's live trials and let its searcher decide. Only the
+    trials not terminal yet are loaded (with their attempts), and those an operation
+    of the searcher names."""
     now = clock.now()
     with store.write() as s:
-        exp = s.get(
-            Experiment,
-            exp_id,
-            options=[selectinload(Experiment.trials).selectinload(Trial.attempts)],
-        )
+        exp = s.get(Experiment, exp_id)
         if exp is None or exp.state != ExperimentState.ACTIVE.value:
             return
         cfg = config_of(exp)
         searcher = searcher_of(cfg, exp.searcher_state)
-        tp = TrialPass(statuses, clock, cfg.max_restarts, cfg.searcher.max_length)
-        was_live = [t for t in exp.trials if not TrialState(t.state).is_terminal]
+        was_live = list(
+            s.scalars(
+                select(Trial)
+                .where(Trial.experiment_id == exp_id, Trial.state.not_in(_TERMINAL))
+                .order_by(Trial.id)
+                .options(selectinload(Trial.attempts))
+            )
+        )
+        tp = TrialPass(
+            statuses,
+            clock,
+            cfg.max_restarts,
+            cfg.searcher.max_length,
+            promotions=pending_promotions(s, exp_id),
+        )
         for t in was_live:
             reconcile_trial(s, t, tp)
         search = SearchPass(s, exp, cfg, searcher, now, store.runs_root)
         search.tell(was_live)
-        search.decide()
+        search.decide(was_live)
         report.decisions += search.decisions
         exp.searcher_state = json.dumps(searcher.state_dict())
         stopping = [*tp.stopping, *search.stopped_running]
@@ -225,20 +352,32 @@ def _reconcile_experiment(
                 Submission.experiment_id == exp_id, Submission.state == "FAILED"
             )
         ).all()
-        all_exited = all(TrialState(t.state).is_terminal for t in exp.trials)
+        # trials terminal at the start of the pass stay so: only the live ones can differ
+        all_exited = all(TrialState(t.state).is_terminal for t in was_live)
         if len(failed_subs) >= _MAX_FAILED_SUBMISSIONS:
             _finish(s, exp, ExperimentState.FAILED, "submission failed repeatedly", now)
             report.finished.append(exp_id)
         elif all_exited and searcher.done:
-            ok = any(t.state == TrialState.COMPLETED.value for t in exp.trials)
+            completed = select(Trial.id).where(
+                Trial.experiment_id == exp_id, Trial.state == TrialState.COMPLETED.value
+            )
+            ok = s.scalar(completed.limit(1)) is not None
             _finish(s, exp, ExperimentState.COMPLETED if ok else ExperimentState.FAILED, "", now)
             report.finished.append(exp_id)
         backend = exp.backend
+        ended = {
+            t.id: t.run_dir
+            for t in was_live
+            if TrialState(t.state).is_terminal
+            and t.steps_completed
+            and t.id not in (archived or ())
+        }
     failpoint("tick.after_decide")
     write_stop_files(stopping)  # after the decision committed; rewritten each pass
     if cancels:
         # trials resubmitted (stop the zombies), stopped early, or stuck
         pool.get(backend).cancel(cancels)
+    report.errors.extend(archive_trials(store, ended))  # final curves of trials that ended
 
 
 def _finish(s: Session, exp: Experiment, state: ExperimentState, why: str, now: datetime) -> None:

@@ -23,7 +23,7 @@ from dlhpc.orchestrator.recovery import judge, superseded_cause
 from dlhpc.orchestrator.states import TrialState
 from dlhpc.protocol import HEARTBEAT_FILE, PROGRESS_FILE, read_small_json
 from dlhpc.scheduler import JobState, JobStatus
-from dlhpc.store import Attempt, Trial
+from dlhpc.store import Attempt, Decision, Trial
 
 __all__ = ["LIVE_ATTEMPT_STATES", "TrialPass", "reconcile_trial"]
 
@@ -38,6 +38,8 @@ class TrialPass:
     clock: Clock
     max_restarts: int
     final_length: int  # the searcher's max_length: a trial that reached it is done
+    # promotions not acted on yet, by trial (decide.pending_promotions: one query)
+    promotions: dict[int, list[Decision]] = field(default_factory=dict)
     cancels: list[str] = field(default_factory=list)  # job ids to scancel after commit
     stopping: list[Trial] = field(default_factory=list)  # stop requested, job still live
 
@@ -143,7 +145,11 @@ def _completed(s: Session, t: Trial, current: Attempt | None, p: TrialPass) -> N
     reached = t.steps_completed >= t.max_length
     # a promotion of a trial already PAUSED is applied at once (decide.py), so only a
     # trial whose job was still ending when promoted can have one pending
-    promotion = pending_promotion(s, t) if reached and t.state != TrialState.PAUSED.value else None
+    promotion = (
+        pending_promotion(t, p.promotions)
+        if reached and t.state != TrialState.PAUSED.value
+        else None
+    )
     if current is not None and reached and t.max_length < p.final_length:
         current.cause = "paused"
     if promotion is not None:  # promoted while its job was ending: a new job, longer grant
@@ -178,7 +184,9 @@ def reconcile_trial(s: Session, t: Trial, p: TrialPass) -> None:
     if t.needs_job:
         return  # already judged; waits for its new job
     status = p.statuses.get(current.job_id) if current is not None else None
-    verdict = judge(current, status, _heartbeat_age(t, current, p.clock), now)
+    # only a running job's heartbeat can matter (judge): a queued one has none to read
+    running = status is not None and status.state == JobState.RUNNING
+    verdict = judge(current, status, _heartbeat_age(t, current, p.clock) if running else None, now)
     if current is not None and verdict.cause and (verdict.resubmit or verdict.state.is_terminal):
         current.cause = verdict.cause
         current.lost_steps = _lost_steps(t, current)

@@ -11,7 +11,6 @@ change it any more) unless ``force``, so a cron rebuild costs the live ones only
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
+from dlhpc._perms import make_dirs
 from dlhpc.errors import DlhpcError
 from dlhpc.protocol import atomic_write_bytes
 from dlhpc.report._html import IndexEntry, render_index, render_page
@@ -36,14 +36,19 @@ def page_file(experiment_id: int) -> str:
 
 
 def _publish(path: Path, data: bytes) -> None:
-    """Atomically, with the mode a plain write would give (the temp file is 0600)."""
-    mask = os.umask(0)
-    os.umask(mask)
+    """Atomically, with the mode the umask (the site's policy) gives."""
     try:
         atomic_write_bytes(path, data)
-        os.chmod(path, 0o666 & ~mask)
     except OSError as err:
         raise DlhpcError(f"cannot write {path}: {err.strerror or err}") from err
+
+
+def _folder(path: Path, store: Store) -> None:
+    """Create the output folder under the site's policy (group mode: shared, setgid)."""
+    try:
+        make_dirs(path.absolute(), store.permissions)
+    except OSError as err:
+        raise DlhpcError(f"cannot create {path}: {err.strerror or err}") from err
 
 
 def _utc(now: datetime | None) -> datetime:
@@ -54,6 +59,7 @@ def write_report(store: Store, experiment_id: int, out: Path, now: datetime | No
     """Write one experiment's page at ``out`` atomically; returns its size in bytes.
     Raises :class:`~dlhpc.errors.NotFoundError` for an unknown id."""
     data = render_page(load_page(store, experiment_id, _utc(now))).encode("utf-8")
+    _folder(out.parent, store)
     _publish(out, data)
     return len(data)
 
@@ -110,6 +116,7 @@ def write_all(
     """Write the pages that may have changed and ``index.html`` into ``out_dir``.
     ``progress(done, total)`` is called after each experiment."""
     now = _utc(now)
+    _folder(out_dir, store)
     entries = _entries(store, now)
     result = AllResult()
     for i, (entry, ended) in enumerate(entries):

@@ -33,6 +33,7 @@ from dlhpc.report._model import (
     rungs_of,
 )
 from dlhpc.report._record import parse_record, repro_record
+from dlhpc.report._redact import redact_text, redact_value
 from dlhpc.report.status import status_data
 from dlhpc.store import Attempt, Event, Experiment, Metric, Store, Trial
 
@@ -95,7 +96,10 @@ def _events(session: Session, exp_id: int) -> tuple[list[EventView], int]:
         .order_by(Event.time.desc(), Event.id.desc())
         .limit(MAX_EVENTS)
     ).all()
-    views = [EventView(_epoch(t) or 0.0, tid, kind, msg) for t, tid, kind, msg in reversed(rows)]
+    views = [
+        EventView(_epoch(t) or 0.0, tid, kind, redact_text(msg or ""))
+        for t, tid, kind, msg in reversed(rows)
+    ]
     return views, max(0, total - len(views))
 
 
@@ -157,8 +161,10 @@ def load_page(store: Store, experiment_id: int, now: datetime | None = None) -> 
         with store.read() as s:
             curves.update(_db_curves(s, stale, exp.metric))
     try:
-        config: dict[str, Any] = json.loads(exp.config_json or "{}")
+        config: dict[str, Any] = redact_value(json.loads(exp.config_json or "{}"))
     except ValueError:
+        config = {}
+    if not isinstance(config, dict):
         config = {}
     searcher = config.get("searcher") or {}
     facts = {
@@ -168,7 +174,9 @@ def load_page(store: Store, experiment_id: int, now: datetime | None = None) -> 
         "backend": exp.backend,
         "user": exp.user,
     }
-    repro, repro_texts = repro_record(facts, config, parse_record(exp.repro_json), envs)
+    items, texts = repro_record(facts, config, parse_record(exp.repro_json), envs)
+    repro = {k: redact_text(v) for k, v in items.items()}
+    repro_texts = {k: redact_text(v) for k, v in texts.items()}
     trials = []
     for td in data["trials"]:
         attempts = []
@@ -202,13 +210,13 @@ def load_page(store: Store, experiment_id: int, now: datetime | None = None) -> 
             TrialView(
                 id=td["id"],
                 state=td["state"],
-                hparams=td["hparams"],
+                hparams=redact_value(td["hparams"]),
                 steps=td["steps_completed"],
                 best=td["best_metric"],
                 latest=td["latest_metric"],
                 restarts=td["restarts"],
                 crashes=td["crashes"],
-                error=td["error"] or "",
+                error=redact_text(td["error"] or ""),
                 attempts=tuple(attempts),
                 curve=curves.get(td["id"]),
                 run_s=sum(end - start for start, end in (s for s in spans if s is not None)),
@@ -221,7 +229,7 @@ def load_page(store: Store, experiment_id: int, now: datetime | None = None) -> 
     return Page(
         id=exp.id,
         name=exp.name,
-        description=exp.description,
+        description=redact_text(exp.description),
         state=exp.state,
         searcher=exp.searcher,
         metric=exp.metric,
@@ -242,7 +250,7 @@ def load_page(store: Store, experiment_id: int, now: datetime | None = None) -> 
         idle_gpus=tuple(data.get("idle_gpus") or ()),
         repro=repro,
         repro_texts=repro_texts,
-        yaml_text=exp.yaml_text,
+        yaml_text=redact_text(exp.yaml_text),
         config_text=json.dumps(config, indent=2, sort_keys=True),
         curve_sources=sources,
         other_metrics=tuple(sorted((names | archived_names) - {exp.metric})),

@@ -1,12 +1,15 @@
 """The status model: what ``dlhpc status`` shows, as plain data (also its --json).
 
-GPU telemetry (``gpu_samples``) comes in through one aggregate query per call, one row
-per (attempt, host, GPU): the samples' count and sum of utilization, the first, newest
-and last busy sample time. From it each attempt gets a ``gpu`` summary (GPUs seen, mean
-utilization over the attempt, newest sample) and each live attempt (``RUNNING``, no exit
-record yet) the idle rule of :func:`dlhpc.harness.telemetry.idle_since`, judged at the
-attempt's newest sample: every idle GPU is listed in ``idle_gpus``, per trial and per
-experiment.
+A constant number of queries whatever the number of trials, read as plain rows (no ORM
+objects): the experiments, their trials, their attempts, GPU telemetry, decisions and
+checkpoint use. GPU telemetry comes as one row per (attempt, host, GPU): the samples'
+count and sum of utilization and the newest sample time, from ``gpu_summaries`` (kept
+by a trigger at ingest) for an ended attempt; for a live one (``RUNNING``, no exit
+record yet) an aggregate of its own samples adds the first and last busy sample time.
+From it each attempt gets a ``gpu`` summary (GPUs seen, mean utilization over the
+attempt, newest sample) and each live attempt the idle rule of
+:func:`dlhpc.harness.telemetry.idle_since`, judged at the attempt's newest sample: every
+idle GPU is listed in ``idle_gpus``, per trial and per experiment.
 
 Resource use: each attempt's run time (start to end, or to now while it runs) times the
 experiment's ``nodes x gpus_per_node`` is its ``gpu_hours`` (``nodes x tasks_per_node x
@@ -19,22 +22,46 @@ was only a rung), else the grant.
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import defaultdict, namedtuple
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from statistics import median
 from typing import Any
 
-from sqlalchemy import Row, case, func, or_, select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy import String, and_, func, select, type_coerce
+from sqlalchemy.orm import Session
 
 from dlhpc.errors import NotFoundError
-from dlhpc.harness.telemetry import IDLE_BELOW_PCT, IDLE_WINDOW_S, idle_since
-from dlhpc.store import Attempt, Checkpoint, Decision, Experiment, GpuSample, Trial
+from dlhpc.harness.telemetry import IDLE_BELOW_PCT, IDLE_WINDOW_S
+from dlhpc.report._status_gpu import (
+    ATTEMPT_COLS,
+    GpuRows,
+    Row,
+    gpu_rows,
+    gpu_summary,
+    idle_gpus,
+    idle_of,
+    iso,
+)
+from dlhpc.store import Attempt, Checkpoint, Decision, Experiment, Trial
 
-__all__ = ["status_data"]
+__all__ = ["idle_gpus", "pick_trials", "status_data"]
 
-_GpuRows = dict[int, list[Row[Any]]]  # attempt id -> one row per (host, GPU)
+_TRIAL_COLS = (
+    Trial.id,
+    Trial.experiment_id,
+    Trial.state,
+    Trial.hparams_json,
+    Trial.steps_completed,
+    Trial.max_length,
+    Trial.best_metric,
+    Trial.latest_metric,
+    Trial.restarts,
+    Trial.crashes,
+    Trial.error,
+)
+_PICK_COLS = (Trial.id, Trial.experiment_id, Trial.state, Trial.best_metric)
+_FULL_ROWS_MAX = 5000  # listed trials fetched by id (IN list) up to this many, else all
 _LIVE = {"PENDING", "RUNNING", "REQUEUED", "UNKNOWN"}  # orchestrator.trials.LIVE_ATTEMPT_STATES
 _RUNG_STATES = {"PAUSED", "STOPPED_EARLY"}  # grant was a rung: progress toward the final length
 
@@ -61,7 +88,30 @@ class _Shape:
         return cls(nodes * gpn, nodes * tasks * int(res.get("cpus_per_task") or 1), length)
 
 
-def _run_hours(a: Attempt, now: datetime) -> float:
+def _raw(col: Any) -> Any:
+    """``col`` (a DateTime) as its stored text: :func:`_when` reads 10,000s of them
+    several times faster than SQLAlchemy's result processing does."""
+    return type_coerce(col, String).label(col.key)
+
+
+def _when(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text)
+
+
+_TIMES = {"started_at", "ended_at", "terminal_seen_at"}
+_RAW_ATTEMPT_COLS = tuple(_raw(c) if c.key in _TIMES else c for c in ATTEMPT_COLS)
+_AttemptRow = namedtuple("_AttemptRow", [c.key for c in ATTEMPT_COLS])  # type: ignore[misc]
+_TIME_AT = [i for i, c in enumerate(ATTEMPT_COLS) if c.key in _TIMES]
+
+
+def _attempt(row: Row) -> Row:
+    values = list(row)
+    for i in _TIME_AT:
+        values[i] = _when(values[i])
+    return _AttemptRow._make(values)
+
+
+def _run_hours(a: Row, now: datetime) -> float:
     """Hours the attempt held its allocation (to ``now`` while it still runs)."""
     if a.started_at is None:
         return 0.0
@@ -70,84 +120,31 @@ def _run_hours(a: Attempt, now: datetime) -> float:
         end = now if a.state in _LIVE else a.terminal_seen_at
     if end is None:
         return 0.0
-    return max(0.0, (end - a.started_at).total_seconds()) / 3600.0
-
-
-def _gpu_rows(session: Session, experiment_id: int | None, below_pct: float) -> _GpuRows:
-    """The per-GPU digests of the attempts shown, in one query."""
-    busy = or_(GpuSample.util.is_(None), GpuSample.util >= below_pct)  # telemetry.is_busy
-    query = select(
-        GpuSample.attempt_id,
-        GpuSample.host,
-        GpuSample.gpu_index,
-        func.count(GpuSample.util).label("n_util"),
-        func.sum(GpuSample.util).label("sum_util"),
-        func.min(GpuSample.time).label("first"),
-        func.max(GpuSample.time).label("newest"),
-        func.max(case((busy, GpuSample.time))).label("last_busy"),
-    ).group_by(GpuSample.attempt_id, GpuSample.host, GpuSample.gpu_index)
-    if experiment_id is not None:
-        shown = select(Attempt.id).join(Trial).where(Trial.experiment_id == experiment_id)
-        query = query.where(GpuSample.attempt_id.in_(shown))
-    out: _GpuRows = defaultdict(list)
-    for row in session.execute(query):
-        out[row.attempt_id].append(row)
-    return out
-
-
-def _gpu_summary(rows: list[Row[Any]]) -> dict[str, Any] | None:
-    if not rows:
-        return None
-    n = sum(r.n_util for r in rows)
-    total = sum(r.sum_util or 0 for r in rows)
-    return {
-        "gpus": len(rows),
-        "util_mean": round(total / n, 1) if n else None,
-        "last_sample_at": _iso_epoch(max(r.newest for r in rows)),
-    }
-
-
-def _idle(
-    t: Trial, a: Attempt, rows: list[Row[Any]], below_pct: float, window_s: float
-) -> list[dict[str, Any]]:
-    """The idle GPUs of a live attempt, judged at its newest sample (none once it ended)."""
-    if a.state != "RUNNING" or a.ended_at is not None or not rows:
-        return []
-    now = max(r.newest for r in rows)
-    out = []
-    for r in sorted(rows, key=lambda r: (r.host, r.gpu_index)):
-        since = idle_since(r.first, r.newest, r.last_busy, now, window_s)
-        if since is not None:
-            out.append(
-                {
-                    "trial_id": t.id,
-                    "attempt_key": a.attempt_key,
-                    "host": r.host,
-                    "gpu_index": r.gpu_index,
-                    "idle_minutes": round((now - since) / 60.0, 1),
-                    "idle_since": _iso_epoch(since),
-                    "below_pct": below_pct,
-                }
-            )
-    return out
+    return float(max(0.0, (end - a.started_at).total_seconds())) / 3600.0
 
 
 def _trial(
-    t: Trial, gpu: _GpuRows, below_pct: float, window_s: float, shape: _Shape, now: datetime
+    t: Row,
+    t_attempts: list[Row],
+    gpu: GpuRows,
+    below_pct: float,
+    window_s: float,
+    shape: _Shape,
+    now: datetime,
 ) -> dict[str, Any]:
     attempts = []
     latest_gpu = None
     idle: list[dict[str, Any]] = []
     gpu_h = cpu_h = 0.0
-    for a in t.attempts:
+    for a in t_attempts:
         hours = _run_hours(a, now)
         gpu_h += hours * shape.gpus
         cpu_h += hours * shape.cpus
         rows = gpu.get(a.id, [])
-        summary = _gpu_summary(rows)
+        summary = gpu_summary(rows)
         if summary is not None:
             latest_gpu = {"attempt_key": a.attempt_key, **summary}
-        idle.extend(_idle(t, a, rows, below_pct, window_s))
+        idle.extend(idle_of(t.id, a, rows, below_pct, window_s))
         attempts.append(
             {
                 "key": a.attempt_key,
@@ -157,8 +154,8 @@ def _trial(
                 "exit_code": a.exit_code,
                 "lost_steps": a.lost_steps,
                 "node_list": a.node_list,
-                "started_at": _iso(a.started_at),
-                "ended_at": _iso(a.ended_at),
+                "started_at": iso(a.started_at),
+                "ended_at": iso(a.ended_at),
                 "gpu": summary,
                 "gpu_hours": round(hours * shape.gpus, 4),
                 "cpu_hours": round(hours * shape.cpus, 4),
@@ -178,7 +175,7 @@ def _trial(
         "latest_metric": t.latest_metric,
         "restarts": t.restarts,
         "crashes": t.crashes,
-        "slurm_job_ids": list(dict.fromkeys(a.job_id for a in t.attempts)),
+        "slurm_job_ids": list(dict.fromkeys(a.job_id for a in t_attempts)),
         "error": t.error,
         "gpu": latest_gpu,  # the newest attempt with samples
         "idle_gpus": idle,
@@ -188,12 +185,42 @@ def _trial(
     }
 
 
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() + "Z" if value else None
+def _usage(
+    t: Row,
+    t_attempts: list[Row],
+    gpu: GpuRows,
+    below_pct: float,
+    window_s: float,
+    shape: _Shape,
+    now: datetime,
+) -> dict[str, Any]:
+    """What an unlisted trial adds to its experiment's totals (as :func:`_trial`)."""
+    hours = sum(_run_hours(a, now) for a in t_attempts)
+    idle = [g for a in t_attempts for g in idle_of(t.id, a, gpu.get(a.id, []), below_pct, window_s)]
+    gpu_h, cpu_h = round(hours * shape.gpus, 4), round(hours * shape.cpus, 4)
+    return {"gpu_hours": gpu_h, "cpu_hours": cpu_h, "idle_gpus": idle}
 
 
-def _iso_epoch(value: float) -> str | None:
-    return _iso(datetime.fromtimestamp(value, tz=timezone.utc).replace(tzinfo=None))
+_TERMINAL = {"COMPLETED", "FAILED", "KILLED", "STOPPED_EARLY"}  # orchestrator.states
+
+
+def pick_trials(
+    trials: list[tuple[int, str, float | None]], smaller_is_better: bool, limit: int | None
+) -> set[int]:
+    """The ids of the trials ``(id, state, best metric)`` a listing of at most ``limit``
+    shows: all when they fit, else the live ones, then the best by the metric, then
+    the newest."""
+    if limit is None or len(trials) <= limit:
+        return {tid for tid, _, _ in trials}
+    sign = 1.0 if smaller_is_better else -1.0
+    scored = sorted((sign * m, tid) for tid, st, m in trials if m is not None and st in _TERMINAL)
+    live = [tid for tid, st, _ in trials if st not in _TERMINAL]
+    out: set[int] = set()
+    for tid in [*live, *(tid for _, tid in scored), *(t[0] for t in reversed(trials))]:
+        if len(out) >= limit:
+            break
+        out.add(tid)
+    return out
 
 
 def _decision_stats(session: Session, exp_ids: list[int]) -> dict[int, dict[str, Any]]:
@@ -201,12 +228,16 @@ def _decision_stats(session: Session, exp_ids: list[int]) -> dict[int, dict[str,
     newest result the searcher had seen to the decision acted on), in seconds."""
     rows = session.execute(
         select(
-            Decision.experiment_id, Decision.kind, Decision.result_time, Decision.acted_at
+            Decision.experiment_id,
+            Decision.kind,
+            _raw(Decision.result_time),
+            _raw(Decision.acted_at),
         ).where(Decision.experiment_id.in_(exp_ids))
     ).all()
     out: dict[int, dict[str, Any]] = {}
     lat: dict[int, list[float]] = {}
-    for exp_id, kind, result_time, acted_at in rows:
+    for exp_id, kind, result_text, acted_text in rows:
+        result_time, acted_at = _when(result_text), _when(acted_text)
         d = out.setdefault(exp_id, {"promotions": 0, "stops": 0, "pending": 0})
         d["promotions" if kind == "promote" else "stops"] += 1
         if acted_at is None:
@@ -259,26 +290,63 @@ def status_data(
     *,
     idle_below_pct: float = IDLE_BELOW_PCT,
     idle_window_s: float = IDLE_WINDOW_S,
+    limit: int | None = None,
 ) -> dict[str, Any]:
-    """``{"experiments": [...]}``, newest first; one experiment when an id is given."""
-    query = (
-        select(Experiment)
-        .options(selectinload(Experiment.trials).selectinload(Trial.attempts))
-        .order_by(Experiment.id.desc())
-    )
+    """``{"experiments": [...]}``, newest first; one experiment when an id is given.
+
+    ``limit``: each experiment's ``trials`` holds at most that many (see
+    :func:`pick_trials`); its totals, ``trial_counts`` (by state) and
+    ``trials_total`` still cover every trial."""
+    query = select(Experiment).order_by(Experiment.id.desc())
     if experiment_id is not None:
         query = query.where(Experiment.id == experiment_id)
     exps = session.scalars(query).all()
     if experiment_id is not None and not exps:
         raise NotFoundError(f"no experiment {experiment_id}")
-    gpu = _gpu_rows(session, experiment_id, idle_below_pct) if exps else {}
-    decisions = _decision_stats(session, [e.id for e in exps]) if exps else {}
+    ids = [e.id for e in exps]
+    trials_of: dict[int, list[Row]] = defaultdict(list)
+    attempts_of: dict[int, list[Row]] = defaultdict(list)
+    conn = session.connection()  # plain rows: no ORM row processing for 10,000s of rows
+    shown: dict[int, set[int]] = {}
+    full: dict[int, Row] = {}  # id -> the listed trials' rows (_TRIAL_COLS)
+    if exps:
+        for t in conn.execute(
+            select(*_PICK_COLS).where(Trial.experiment_id.in_(ids)).order_by(Trial.id)
+        ):
+            trials_of[t.experiment_id].append(t)
+        for e in exps:
+            picks = [(t.id, t.state, t.best_metric) for t in trials_of[e.id]]
+            shown[e.id] = pick_trials(picks, e.smaller_is_better, limit)
+        listed = [tid for tids in shown.values() for tid in tids]
+        full_rows = select(*_TRIAL_COLS).where(Trial.experiment_id.in_(ids))
+        if len(listed) <= _FULL_ROWS_MAX and len(listed) < sum(map(len, trials_of.values())):
+            full_rows = full_rows.where(Trial.id.in_(listed))
+        full = {t.id: t for t in conn.execute(full_rows)}
+        for a in conn.execute(
+            select(*_RAW_ATTEMPT_COLS)
+            .join(Trial, and_(Trial.id == Attempt.trial_id, Trial.experiment_id.in_(ids)))
+            .order_by(Attempt.id)
+        ):
+            attempts_of[a.trial_id].append(_attempt(a))
+    gpu = gpu_rows(session, ids, idle_below_pct) if exps else {}
+    decisions = _decision_stats(session, ids) if exps else {}
     disk = _disk_usage(session, list(exps)) if exps else {}
     out = []
     now = datetime.now(timezone.utc).replace(tzinfo=None)  # the DB's naive UTC
     for e in exps:
         shape = _Shape.of(e.config_json)
-        trials = [_trial(t, gpu, idle_below_pct, idle_window_s, shape, now) for t in e.trials]
+        rows = trials_of[e.id]
+        args = (gpu, idle_below_pct, idle_window_s, shape, now)
+        every = [
+            _trial(full[t.id], attempts_of[t.id], *args)
+            if t.id in shown[e.id]
+            else _usage(t, attempts_of[t.id], *args)
+            for t in rows
+        ]
+        trials = [t for t in every if "id" in t]
+        counts: dict[str, int] = defaultdict(int)
+        for t in rows:
+            counts[t.state] += 1
         out.append(
             {
                 "id": e.id,
@@ -288,15 +356,17 @@ def status_data(
                 "metric": e.metric,
                 "smaller_is_better": e.smaller_is_better,
                 "backend": e.backend,
-                "created_at": _iso(e.created_at),
-                "ended_at": _iso(e.ended_at),
+                "created_at": iso(e.created_at),
+                "ended_at": iso(e.ended_at),
                 "run_dir": e.run_dir,
                 "max_length": shape.max_length,
                 "gpus_per_job": shape.gpus,
                 "cpus_per_job": shape.cpus,
-                "gpu_hours": round(sum(t["gpu_hours"] for t in trials), 4),
-                "cpu_hours": round(sum(t["cpu_hours"] for t in trials), 4),
-                "idle_gpus": [g for t in trials for g in t["idle_gpus"]],
+                "gpu_hours": round(sum(t["gpu_hours"] for t in every), 4),
+                "cpu_hours": round(sum(t["cpu_hours"] for t in every), 4),
+                "idle_gpus": [g for t in every for g in t["idle_gpus"]],
+                "trials_total": len(rows),
+                "trial_counts": dict(sorted(counts.items())),
                 "decisions": decisions.get(e.id),
                 "disk": disk.get(e.id),  # checkpoint bytes (see _disk_usage)
                 "trials": trials,

@@ -36,6 +36,7 @@ __all__ = [
     "REDACTED",
     "attempt_record",
     "deterministic_env",
+    "is_secret_name",
     "merge_env_record",
     "redacted_env",
 ]
@@ -69,6 +70,11 @@ VOLATILE_ENV = frozenset(
 def deterministic_env(seed: int) -> dict[str, str]:
     """Variables a deterministic trial needs before its interpreter starts."""
     return {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "PYTHONHASHSEED": str(seed % 2**32)}
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a variable or key name looks like it holds a secret (TOKEN, KEY, ...)."""
+    return _SECRET.search(name) is not None
 
 
 def redacted_env(environ: Mapping[str, str], declared: Sequence[str] = ()) -> dict[str, str]:

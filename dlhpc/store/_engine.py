@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from dlhpc.errors import SchemaVersionError, StoreError
 from dlhpc.store.models import Base, Meta
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 BUSY_TIMEOUT_MS = 30_000
 
 

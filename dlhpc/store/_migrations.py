@@ -45,4 +45,29 @@ def _v2_to_v3(conn: Connection) -> None:
     GpuSample.__table__.create(conn)  # type: ignore[attr-defined]
 
 
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}
+def _v3_to_v4(conn: Connection) -> None:
+    """Scale: the gpu_summaries table (filled from the samples) and its trigger, an
+    index on trials.ended_at, and metrics indexed by (trial, name, step) and (name, time)."""
+    from dlhpc.store.models import (
+        GpuSummary,
+        create_gpu_summary_trigger,
+        rebuild_gpu_summaries,
+    )
+
+    GpuSummary.__table__.create(conn)  # type: ignore[attr-defined]
+    rebuild_gpu_summaries(conn)
+    create_gpu_summary_trigger(conn)
+    for stmt in (
+        "CREATE INDEX ix_trials_ended_at ON trials (ended_at)",
+        "DROP INDEX IF EXISTS ix_metrics_trial_name",
+        "CREATE INDEX ix_metrics_trial_name_step ON metrics (trial_id, name, step)",
+        "CREATE INDEX ix_metrics_name_time ON metrics (name, time)",
+    ):
+        conn.exec_driver_sql(stmt)
+
+
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {
+    1: _v1_to_v2,
+    2: _v2_to_v3,
+    3: _v3_to_v4,
+}

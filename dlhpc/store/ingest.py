@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import func, select
+from sqlalchemy import Table, func, insert, select
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
@@ -26,15 +27,31 @@ from dlhpc.protocol import read_event_batches
 from dlhpc.repro import merge_env_record
 from dlhpc.store.models import (
     Attempt,
+    Base,
     Checkpoint,
     Event,
+    Experiment,
     GpuSample,
     IngestedFile,
     Metric,
     Trial,
 )
 
-__all__ = ["IngestResult", "ingest_attempt", "refresh_trial_metrics"]
+__all__ = [
+    "SETTLE_WINDOW",
+    "IngestResult",
+    "ingest_attempt",
+    "ingest_attempts",
+    "refresh_trial_metrics",
+    "settling",
+]
+
+# How long a trial's folders are still listed after it ended. Shared filesystems
+# show a file late: NFS caches directory listings for up to ``acdirmax`` (60 s by
+# default) and a job's last writes can land after its exit was seen. A window,
+# not a final marker listing every file, because a job killed hard (OOM, node
+# loss) writes no marker at all, and user streams are not known to the worker.
+SETTLE_WINDOW = timedelta(minutes=5)
 
 _KEY_RE = re.compile(r"^(?P<job>.+)\.r(?P<restart>\d+)$")
 # what a re-published checkpoint (a folder name whose row the GC deleted) takes anew
@@ -122,16 +139,47 @@ def _checkpoint_metric(
     return _num(value)
 
 
-def get_or_create_attempt(session: Session, trial: Trial, key: str, now: datetime) -> Attempt:
-    attempt = session.scalar(
-        select(Attempt).where(Attempt.trial_id == trial.id, Attempt.attempt_key == key)
+def _table(model: type[Base]) -> Table:
+    return cast(Table, model.__table__)
+
+
+def _metric_upsert() -> Any:
+    ins = sqlite_insert(_table(Metric))
+    return ins.on_conflict_do_update(
+        index_elements=["trial_id", "step", "name"],
+        set_={
+            "value": ins.excluded.value,
+            "attempt_id": ins.excluded.attempt_id,
+            "time": ins.excluded.time,
+        },
     )
-    if attempt is not None:
-        return attempt
+
+
+def _checkpoint_upsert() -> Any:
+    ins = sqlite_insert(_table(Checkpoint))
+    # a folder name the GC freed and a job published again: a new checkpoint
+    revive = {k: ins.excluded[k] for k in _REPUBLISHED}
+    return ins.on_conflict_do_update(
+        index_elements=["trial_id", "path"],
+        set_={**revive, "pinned": False, "deleted_at": None},
+        where=_table(Checkpoint).c.state == "DELETED",
+    )
+
+
+# Core statements (compiled once, run as executemany): the ORM's per-row bookkeeping
+# cost more than the SQL for files of many records
+_METRIC_UPSERT = _metric_upsert()
+_CHECKPOINT_UPSERT = _checkpoint_upsert()
+_GPU_INSERT = sqlite_insert(_table(GpuSample)).on_conflict_do_nothing(
+    index_elements=["attempt_id", "host", "gpu_index", "time"]
+)
+
+
+def _new_attempt(trial: Trial, key: str, now: datetime) -> Attempt:
     m = _KEY_RE.match(key)
     job_id, restart = (m["job"], int(m["restart"])) if m else (key, 0)
     array_index = int(job_id.rsplit("_", 1)[1]) if re.search(r"_\d+$", job_id) else None
-    attempt = Attempt(
+    return Attempt(
         trial_id=trial.id,
         attempt_key=key,
         job_id=job_id,
@@ -140,30 +188,109 @@ def get_or_create_attempt(session: Session, trial: Trial, key: str, now: datetim
         state="RUNNING",
         created_at=now,
     )
-    session.add(attempt)
-    session.flush()
-    return attempt
+
+
+def _attempts_of(
+    session: Session, folders: Sequence[tuple[Trial, Path]], now: datetime
+) -> list[Attempt]:
+    """The attempt of each (trial, attempt folder), created when new: one query."""
+    keys = {(t.id, p.name) for t, p in folders}
+    found = {
+        (a.trial_id, a.attempt_key): a
+        for a in session.scalars(
+            select(Attempt).where(
+                Attempt.trial_id.in_(sorted({tid for tid, _ in keys})),
+                Attempt.attempt_key.in_(sorted({k for _, k in keys})),
+            )
+        )
+    }
+    new = False
+    for t, p in folders:
+        if (t.id, p.name) not in found:
+            found[(t.id, p.name)] = _new_attempt(t, p.name, now)
+            session.add(found[(t.id, p.name)])
+            new = True
+    if new:
+        session.flush()  # their ids
+    return [found[(t.id, p.name)] for t, p in folders]
+
+
+@dataclass
+class _Rows:
+    """The rows an ingest batch inserts, by table, in file order."""
+
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    gpu: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)  # log records
+    marks: list[dict[str, Any]] = field(default_factory=list)  # ingested_files rows
+    pending: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # trial -> metrics
 
 
 def ingest_attempt(
     session: Session, trial: Trial, attempt_path: Path, now: datetime
 ) -> IngestResult:
     """Apply the not-yet-ingested event files of one attempt folder."""
+    return ingest_attempts(session, [(trial, attempt_path)], now)[0]
+
+
+def ingest_attempts(
+    session: Session, folders: Sequence[tuple[Trial, Path]], now: datetime
+) -> list[IngestResult]:
+    """Apply the not-yet-ingested event files of each (trial, attempt folder), one
+    result each. The rows of all the files go in one executemany per table, and
+    the ``ingested_files`` rows with them, in the caller's transaction."""
+    if not folders:
+        return []
+    attempts = _attempts_of(session, folders, now)
+    done: dict[int, set[str]] = {a.id: set() for a in attempts}
+    for attempt_id, name in session.execute(
+        select(IngestedFile.attempt_id, IngestedFile.name).where(
+            IngestedFile.attempt_id.in_(list(done))
+        )
+    ):
+        done[attempt_id].add(name)
+    rows = _Rows()
+    results = []
+    for (trial, path), attempt in zip(folders, attempts, strict=True):
+        results.append(_read_folder(session, trial, attempt, path, done[attempt.id], rows, now))
+    conn = session.connection()
+    if rows.metrics:  # a later row of a key wins (executemany runs them in order)
+        conn.execute(_METRIC_UPSERT, rows.metrics)
+    if rows.checkpoints:
+        conn.execute(_CHECKPOINT_UPSERT, rows.checkpoints)
+    if rows.gpu:  # executemany: no limit on bound parameters however long the file
+        conn.execute(_GPU_INSERT, rows.gpu)
+    if rows.events:
+        conn.execute(insert(_table(Event)), rows.events)
+    failpoint("ingest.before_mark")
+    if rows.marks:  # the same transaction as everything the files implied
+        conn.execute(insert(_table(IngestedFile)), rows.marks)
+    session.flush()  # the attempts' new facts
+    return results
+
+
+def _read_folder(
+    session: Session,
+    trial: Trial,
+    attempt: Attempt,
+    attempt_path: Path,
+    done: set[str],
+    out: _Rows,
+    now: datetime,
+) -> IngestResult:
+    """Read one attempt folder's files not in ``done`` (then added to it): attempt
+    facts onto ``attempt``, rows into ``out``."""
     result = IngestResult()
-    attempt = get_or_create_attempt(session, trial, attempt_path.name, now)
-    done = session.scalars(
-        select(IngestedFile.name).where(IngestedFile.attempt_id == attempt.id)
-    ).all()
+    pending = out.pending.setdefault(trial.id, [])
     for batch in read_event_batches(attempt_path, skip=done):
-        rows = []
-        gpu_rows: list[dict[str, Any]] = []
         for rec in batch.records:
             kind = rec.get("type")
             if kind == "metric":
                 step = int(rec["step"])
                 for name, value in rec.get("metrics", {}).items():
                     v = float(value) if value is not None else None
-                    rows.append(
+                    pending.append(
                         {
                             "trial_id": trial.id,
                             "attempt_id": attempt.id,
@@ -173,6 +300,8 @@ def ingest_attempt(
                             "time": float(rec.get("time", 0.0)),
                         }
                     )
+                    out.metrics.append(pending[-1])
+                    result.metrics += 1
             elif kind == "start":
                 attempt.started_at = attempt.started_at or _ts(rec.get("time"))
                 attempt.host = str(rec.get("host", ""))
@@ -187,68 +316,44 @@ def ingest_attempt(
                     attempt.lost_steps = max(0, at - (ckpt if isinstance(ckpt, int) else 0))
                 result.exited = True
             elif kind == "checkpoint":
-                ins = sqlite_insert(Checkpoint).values(
-                    trial_id=trial.id,
-                    attempt_id=attempt.id,
-                    step=int(rec.get("step", 0)),
-                    path=str(rec.get("path", "")),
-                    size_bytes=int(rec.get("size", 0)),
-                    state="ACTIVE",
-                    created_at=_ts(rec.get("time")) or now,
-                    metric=_checkpoint_metric(session, trial, rec, rows),
-                )
-                # a folder name the GC freed and a job published again: a new checkpoint
-                revive = {k: ins.excluded[k] for k in _REPUBLISHED}
-                session.execute(
-                    ins.on_conflict_do_update(
-                        index_elements=["trial_id", "path"],
-                        set_={**revive, "pinned": False, "deleted_at": None},
-                        where=Checkpoint.state == "DELETED",
-                    )
+                out.checkpoints.append(
+                    {
+                        "trial_id": trial.id,
+                        "attempt_id": attempt.id,
+                        "step": int(rec.get("step", 0)),
+                        "path": str(rec.get("path", "")),
+                        "size_bytes": int(rec.get("size", 0)),
+                        "state": "ACTIVE",
+                        "created_at": _ts(rec.get("time")) or now,
+                        "metric": _checkpoint_metric(session, trial, rec, pending),
+                    }
                 )
             elif kind == "gpu":
-                gpu_rows.extend(_gpu_rows(attempt.id, rec))
+                gpu_rows = _gpu_rows(attempt.id, rec)
+                out.gpu.extend(gpu_rows)
+                result.gpu_samples += len(gpu_rows)
             elif kind == "env":  # the job's reproducibility record (dlhpc.repro)
                 attempt.env_json = merge_env_record(attempt.env_json, rec)
             elif kind == "log":
-                session.add(
-                    Event(
-                        experiment_id=trial.experiment_id,
-                        trial_id=trial.id,
-                        time=_ts(rec.get("time")) or now,
-                        kind=f"log.{rec.get('level', 'info')}",
-                        message=str(rec.get("message", ""))[:4000],
-                    )
+                out.events.append(
+                    {
+                        "experiment_id": trial.experiment_id,
+                        "trial_id": trial.id,
+                        "time": _ts(rec.get("time")) or now,
+                        "kind": f"log.{rec.get('level', 'info')}",
+                        "message": str(rec.get("message", ""))[:4000],
+                    }
                 )
-        if rows:
-            stmt = sqlite_insert(Metric).values(rows)
-            stmt = stmt.on_conflict_do_update(
-                index_elements=["trial_id", "step", "name"],
-                set_={
-                    "value": stmt.excluded.value,
-                    "attempt_id": stmt.excluded.attempt_id,
-                    "time": stmt.excluded.time,
-                },
-            )
-            session.execute(stmt)
-            result.metrics += len(rows)
-        if gpu_rows:  # executemany: no limit on bound parameters however long the file
-            session.execute(
-                sqlite_insert(GpuSample).on_conflict_do_nothing(
-                    index_elements=["attempt_id", "host", "gpu_index", "time"]
-                ),
-                gpu_rows,
-            )
-            result.gpu_samples += len(gpu_rows)
-        failpoint("ingest.before_mark")
-        session.add(
-            IngestedFile(
-                attempt_id=attempt.id, name=batch.name, records=len(batch.records), ingested_at=now
-            )
+        out.marks.append(
+            {
+                "attempt_id": attempt.id,
+                "name": batch.name,
+                "records": len(batch.records),
+                "ingested_at": now,
+            }
         )
+        done.add(batch.name)
         result.files += 1
-    if result.metrics:
-        session.flush()
     return result
 
 
@@ -268,4 +373,24 @@ def refresh_trial_metrics(
         .where(Metric.trial_id == trial.id, Metric.name == metric)
         .order_by(Metric.step.desc())
         .limit(1)
+    )
+
+
+def settling(
+    session: Session, terminal: Collection[str], now: datetime, users: Collection[str]
+) -> list[Trial]:
+    """Trials in a ``terminal`` state that ended within :data:`SETTLE_WINDOW` of
+    ``now``, of any experiment (a finished one too) whose ``user`` is in ``users``:
+    the tick still ingests files that show up late in their attempt folders (a
+    trial ended without ``ended_at`` is not one)."""
+    return list(
+        session.scalars(
+            select(Trial)
+            .join(Experiment, Experiment.id == Trial.experiment_id)
+            .where(
+                Experiment.user.in_(list(users)),
+                Trial.state.in_(terminal),
+                Trial.ended_at >= now - SETTLE_WINDOW,
+            )
+        ).all()
     )

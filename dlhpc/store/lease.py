@@ -31,7 +31,21 @@ class LeaseLostError(DlhpcError):
 
 
 def make_owner_token() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    """``host:pid:start:nonce``; ``start`` (the process's start time, ``-`` where
+    unknown) tells this process from a later one that reuses its pid."""
+    pid = os.getpid()
+    return f"{socket.gethostname()}:{pid}:{_process(pid)[0] or '-'}:{uuid.uuid4().hex[:8]}"
+
+
+def _process(pid: int) -> tuple[str | None, bool]:
+    """(start time in clock ticks since boot, is a zombie) from ``/proc``; (None,
+    False) where there is no ``/proc`` or no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # the name may hold spaces
+    except (OSError, IndexError):
+        return None, False
+    return (fields[19] if len(fields) > 19 else None), fields[:1] == ["Z"]
 
 
 def take(session: Session, name: str, owner: str, ttl_s: float, now: datetime) -> None:
@@ -57,9 +71,11 @@ def _owner_is_dead(owner: str) -> bool:
     Lets the next cron tick on the same login node take over at once from a
     reconciler that was killed, instead of waiting for the lease to expire.
     Owners on other hosts cannot be checked and are waited out.
+    A killed reconciler whose parent has not reaped it yet (a zombie) is dead,
+    and so is one whose pid a later process reuses (its start time differs).
     """
-    host, _, rest = owner.partition(":")
-    pid_text = rest.split(":", 1)[0]
+    parts = owner.split(":")
+    host, pid_text = parts[0], parts[1] if len(parts) > 1 else ""
     if host != socket.gethostname() or not pid_text.isdigit():
         return False
     try:
@@ -67,8 +83,10 @@ def _owner_is_dead(owner: str) -> bool:
     except ProcessLookupError:
         return True
     except PermissionError:
-        return False
-    return False
+        pass  # another user's process: the pid was reused, or /proc tells nothing
+    start, zombie = _process(int(pid_text))
+    recorded = parts[2] if len(parts) == 4 and parts[2].isdigit() else None
+    return zombie or (start is not None and recorded is not None and start != recorded)
 
 
 def verify_and_renew(session: Session, name: str, owner: str, ttl_s: float, now: datetime) -> None:

@@ -20,7 +20,10 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    event,
+    text,
 )
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 __all__ = [
@@ -31,12 +34,15 @@ __all__ = [
     "Event",
     "Experiment",
     "GpuSample",
+    "GpuSummary",
     "IngestedFile",
     "Lease",
     "Meta",
     "Metric",
     "Submission",
     "Trial",
+    "create_gpu_summary_trigger",
+    "rebuild_gpu_summaries",
 ]
 
 
@@ -87,7 +93,10 @@ class Experiment(Base):
 
 class Trial(Base):
     __tablename__ = "trials"
-    __table_args__ = (UniqueConstraint("experiment_id", "request_id"),)
+    __table_args__ = (
+        UniqueConstraint("experiment_id", "request_id"),
+        Index("ix_trials_ended_at", "ended_at"),  # trials that ended lately (v4)
+    )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id"), index=True)
     request_id: Mapped[int] = mapped_column(Integer)  # the searcher's id for this trial
@@ -177,7 +186,9 @@ class Metric(Base):
     __tablename__ = "metrics"
     __table_args__ = (
         UniqueConstraint("trial_id", "step", "name"),
-        Index("ix_metrics_trial_name", "trial_id", "name"),
+        # a trial's points of one metric in step order: told, best, latest (v4: + step)
+        Index("ix_metrics_trial_name_step", "trial_id", "name", "step"),
+        Index("ix_metrics_name_time", "name", "time"),  # the newest result (v4)
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id"))
@@ -250,3 +261,60 @@ class GpuSample(Base):
     mem_used: Mapped[int | None] = mapped_column(Integer, nullable=True)  # bytes
     mem_total: Mapped[int | None] = mapped_column(Integer, nullable=True)
     power_w: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class GpuSummary(Base):
+    """Per (attempt, host, GPU): the count and sum of the utilization samples and the
+    first and newest sample time (v4). Kept by a trigger on every ``gpu_samples``
+    insert, so ``dlhpc status`` never scans the samples of ended attempts."""
+
+    __tablename__ = "gpu_summaries"
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id"), primary_key=True)
+    host: Mapped[str] = mapped_column(String(255), primary_key=True)
+    gpu_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    samples: Mapped[int] = mapped_column(Integer)
+    n_util: Mapped[int] = mapped_column(Integer)  # samples with a utilization
+    sum_util: Mapped[int] = mapped_column(Integer)
+    first: Mapped[float] = mapped_column(Float)
+    newest: Mapped[float] = mapped_column(Float)
+
+
+_SUMMARY_TRIGGER = """
+CREATE TRIGGER IF NOT EXISTS gpu_samples_summary AFTER INSERT ON gpu_samples
+BEGIN
+  INSERT INTO gpu_summaries (attempt_id, host, gpu_index, samples, n_util, sum_util, first, newest)
+  VALUES (NEW.attempt_id, NEW.host, NEW.gpu_index, 1, NEW.util IS NOT NULL,
+          coalesce(NEW.util, 0), NEW.time, NEW.time)
+  ON CONFLICT (attempt_id, host, gpu_index) DO UPDATE SET
+    samples = samples + 1,
+    n_util = n_util + excluded.n_util,
+    sum_util = sum_util + excluded.sum_util,
+    first = min(first, excluded.first),
+    newest = max(newest, excluded.newest);
+END
+"""
+
+
+def create_gpu_summary_trigger(conn: Connection) -> None:
+    """The trigger that keeps ``gpu_summaries`` (an ignored duplicate sample, an
+    ``ON CONFLICT DO NOTHING`` insert, fires nothing)."""
+    conn.execute(text(_SUMMARY_TRIGGER))
+
+
+def rebuild_gpu_summaries(conn: Connection) -> None:
+    """Recompute ``gpu_summaries`` from the samples (migration, bulk loads)."""
+    conn.execute(text("DELETE FROM gpu_summaries"))
+    conn.execute(
+        text(
+            "INSERT INTO gpu_summaries"
+            " (attempt_id, host, gpu_index, samples, n_util, sum_util, first, newest)"
+            " SELECT attempt_id, host, gpu_index, count(*), count(util), coalesce(sum(util), 0),"
+            " min(time), max(time) FROM gpu_samples GROUP BY attempt_id, host, gpu_index"
+        )
+    )
+
+
+@event.listens_for(Base.metadata, "after_create")
+def _after_create(_target: object, conn: Connection, **_kw: object) -> None:
+    if "gpu_summaries" in Base.metadata.tables and conn.dialect.name == "sqlite":
+        create_gpu_summary_trigger(conn)

@@ -7,15 +7,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from dlhpc import _perms
+from dlhpc._perms import make_dirs
 from dlhpc.errors import DlhpcError, StoreError
 from dlhpc.store import lease as _lease
 from dlhpc.store._engine import init_schema, make_engine
 from dlhpc.store.models import Experiment
+
+if TYPE_CHECKING:
+    from dlhpc.config._permissions import Permissions
 
 __all__ = ["Store", "default_home", "utcnow"]
 
@@ -48,20 +54,32 @@ class Store:
     """
 
     def __init__(
-        self, home: Path, journal_mode: str = "delete", lease_ttl_s: float = 300.0
+        self,
+        home: Path,
+        journal_mode: str = "delete",
+        lease_ttl_s: float = 300.0,
+        permissions: Permissions | None = None,
     ) -> None:
         self.home = home
         self.db_path = home / DB_NAME
         self.runs_root = home / "runs"
         self.lease_ttl_s = lease_ttl_s
+        # the site's policy: folders made at the top of a tree (reports, exports) use it
+        self.permissions = permissions
         self._owner: str | None = None
         try:
-            home.mkdir(parents=True, exist_ok=True)
+            make_dirs(home, permissions)
         except OSError as err:
             raise StoreError(f"cannot create the state folder {home}: {err.strerror}") from err
+        _perms.warn(_perms.check_db_files(self.db_path))  # before anything writes to it
+        new = not self.db_path.exists()
         self._writer = make_engine(self.db_path, writer=True, journal_mode=journal_mode)
         self._reader = make_engine(self.db_path, writer=False)
         init_schema(self._writer, self._reader)
+        if new:  # SQLite made them 0644 & ~umask (journals copy the DB's mode at creation)
+            for suffix in _perms.DB_SIDE_FILES:
+                if Path(f"{self.db_path}{suffix}").exists():
+                    _perms.umask_mode(Path(f"{self.db_path}{suffix}"))
 
     def close(self) -> None:
         self._writer.dispose()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib
 import json
 import math
 import re
@@ -225,6 +226,44 @@ def test_tick_ingest_archives_curves_and_the_report_reads_them(
     assert page.curve_sources == {"hdf5": 1, "db": 0, "none": 0}
     assert page.other_metrics == ("acc",)
     assert "1 trial(s), from the DB for 0" in render_page(page)
+
+
+def test_a_pass_rewrites_a_bounded_number_of_running_trials_archives(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Running trials' archives beyond the per-pass budget wait for a later pass (a
+    fresh archive is not due again, so they take turns); a trial whose job exited
+    gets its archive at once, whatever the budget."""
+    # the module (the package exports a function of the same name)
+    monkeypatch.setattr(importlib.import_module("dlhpc.orchestrator.tick"), "_ARCHIVE_BUDGET", 1)
+    exp_id = _experiment(store, tmp_path)
+    tids = [
+        _trial(store, exp_id, tmp_path, hparams={"lr": lr}, state="RUNNING", losses=[], attempts=[])
+        for lr in (0.1, 0.2, 0.3)
+    ]
+    writers = {
+        tid: EventWriter(tmp_path / f"trial-{tid}" / "attempts" / "9_0.r0", "user-r0")
+        for tid in tids
+    }
+
+    def publish(step: int) -> list[tuple[int, Path]]:
+        for tid, w in writers.items():
+            w.add("metric", step=step, metrics={"val_loss": 1.0 / step})
+            if tid == tids[2] and step == 1:
+                w.add("exit", code=0, reason="completed", signal=None, step=1)
+            w.flush()
+        return [(tid, w.attempt_dir) for tid, w in writers.items()]
+
+    def archived() -> list[int]:
+        return [tid for tid in tids if curves_path(tmp_path / f"trial-{tid}").exists()]
+
+    report = TickReport()
+    _ingest(store, publish(1), report, SYSTEM_CLOCK)
+    assert report.metrics == 3 and report.errors == []
+    assert archived() == [tids[0], tids[2]]  # the budget's one, and the exited one
+    _ingest(store, publish(2), TickReport(), SYSTEM_CLOCK)
+    assert archived() == tids  # the next pass: the one left waiting
+    assert read_curves(curves_path(tmp_path / f"trial-{tids[1]}")).rows == 2  # type: ignore[union-attr]
 
 
 def test_a_stale_or_missing_archive_falls_back_to_the_db(store: Store, tmp_path: Path) -> None:

@@ -7,12 +7,13 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from dlhpc.errors import LeaseHeldError, SchemaVersionError
 from dlhpc.protocol import EventWriter
 from dlhpc.store import (
     Attempt,
+    GpuSample,
     IngestedFile,
     LeaseLostError,
     Metric,
@@ -20,6 +21,7 @@ from dlhpc.store import (
     Trial,
     utcnow,
 )
+from dlhpc.store._engine import make_engine, migrate
 from dlhpc.store.ingest import ingest_attempt, refresh_trial_metrics
 from dlhpc.store.models import Decision, Lease
 from tests.unit._db import exp_and_trial
@@ -28,13 +30,72 @@ from tests.unit._db import exp_and_trial
 def test_new_db_records_schema_version(tmp_path: Path) -> None:
     Store(tmp_path).close()
     con = sqlite3.connect(tmp_path / "dlhpc.db")
-    assert con.execute("select value from meta where key='schema_version'").fetchone() == ("3",)
+    assert con.execute("select value from meta where key='schema_version'").fetchone() == ("4",)
+
+
+def _undo_v4(con: sqlite3.Connection) -> None:
+    """Turn a v4 schema back into v3's."""
+    con.execute("DROP TRIGGER gpu_samples_summary")
+    con.execute("DROP TABLE gpu_summaries")
+    con.execute("DROP INDEX ix_trials_ended_at")
+    con.execute("DROP INDEX ix_metrics_trial_name_step")
+    con.execute("DROP INDEX ix_metrics_name_time")
+    con.execute("CREATE INDEX ix_metrics_trial_name ON metrics (trial_id, name)")
+
+
+def test_v3_to_v4_summarises_existing_gpu_samples_and_keeps_them_current(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    store = Store(home)
+    tid = exp_and_trial(store, tmp_path)
+    with store.write() as s:
+        a = Attempt(
+            trial_id=tid, attempt_key="1_0.r0", job_id="1_0", state="RUNNING", created_at=utcnow()
+        )
+        s.add(a)
+        s.flush()
+        aid = a.id
+    store.close()
+    con = sqlite3.connect(home / "dlhpc.db")
+    _undo_v4(con)
+    samples = [(aid, 10.0, "n1", 0, 50), (aid, 20.0, "n1", 0, None), (aid, 30.0, "n1", 1, 90)]
+    con.executemany(
+        "INSERT INTO gpu_samples (attempt_id, time, host, gpu_index, util) VALUES (?, ?, ?, ?, ?)",
+        samples,
+    )
+    con.execute("update meta set value='3' where key='schema_version'")
+    con.commit()
+    con.close()
+    with pytest.raises(SchemaVersionError):
+        Store(home)
+    assert migrate(make_engine(home / "dlhpc.db", writer=True)) == (3, 4)
+    store = Store(home)
+    summary = "SELECT host, gpu_index, samples, n_util, sum_util, first, newest FROM gpu_summaries"
+    with store.write() as s:
+        rows = sorted(s.execute(text(summary)).all())
+        assert rows == [("n1", 0, 2, 1, 50, 10.0, 20.0), ("n1", 1, 1, 1, 90, 30.0, 30.0)]
+        # the trigger keeps it: a new sample counts, a duplicate (ignored) does not
+        s.add(GpuSample(attempt_id=aid, time=40.0, host="n1", gpu_index=0, util=70))
+        s.flush()
+        s.execute(
+            text(
+                "INSERT OR IGNORE INTO gpu_samples (attempt_id, time, host, gpu_index, util)"
+                " VALUES (:a, 40.0, 'n1', 0, 5)"
+            ),
+            {"a": aid},
+        )
+        rows = sorted(s.execute(text(summary)).all())
+        assert rows[0] == ("n1", 0, 3, 2, 120, 10.0, 40.0)
+        names = {r[0] for r in s.execute(text("SELECT name FROM sqlite_master WHERE type='index'"))}
+        assert {"ix_trials_ended_at", "ix_metrics_trial_name_step", "ix_metrics_name_time"} <= names
+        assert "ix_metrics_trial_name" not in names
 
 
 def _make_v1_db(home: Path) -> None:
-    """A database as schema v1 made it (v2 added four columns, v3 two and two tables)."""
+    """A database as schema v1 made it (v2 added four columns, v3 two and two tables,
+    v4 a table, its trigger and two indexes)."""
     Store(home).close()
     con = sqlite3.connect(home / "dlhpc.db")
+    _undo_v4(con)
     con.execute("DROP TABLE decisions")
     con.execute("DROP TABLE gpu_samples")
     for table, column in (
@@ -73,7 +134,7 @@ def test_old_schema_gets_clear_message_and_migrates(
     assert res.exit_code == 1 and "dlhpc db migrate" in res.output
     res = CliRunner().invoke(cli, ["db", "migrate"])
     assert res.exit_code == 0, res.output
-    assert "v1 -> v3" in res.output and (home / "dlhpc.db.v1.bak").exists()
+    assert "v1 -> v4" in res.output and (home / "dlhpc.db.v1.bak").exists()
     store = Store(home)  # opens without complaint now
     exp_and_trial(store, tmp_path)
     with store.read() as s:

@@ -179,7 +179,11 @@ def make_executor(
     """The executor for one chunk of ``n_tasks``; creates no files."""
     if n_tasks < 1:
         raise ValueError("a chunk needs at least one task")
-    executor = ArrayExecutor(request.folder, python=request.python or None, run_sbatch=run_sbatch)
+    # submitit pastes ``python`` into the script's command line as it is (it quotes
+    # only its own default, sys.executable): quote ours, or a path with spaces or
+    # ``$(...)`` in it would be split or run by the job's shell.
+    python = shlex.quote(request.python) if request.python else None
+    executor = ArrayExecutor(request.folder, python=python, run_sbatch=run_sbatch)
     executor.update_parameters(**sbatch_parameters(request, n_tasks, throttle))
     executor.parameters["map_count"] = n_tasks
     return executor

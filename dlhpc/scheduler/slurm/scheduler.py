@@ -8,8 +8,9 @@ Kindness to slurmctld, as a contract:
   Every chunk is an array, also of one task. ``max_concurrent`` limits the
   whole request: the chunks' ``%N`` throttles add up to it.
 * ``poll``: at most one ``squeue`` (all of the user's jobs, ``--array
-  --states=all``) and at most one ``sacct`` (only for ids squeue does not show
-  as live) per call, whatever the number of ids.
+  --states=all``; or one pyslurm call where a version-matched pyslurm imports,
+  see :mod:`dlhpc.scheduler.slurm._pyslurm`) and at most one ``sacct`` (only
+  for ids squeue does not show as live) per call, whatever the number of ids.
 * ``cancel``: one ``scancel`` with all ids.
 * every command has a timeout; ``calls`` counts them by name.
 
@@ -36,6 +37,7 @@ from submitit.core.utils import JobPaths
 
 from dlhpc.errors import SchedulerError
 from dlhpc.scheduler.base import BaseScheduler, JobRequest, JobState, JobStatus, SubmittedTask
+from dlhpc.scheduler.slurm._pyslurm import PollPath, poll_path, queue_via_pyslurm
 from dlhpc.scheduler.slurm.parse import (
     SACCT_FORMAT,
     SQUEUE_FORMAT,
@@ -83,8 +85,10 @@ class SlurmScheduler(BaseScheduler):
         fn: Callable[[str], None] | None = None,
         command_timeout_s: float = 30.0,
         submit_timeout_s: float = 120.0,
+        queue_path: PollPath | None = None,
     ) -> None:
         self.calls: collections.Counter[str] = collections.Counter()
+        self._queue_path = queue_path
         self._fn = fn
         self._timeout = command_timeout_s
         self._submit_timeout = submit_timeout_s
@@ -123,6 +127,11 @@ class SlurmScheduler(BaseScheduler):
 
     def _sbatch(self, script: Path) -> str:
         return self._checked(["sbatch", str(script)], self._submit_timeout)
+
+    def partitions(self) -> list[str]:
+        """The cluster's partition names, hidden ones included (one ``sinfo``)."""
+        out = self._checked(["sinfo", "--all", "--noheader", "--format=%R"], self._timeout)
+        return sorted({line.strip() for line in out.splitlines() if line.strip()})
 
     # -- sizes ---------------------------------------------------------------
 
@@ -225,19 +234,7 @@ class SlurmScheduler(BaseScheduler):
                 raise ValueError(f"not a Slurm job id: {jid!r}")
         if not ids:
             return {}
-        queue = parse_squeue(
-            self._checked(
-                [
-                    "squeue",
-                    "--noheader",
-                    "--array",
-                    "--states=all",
-                    f"--user={getpass.getuser()}",
-                    f"--format={SQUEUE_FORMAT}",
-                ],
-                self._timeout,
-            )
-        )
+        queue = self._queue()
         result: dict[str, JobStatus] = {}
         rest: list[str] = []
         for jid in ids:
@@ -254,6 +251,34 @@ class SlurmScheduler(BaseScheduler):
             else:
                 result[jid] = acct or JobStatus(jid, JobState.UNKNOWN)
         return result
+
+    @property
+    def queue_path(self) -> PollPath:
+        """How the queue is read: pyslurm where a matching one imports, else squeue
+        (chosen once per process, see :mod:`dlhpc.scheduler.slurm._pyslurm`)."""
+        if self._queue_path is None:
+            self._queue_path = poll_path()
+        return self._queue_path
+
+    def _queue(self) -> dict[str, JobStatus]:
+        """The user's jobs as squeue shows them: one squeue, or one pyslurm call."""
+        path = self.queue_path
+        if path.module is not None:
+            self.calls["pyslurm"] += 1
+            return queue_via_pyslurm(path.module, getpass.getuser())
+        return parse_squeue(
+            self._checked(
+                [
+                    "squeue",
+                    "--noheader",
+                    "--array",
+                    "--states=all",
+                    f"--user={getpass.getuser()}",
+                    f"--format={SQUEUE_FORMAT}",
+                ],
+                self._timeout,
+            )
+        )
 
     def _sacct(self, ids: list[str]) -> dict[str, JobStatus]:
         """One sacct for the arrays of ``ids``; {} (and no more sacct) once it fails."""

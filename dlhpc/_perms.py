@@ -1,0 +1,191 @@
+"""Applying the site's permission policy (:mod:`dlhpc.config._permissions`).
+
+The mechanism is the process umask, set once where a process learns its site
+(:func:`apply_umask`: the CLI when it resolves the site, the in-job worker from
+``trial.json``), so every file and folder created afterwards gets it without a
+chmod at each call site. What a umask cannot do is done here, in one place:
+
+* group mode: a folder dlhpc creates at the top of a tree (the state folder, an
+  experiment's checkpoint folder, a report or export folder) is given to the lab
+  group and made setgid (:func:`make_dirs`); folders created below it inherit both;
+* ``tempfile.mkstemp`` creates 0600 whatever the umask: :func:`fix_fd_mode`;
+* ``shutil.copy2`` copies the source's mode: :func:`copy_file` masks it;
+* the database is never world-writable (:func:`check_db_files`);
+* "who am I" (:func:`current_user`) and "may I change this experiment"
+  (:func:`check_may_modify`), so tests can fake the user at one boundary.
+
+Standard library only (the worker imports it inside jobs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import os
+import pwd
+import shutil
+import stat
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dlhpc.errors import NotPermittedError, StoreError
+
+if TYPE_CHECKING:
+    from dlhpc.config._permissions import Permissions
+
+__all__ = [
+    "DB_SIDE_FILES",
+    "apply_umask",
+    "check_db_files",
+    "check_may_modify",
+    "copy_file",
+    "current_umask",
+    "current_user",
+    "fix_fd_mode",
+    "make_dirs",
+    "umask_mode",
+    "may_modify",
+]
+
+DB_SIDE_FILES = ("", "-wal", "-shm", "-journal")  # suffixes of SQLite's files for one DB
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it (Linux ``/proc``; else set and restore)."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o077)  # the brief window is the most private mask, never a wider one
+    os.umask(mask)
+    return mask
+
+
+def apply_umask(umask: int) -> int:
+    """Set the process umask; returns the previous one."""
+    return os.umask(umask)
+
+
+def current_user() -> str:
+    """The name of the effective user (from the user database, not ``$USER``)."""
+    uid = os.geteuid()
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def fix_fd_mode(fd: int) -> None:
+    """Give a file made by ``tempfile.mkstemp`` (always 0600) the umask's mode (0666 & ~umask)."""
+    os.fchmod(fd, 0o666 & ~current_umask())
+
+
+def umask_mode(path: Path) -> None:
+    """Give a file we just created the mode a plain ``open`` gives (0666 & ~umask): SQLite
+    creates its database 0644 & ~umask, which a group could not write. Someone else's
+    file (another process won the race) is left as it is."""
+    with contextlib.suppress(PermissionError):
+        os.chmod(path, 0o666 & ~current_umask())
+
+
+def copy_file(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> str:
+    """``shutil.copy2`` with the mode masked by the umask (usable as a ``copy_function``)."""
+    out = shutil.copy2(src, dst)
+    if not os.path.islink(out):
+        os.chmod(out, stat.S_IMODE(os.lstat(src).st_mode) & ~current_umask())
+    return str(out)
+
+
+def _group_id(group: str) -> int:
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise StoreError(f"permissions.group: no unix group {group!r} on this machine") from None
+
+
+def share_dir(path: Path, policy: Permissions | None) -> None:
+    """Group mode: give the folder ``path`` (ours) to the lab group and make it setgid."""
+    if policy is None or policy.mode != "group" or policy.group is None:
+        return
+    gid = _group_id(policy.group)
+    st = os.stat(path)
+    try:
+        if st.st_gid != gid:
+            os.chown(path, -1, gid)
+        os.chmod(path, (stat.S_IMODE(st.st_mode) | stat.S_ISGID) & ~(policy.umask & 0o777))
+    except PermissionError as err:
+        raise StoreError(
+            f"cannot give {path} to group {policy.group!r}: {err.strerror}"
+            f" (are you a member? see `id`)"
+        ) from err
+
+
+def make_dirs(path: Path, policy: Permissions | None) -> Path:
+    """``mkdir -p path``; in group mode every folder created here is shared (setgid, lab
+    group). Existing folders are left as they are. Returns ``path``."""
+    missing: list[Path] = []
+    p = path
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    path.mkdir(parents=True, exist_ok=True)
+    for folder in reversed(missing):
+        share_dir(folder, policy)
+    return path
+
+
+def check_db_files(db_path: Path) -> list[str]:
+    """Refuse a world-writable database; repair our own file's mode.
+
+    For the DB and its ``-wal``/``-shm``/``-journal`` files: one that is ours and
+    world-writable loses ``o+w`` (the returned lines say so); one that is someone
+    else's raises :class:`~dlhpc.errors.StoreError` (anyone could corrupt it).
+    """
+    notes = []
+    for suffix in DB_SIDE_FILES:
+        f = Path(f"{db_path}{suffix}")
+        try:
+            st = os.stat(f)
+        except FileNotFoundError:
+            continue
+        if not st.st_mode & stat.S_IWOTH:
+            continue
+        mode = stat.S_IMODE(st.st_mode)
+        if st.st_uid != os.geteuid():
+            owner = _user_name(st.st_uid)
+            raise StoreError(
+                f"{f} is world-writable (mode {mode:04o}) and belongs to {owner}; refusing to"
+                f" use it: ask {owner} to run `chmod o-w {f}`"
+            )
+        os.chmod(f, mode & ~0o002)
+        notes.append(f"{f} was world-writable (mode {mode:04o}); now {mode & ~0o002:04o}")
+    return notes
+
+
+def warn(lines: list[str]) -> None:
+    for line in lines:
+        print(f"dlhpc: warning: {line}", file=sys.stderr)
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def may_modify(owner: str, policy: Permissions | None) -> bool:
+    """May the current user change an experiment of ``owner`` ("" = not recorded)?"""
+    if not owner or owner == current_user():
+        return True
+    return policy is not None and policy.others_experiments == "write"
+
+
+def check_may_modify(owner: str, what: str, policy: Permissions | None) -> None:
+    """Raise :class:`~dlhpc.errors.NotPermittedError` unless :func:`may_modify`."""
+    if not may_modify(owner, policy):
+        raise NotPermittedError(
+            f"{what} belongs to {owner}; you ({current_user()}) may only read it"
+            " (the site's permissions.others_experiments is 'read')"
+        )

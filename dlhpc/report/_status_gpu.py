@@ -1,0 +1,168 @@
+"""GPU telemetry and attempt rows for :mod:`dlhpc.report.status`.
+
+One row per (attempt, host, GPU): the samples' count and sum of utilization and the
+newest sample time, from ``gpu_summaries`` (kept by a trigger at ingest) for an ended
+attempt; for a live one (``RUNNING``, no exit record yet) an aggregate of its own
+samples adds the first and last busy sample time, which the idle rule of
+:func:`dlhpc.harness.telemetry.idle_since` needs.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import Select, case, func, or_, select
+from sqlalchemy.orm import Session
+
+from dlhpc.harness.telemetry import IDLE_BELOW_PCT, IDLE_WINDOW_S, idle_since
+from dlhpc.store import Attempt, GpuSample, Trial
+from dlhpc.store.models import GpuSummary
+
+__all__ = [
+    "ATTEMPT_COLS",
+    "GpuRows",
+    "Row",
+    "gpu_rows",
+    "gpu_summary",
+    "idle_of",
+    "idle_gpus",
+    "iso",
+    "iso_epoch",
+    "live_gpu_rows",
+]
+
+Row = Any  # a result row (sqlalchemy.Row) read by attribute
+GpuRows = dict[int, list[Row]]  # attempt id -> one row per (host, GPU)
+ATTEMPT_COLS = (
+    Attempt.id,
+    Attempt.trial_id,
+    Attempt.attempt_key,
+    Attempt.job_id,
+    Attempt.state,
+    Attempt.cause,
+    Attempt.exit_code,
+    Attempt.lost_steps,
+    Attempt.node_list,
+    Attempt.started_at,
+    Attempt.ended_at,
+    Attempt.terminal_seen_at,
+)
+
+
+def iso(value: datetime | None) -> str | None:
+    return value.isoformat() + "Z" if value else None
+
+
+def iso_epoch(value: float) -> str | None:
+    return iso(datetime.fromtimestamp(value, tz=timezone.utc).replace(tzinfo=None))
+
+
+def gpu_rows(session: Session, exp_ids: list[int], below_pct: float) -> GpuRows:
+    """The per-GPU digests of the attempts shown: summaries of the ended attempts and
+    an aggregate of the live ones' samples (two queries)."""
+    shown = select(Attempt.id).join(Trial).where(Trial.experiment_id.in_(exp_ids))
+    live = shown.where(Attempt.state == "RUNNING", Attempt.ended_at.is_(None))
+    out: GpuRows = defaultdict(list)
+    ended = select(
+        GpuSummary.attempt_id,
+        GpuSummary.host,
+        GpuSummary.gpu_index,
+        GpuSummary.n_util,
+        GpuSummary.sum_util,
+        GpuSummary.newest,
+    ).where(GpuSummary.attempt_id.in_(shown), GpuSummary.attempt_id.not_in(live))
+    for row in session.connection().execute(ended):
+        out[row.attempt_id].append(row)
+    out.update(live_gpu_rows(session, live, below_pct))
+    return out
+
+
+def live_gpu_rows(session: Session, live: Select[Any], below_pct: float) -> GpuRows:
+    """The per-GPU digests of the ``live`` attempts (ids), from their own samples."""
+    out: GpuRows = defaultdict(list)
+    busy = or_(GpuSample.util.is_(None), GpuSample.util >= below_pct)  # telemetry.is_busy
+    running = (
+        select(
+            GpuSample.attempt_id,
+            GpuSample.host,
+            GpuSample.gpu_index,
+            func.count(GpuSample.util).label("n_util"),
+            func.sum(GpuSample.util).label("sum_util"),
+            func.min(GpuSample.time).label("first"),
+            func.max(GpuSample.time).label("newest"),
+            func.max(case((busy, GpuSample.time))).label("last_busy"),
+        )
+        .where(GpuSample.attempt_id.in_(live))
+        .group_by(GpuSample.attempt_id, GpuSample.host, GpuSample.gpu_index)
+    )
+    for row in session.connection().execute(running):
+        out[row.attempt_id].append(row)
+    return out
+
+
+def idle_gpus(
+    session: Session,
+    experiment_id: int,
+    *,
+    idle_below_pct: float = IDLE_BELOW_PCT,
+    idle_window_s: float = IDLE_WINDOW_S,
+) -> list[dict[str, Any]]:
+    """The experiment's ``idle_gpus`` of :func:`status_data`, reading only its live
+    attempts (two queries, whatever the number of trials)."""
+    live = (
+        select(Attempt.id)
+        .join(Trial)
+        .where(
+            Trial.experiment_id == experiment_id,
+            Attempt.state == "RUNNING",
+            Attempt.ended_at.is_(None),
+        )
+    )
+    attempts = session.connection().execute(
+        select(*ATTEMPT_COLS).where(Attempt.id.in_(live)).order_by(Attempt.trial_id, Attempt.id)
+    )
+    gpu = live_gpu_rows(session, live, idle_below_pct)
+    return [
+        g
+        for a in attempts
+        for g in idle_of(a.trial_id, a, gpu.get(a.id, []), idle_below_pct, idle_window_s)
+    ]
+
+
+def gpu_summary(rows: list[Row]) -> dict[str, Any] | None:
+    if not rows:
+        return None
+    n = sum(r.n_util for r in rows)
+    total = sum(r.sum_util or 0 for r in rows)
+    return {
+        "gpus": len(rows),
+        "util_mean": round(total / n, 1) if n else None,
+        "last_sample_at": iso_epoch(max(r.newest for r in rows)),
+    }
+
+
+def idle_of(
+    trial_id: int, a: Row, rows: list[Row], below_pct: float, window_s: float
+) -> list[dict[str, Any]]:
+    """The idle GPUs of a live attempt, judged at its newest sample (none once it ended)."""
+    if a.state != "RUNNING" or a.ended_at is not None or not rows:
+        return []
+    now = max(r.newest for r in rows)
+    out = []
+    for r in sorted(rows, key=lambda r: (r.host, r.gpu_index)):
+        since = idle_since(r.first, r.newest, r.last_busy, now, window_s)
+        if since is not None:
+            out.append(
+                {
+                    "trial_id": trial_id,
+                    "attempt_key": a.attempt_key,
+                    "host": r.host,
+                    "gpu_index": r.gpu_index,
+                    "idle_minutes": round((now - since) / 60.0, 1),
+                    "idle_since": iso_epoch(since),
+                    "below_pct": below_pct,
+                }
+            )
+    return out

@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Benchmark: ``dlhpc tick`` and ``dlhpc status`` on an experiment of 10,000 trials.
+
+The state is synthetic and built fast (``_bench_scale_state.py``): one ASHA
+experiment of ``--trials`` trials after a long search, 1,000,000 metric points,
+the live jobs' folders with one new event file each. Slurm is faked at the
+scheduler-backend boundary only: each timed process registers a backend whose
+``poll`` answers from a JSON file of job states (counted as one ``squeue`` and one
+``sacct``), ``submit`` hands out job ids (``sbatch``) and ``cancel`` records
+(``scancel``); everything else is the real CLI (``dlhpc.cli.main``). Each run starts
+from a pristine copy of the state folder, so every timed tick polls, ingests, tells
+the searcher, decides and submits the same work. Prints a markdown table: median
+(min-max) wall time of the process, its peak RSS, and the SQL statements it ran.
+
+    . .venv/bin/activate
+    python scripts/bench_scale.py --trials 10000 --runs 5 [--baseline TREE]
+
+``--baseline TREE`` times an older ``TREE/dlhpc`` too (its own state, built by its own
+code), alternating runs with this tree's so that both see the same machine load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _bench_scale_state import JOBS_FILE, build, freshen, install_fake
+
+
+def _child(argv: list[str]) -> int:
+    """A timed process: count SQL statements, fake Slurm, run the real CLI."""
+    from sqlalchemy import Engine, event
+
+    home = Path(os.environ["DLHPC_HOME"])
+    install_fake(home / JOBS_FILE)
+    count = [0]
+    event.listen(Engine, "before_cursor_execute", lambda *a: count.__setitem__(0, count[0] + 1))
+    from dlhpc.cli.main import cli
+
+    try:
+        cli(argv, prog_name="dlhpc")
+    except SystemExit as e:
+        code = int(e.code or 0)
+    else:
+        code = 0
+    # the peak RSS of this process since exec (VmHWM; a fork's pre-exec pages excluded)
+    status = Path("/proc/self/status").read_text()
+    hwm = int(status.split("VmHWM:", 1)[1].split()[0])
+    sys.stderr.write(f"\nBENCH_SQL={count[0]} BENCH_RSS_KB={hwm}\n")
+    return code
+
+
+def _env(home: Path, tree: Path | None) -> dict[str, str]:
+    env = {**os.environ, "DLHPC_HOME": str(home)}
+    if tree is not None:  # the dlhpc package of another tree (the baseline)
+        env["PYTHONPATH"] = str(tree)
+    return env
+
+
+def _timed(home: Path, tree: Path | None, argv: list[str]) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        p = subprocess.Popen(
+            [sys.executable, __file__, "--child", *argv],
+            env=_env(home, tree),
+            stdout=out,
+            stderr=err,
+        )
+        _, status, _usage = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - t0
+        p.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        text = err.read().decode()
+        out.seek(0)
+        stdout = out.read().decode()
+    if p.returncode != 0:
+        raise SystemExit(f"{argv} failed ({p.returncode}):\n{stdout[-2000:]}\n{text[-3000:]}")
+    sql = int(text.rsplit("BENCH_SQL=", 1)[1].split()[0])
+    rss = int(text.rsplit("BENCH_RSS_KB=", 1)[1].split()[0])
+    return {"wall_s": wall, "rss_mib": rss / 1024, "sql": sql, "out": stdout}
+
+
+def _cell(runs: list[dict[str, Any]]) -> str:
+    w = [r["wall_s"] for r in runs]
+    return (
+        f"{statistics.median(w):.2f} ({min(w):.2f}-{max(w):.2f}) | "
+        f"{max(r['rss_mib'] for r in runs):.0f} | {statistics.median(r['sql'] for r in runs):.0f}"
+    )
+
+
+COMMANDS = {  # in this order on one state: the second tick finds nothing new
+    "dlhpc tick": ["tick", "--json"],
+    "dlhpc tick (again: nothing new)": ["tick", "--json"],
+    "dlhpc status 1": ["status", "1"],
+    "dlhpc status 1 --json": ["status", "1", "--json"],
+}
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        return _child(sys.argv[2:])
+    if len(sys.argv) > 1 and sys.argv[1] == "--build":  # apart: the timed children fork small
+        print(json.dumps(build(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))))
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=10_000)
+    ap.add_argument("--concurrent", type=int, default=400)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--work", type=Path, default=None, help="keep the state here")
+    ap.add_argument(
+        "--baseline", type=Path, default=None, help="a tree holding an older dlhpc/ to compare"
+    )
+    args = ap.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="dlhpc-scale-"))
+    trees: dict[str, Path | None] = {"after": None}
+    if args.baseline is not None:
+        trees = {"before": args.baseline.resolve(), **trees}
+    for name, tree in trees.items():
+        # built in place (the DB holds absolute paths), then kept aside and restored
+        home, pristine = work / name / "home", work / name / "pristine"
+        if not (pristine / "dlhpc.db").exists():
+            t0 = time.perf_counter()
+            shutil.rmtree(home, ignore_errors=True)
+            made = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--build",
+                    str(home),
+                    str(args.trials),
+                    str(args.concurrent),
+                ],
+                env=_env(home, tree),
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            shutil.copytree(home, pristine)
+            print(f"{name}: built in {time.perf_counter() - t0:.1f} s: {made.strip()}")
+    results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    loads = []
+    for _ in range(args.runs):  # the trees alternate: both see the same machine load
+        for name, tree in trees.items():
+            home = work / name / "home"
+            shutil.rmtree(home, ignore_errors=True)
+            shutil.copytree(work / name / "pristine", home)
+            freshen(home)
+            for label, argv in COMMANDS.items():
+                loads.append(os.getloadavg()[0])
+                results.setdefault((name, label), []).append(_timed(home, tree, argv))
+    for name in trees:
+        r = json.loads(results[(name, "dlhpc tick")][-1]["out"])
+        print(
+            f"{name}: last tick {r['polled_jobs']} jobs polled, {r['ingested_files']} files,"
+            f" {r['metrics']} metrics, {r['decisions']} decisions, {r['submitted']} submitted,"
+            f" scheduler calls {r['scheduler_calls']}, errors {r['errors'][:3]}"
+        )
+    print(
+        f"\n{args.runs} runs each; load average {min(loads):.1f}-{max(loads):.1f}"
+        f" on {os.cpu_count()} CPUs\n"
+    )
+    head = " | ".join(f"{n}: median s (min-max) | {n}: peak RSS MiB | {n}: SQL" for n in trees)
+    print(f"| command | {head} |")
+    print("|---" * (1 + 3 * len(trees)) + "|")
+    for label in COMMANDS:
+        print(f"| `{label}` | " + " | ".join(_cell(results[(n, label)]) for n in trees) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

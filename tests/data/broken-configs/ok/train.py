@@ -1,0 +1,1 @@
+print("never runs: every launch in the corpus fails")

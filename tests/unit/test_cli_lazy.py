@@ -1,0 +1,57 @@
+"""The ``dlhpc`` group loads each command's module on first use (``LAZY_COMMANDS``)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from dlhpc.cli.main import LAZY_COMMANDS, cli
+
+_MODULES = sorted({module for module, _ in LAZY_COMMANDS.values()})
+
+
+def test_every_command_is_registered_with_its_own_short_help() -> None:
+    for module in _MODULES:
+        for command in importlib.import_module(f"dlhpc.cli.{module}").COMMANDS:
+            assert command.name in LAZY_COMMANDS, command.name
+            where, short = LAZY_COMMANDS[command.name]
+            assert where == module, command.name
+            assert short == command.get_short_help_str(limit=10_000), command.name
+
+
+def test_help_lists_every_command_as_the_commands_themselves_would() -> None:
+    lazy = CliRunner().invoke(cli, ["--help"], terminal_width=70)
+    assert lazy.exit_code == 0, lazy.output
+    listed = lazy.output.split("Commands:", 1)[1]
+    for name in LAZY_COMMANDS:  # loaded now: click's own format_commands lists the same
+        cli.get_command(None, name)  # type: ignore[arg-type]
+        short = cli.commands[name].get_short_help_str(limit=70 - 6 - 11)
+        assert f"  {name}" in listed and short in listed, name
+
+
+def test_help_and_status_import_no_other_command() -> None:
+    code = (
+        "import json, sys\n"
+        "from dlhpc.cli.main import cli\n"
+        "try:\n"
+        "    cli(['--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "first = sorted(m for m in sys.modules if m.startswith('dlhpc.cli.'))\n"
+        "heavy = [m for m in ('sqlalchemy', 'rich.table') if m in sys.modules]\n"
+        "cli.get_command(None, 'status')\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith(('dlhpc.orchestrator',"
+        " 'dlhpc.search', 'dlhpc.scheduler', 'dlhpc.simulate', 'dlhpc.report._build')))\n"
+        "print(json.dumps([first, heavy, loaded]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    first, heavy, loaded = json.loads(out.splitlines()[-1])
+    assert first == ["dlhpc.cli.main"]
+    assert heavy == []
+    assert loaded == []
