@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from statistics import median
 from typing import Any
 
-from sqlalchemy import String, and_, func, select, type_coerce
+from sqlalchemy import String, and_, func, or_, select, type_coerce
 from sqlalchemy.orm import Session
 
 from dlhpc.errors import NotFoundError
@@ -204,6 +204,31 @@ def _usage(
 _TERMINAL = {"COMPLETED", "FAILED", "KILLED", "STOPPED_EARLY"}  # orchestrator.states
 
 
+def _live_attempt() -> Any:
+    """Attempts whose hours run to now or whose GPUs may be idle (read row by row)."""
+    return Attempt.state.in_(_LIVE)
+
+
+def _ended_hours(conn: Any, exp_ids: list[int], listed: list[int]) -> dict[int, float]:
+    """Per experiment, the hours of the ended attempts of trials not in ``listed``, as
+    :func:`_run_hours` counts them (end: ``ended_at``, else ``terminal_seen_at``)."""
+    end = func.coalesce(Attempt.ended_at, Attempt.terminal_seen_at)
+    span = func.max(0.0, func.julianday(end) - func.julianday(Attempt.started_at)) * 24.0
+    rows = conn.execute(
+        select(Trial.experiment_id, func.total(span))
+        .join(Trial, Trial.id == Attempt.trial_id)
+        .where(
+            Trial.experiment_id.in_(exp_ids),
+            Trial.id.not_in(listed),
+            Attempt.started_at.is_not(None),
+            end.is_not(None),
+            ~_live_attempt(),
+        )
+        .group_by(Trial.experiment_id)
+    )
+    return {eid: float(hours) for eid, hours in rows}
+
+
 def pick_trials(
     trials: list[tuple[int, str, float | None]], smaller_is_better: bool, limit: int | None
 ) -> set[int]:
@@ -306,6 +331,7 @@ def status_data(
     ids = [e.id for e in exps]
     trials_of: dict[int, list[Row]] = defaultdict(list)
     attempts_of: dict[int, list[Row]] = defaultdict(list)
+    ended_hours: dict[int, float] = {}  # experiment -> hours of unlisted trials' ended attempts
     conn = session.connection()  # plain rows: no ORM row processing for 10,000s of rows
     shown: dict[int, set[int]] = {}
     full: dict[int, Row] = {}  # id -> the listed trials' rows (_TRIAL_COLS)
@@ -322,11 +348,14 @@ def status_data(
         if len(listed) <= _FULL_ROWS_MAX and len(listed) < sum(map(len, trials_of.values())):
             full_rows = full_rows.where(Trial.id.in_(listed))
         full = {t.id: t for t in conn.execute(full_rows)}
-        for a in conn.execute(
-            select(*_RAW_ATTEMPT_COLS)
-            .join(Trial, and_(Trial.id == Attempt.trial_id, Trial.experiment_id.in_(ids)))
-            .order_by(Attempt.id)
-        ):
+        attempts = select(*_RAW_ATTEMPT_COLS).join(
+            Trial, and_(Trial.id == Attempt.trial_id, Trial.experiment_id.in_(ids))
+        )
+        if len(full) < sum(map(len, trials_of.values())):  # some trials are not listed
+            # Their ended attempts only add hours: summed in SQL, not read row by row.
+            attempts = attempts.where(or_(Attempt.trial_id.in_(list(full)), _live_attempt()))
+            ended_hours = _ended_hours(conn, ids, list(full))
+        for a in conn.execute(attempts.order_by(Attempt.id)):
             attempts_of[a.trial_id].append(_attempt(a))
     gpu = gpu_rows(session, ids, idle_below_pct) if exps else {}
     decisions = _decision_stats(session, ids) if exps else {}
@@ -362,8 +391,12 @@ def status_data(
                 "max_length": shape.max_length,
                 "gpus_per_job": shape.gpus,
                 "cpus_per_job": shape.cpus,
-                "gpu_hours": round(sum(t["gpu_hours"] for t in every), 4),
-                "cpu_hours": round(sum(t["cpu_hours"] for t in every), 4),
+                "gpu_hours": round(
+                    sum(t["gpu_hours"] for t in every) + ended_hours.get(e.id, 0.0) * shape.gpus, 4
+                ),
+                "cpu_hours": round(
+                    sum(t["cpu_hours"] for t in every) + ended_hours.get(e.id, 0.0) * shape.cpus, 4
+                ),
                 "idle_gpus": [g for t in every for g in t["idle_gpus"]],
                 "trials_total": len(rows),
                 "trial_counts": dict(sorted(counts.items())),

@@ -99,6 +99,16 @@ def test_gpu_and_cpu_hours_and_progress_targets(tmp_path: Path) -> None:
     assert "resources used: 18.00 GPU-hours, 144 CPU-hours" in text
 
 
+def test_totals_count_the_trials_a_limited_listing_leaves_out(tmp_path: Path) -> None:
+    store = _store(tmp_path, CONFIG)
+    with store.read() as s:
+        (exp,) = status_data(s, limit=1)["experiments"]
+    # listed: the paused trial (live first); the stopped one's ended attempt is summed in SQL
+    assert [t["id"] for t in exp["trials"]] == [1] and exp["trials_total"] == 3
+    assert exp["gpu_hours"] == pytest.approx(18.0, abs=0.01)
+    assert exp["cpu_hours"] == pytest.approx(144.0, abs=0.1)
+
+
 def test_cpu_only_runs_count_cpu_hours(tmp_path: Path) -> None:
     store = _store(tmp_path, {"resources": {"cpus_per_task": 2}})  # no searcher length: grant
     with store.read() as s:
