@@ -7,8 +7,6 @@ JSON file under ``$DLHPC_HOME/cron/``, written atomically).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -17,7 +15,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from dlhpc._perms import fix_fd_mode
+from dlhpc.protocol import atomic_write_text
 from dlhpc.report.status import idle_gpus, status_data
 from dlhpc.store import Attempt, Experiment, GpuSample, Store, Trial, utcnow
 
@@ -49,18 +47,7 @@ def read_json(path: Path) -> dict[str, Any]:
 
 def atomic_write_json(path: Path, data: dict[str, Any]) -> None:
     """Write-temp, fsync, rename: a reader sees the old file or the new one, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        fix_fd_mode(fd)  # the site's policy, not mkstemp's 0600
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True))
 
 
 @dataclass
