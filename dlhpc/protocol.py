@@ -266,15 +266,16 @@ def read_event_batches(attempt_path: Path, skip: Iterable[str] = ()) -> list[Eve
     """
     done = set(skip)
     batches = []
-    for p in sorted(attempt_path.iterdir()):
-        if p.name in done or not EVENT_FILE_RE.match(p.name):
+    # names, not paths, sorted: the same order (one folder), without Path comparisons
+    for name in sorted(os.listdir(attempt_path)):
+        if name in done or not EVENT_FILE_RE.match(name):
             continue
-        text = _read_regular(p)
+        text = _read_regular(attempt_path / name)
         if text is None:  # marked ingested with no records, so it is not looked at again
-            batches.append(EventBatch(p.name, []))
+            batches.append(EventBatch(name, []))
             continue
         records = [json.loads(line) for line in text.splitlines() if line.strip()]
-        batches.append(EventBatch(p.name, records))
+        batches.append(EventBatch(name, records))
     return batches
 
 

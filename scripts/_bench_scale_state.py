@@ -403,7 +403,7 @@ def build(home: Path, trials: int = 10_000, concurrent: int = 400, seed: int = 1
         rebuild = getattr(models, "rebuild_gpu_summaries", None)  # schema v4 keeps a summary
         if rebuild is not None:
             rebuild(s.connection())
-    # the running trials' curve archives, as earlier ticks wrote them
+    # the running trials' curve archives, as earlier page builds (or ticks, before) wrote them
     archive_trials(store, {r["tid"]: r["dir"] for r in recs if r.get("dir")})
     store.close()
     (home / JOBS_FILE).write_text(json.dumps(jobs))

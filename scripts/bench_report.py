@@ -3,8 +3,8 @@
 
 Builds a state DB in a temporary folder (one asha experiment, N trials with two
 attempts each, P metric points of the searcher metric per trial, GPU samples),
-archives every trial's curves into its ``curves.h5`` the way the reconciler does
-after an ingest batch (batches of 64 trials), then writes the report page. Prints
+archives every trial's curves into its ``curves.h5`` the way a page build rewrites
+stale ones (batches of 64 trials), then writes the report page. Prints
 a JSON summary: archive time per trial, archive file size, page build time, page size.
 
     .venv/bin/python scripts/bench_report.py --trials 1000 --points 100
@@ -169,7 +169,7 @@ def main() -> int:
         for i in range(0, len(ids), BATCH):
             chunk = {tid: run_dirs[tid] for tid in ids[i : i + BATCH]}
             t = time.perf_counter()
-            errors = archive_trials(store, chunk)
+            _, errors = archive_trials(store, chunk)
             per_batch.append((time.perf_counter() - t) / len(chunk))
             assert not errors, errors
         sizes = [curves_path(d).stat().st_size for d in run_dirs.values()]

@@ -13,7 +13,7 @@ the searcher, decides and submits the same work. Prints a markdown table: median
 (min-max) wall time of the process, its peak RSS, and the SQL statements it ran.
 
     . .venv/bin/activate
-    python scripts/bench_scale.py --trials 10000 --runs 5 [--baseline TREE]
+    python scripts/bench_scale.py --trials 10000 --runs 5 [--baseline TREE] [--report]
 
 ``--baseline TREE`` times an older ``TREE/dlhpc`` too (its own state, built by its own
 code), alternating runs with this tree's so that both see the same machine load.
@@ -103,6 +103,8 @@ COMMANDS = {  # in this order on one state: the second tick finds nothing new
     "dlhpc status 1": ["status", "1"],
     "dlhpc status 1 --json": ["status", "1", "--json"],
 }
+# with --report, last: the page, which rewrites the stale curve archives the ticks left
+REPORT = {"dlhpc report 1 (after the ticks)": ["report", "1", "-o", "{home}/exp-1.html"]}
 
 
 def main() -> int:
@@ -115,6 +117,7 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=10_000)
     ap.add_argument("--concurrent", type=int, default=400)
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--report", action="store_true", help="time `dlhpc report 1` too")
     ap.add_argument("--work", type=Path, default=None, help="keep the state here")
     ap.add_argument(
         "--baseline", type=Path, default=None, help="a tree holding an older dlhpc/ to compare"
@@ -146,6 +149,7 @@ def main() -> int:
             ).stdout
             shutil.copytree(home, pristine)
             print(f"{name}: built in {time.perf_counter() - t0:.1f} s: {made.strip()}")
+    commands = {**COMMANDS, **(REPORT if args.report else {})}
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     loads = []
     for _ in range(args.runs):  # the trees alternate: both see the same machine load
@@ -154,8 +158,9 @@ def main() -> int:
             shutil.rmtree(home, ignore_errors=True)
             shutil.copytree(work / name / "pristine", home)
             freshen(home)
-            for label, argv in COMMANDS.items():
+            for label, argv in commands.items():
                 loads.append(os.getloadavg()[0])
+                argv = [a.replace("{home}", str(home)) for a in argv]
                 results.setdefault((name, label), []).append(_timed(home, tree, argv))
     for name in trees:
         r = json.loads(results[(name, "dlhpc tick")][-1]["out"])
@@ -171,7 +176,7 @@ def main() -> int:
     head = " | ".join(f"{n}: median s (min-max) | {n}: peak RSS MiB | {n}: SQL" for n in trees)
     print(f"| command | {head} |")
     print("|---" * (1 + 3 * len(trees)) + "|")
-    for label in COMMANDS:
+    for label in commands:
         print(f"| `{label}` | " + " | ".join(_cell(results[(n, label)]) for n in trees) + " |")
     return 0
 

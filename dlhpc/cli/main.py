@@ -8,6 +8,7 @@ exit codes as a shell does.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import traceback
 from typing import Any
@@ -19,7 +20,13 @@ from dlhpc._perms import apply_umask
 from dlhpc.config._permissions import PRIVATE_UMASK
 from dlhpc.errors import DlhpcError
 
-__all__ = ["LAZY_COMMANDS", "cli", "main"]
+__all__ = ["GC_THRESHOLD", "LAZY_COMMANDS", "cli", "main"]
+
+# The cyclic GC's thresholds while a command runs. A command allocates a few hundred
+# thousand objects that live to its end (imported modules, rows); at Python's default
+# (700, 10, 10) collections that find nothing cost 0.1-0.2 s of a `dlhpc status` or
+# `dlhpc tick` (docs/BENCHMARKS.md). Garbage cycles are still collected, only later.
+GC_THRESHOLD = (100_000, 20, 100)
 
 # Command name -> (module under dlhpc.cli holding it in its COMMANDS, its short help).
 # A command's module (and what it imports: the orchestrator, searchers, report HTML...)
@@ -124,6 +131,8 @@ class _Group(click.Group):
         # Private until the command knows its site (`use_site` applies the site's umask);
         # the caller's umask is back afterwards (matters in-process, under CliRunner).
         umask = apply_umask(PRIVATE_UMASK)
+        thresholds = gc.get_threshold()
+        gc.set_threshold(*GC_THRESHOLD)
         try:
             return super().invoke(ctx)
         except DlhpcError as err:
@@ -143,6 +152,7 @@ class _Group(click.Group):
             ctx.exit(1)
         finally:
             apply_umask(umask)
+            gc.set_threshold(*thresholds)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

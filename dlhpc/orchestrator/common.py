@@ -18,7 +18,7 @@ from dlhpc.config.model import ExperimentConfig
 from dlhpc.config.serde import from_jsonable
 from dlhpc.errors import SchedulerError
 from dlhpc.orchestrator.clock import SYSTEM_CLOCK, Clock
-from dlhpc.orchestrator.runfiles import trial_spec, write_trial_spec
+from dlhpc.orchestrator.runfiles import trial_spec, write_trial_specs
 from dlhpc.orchestrator.states import TrialState
 from dlhpc.protocol import trial_dir
 from dlhpc.scheduler import BaseScheduler, JobRequest, SubmittedTask, make_scheduler
@@ -187,7 +187,7 @@ def submit_pending(
             )
             for t in trials
         ]
-    dirs = [write_trial_spec(spec, store.runs_root) for spec in specs]
+    dirs = write_trial_specs(specs, store.runs_root)
     request = JobRequest(
         experiment_id=exp_id,
         name=sub.name,

@@ -12,11 +12,10 @@ pass, and ingest is keyed per file.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 
 from sqlalchemy import func, select
@@ -39,7 +38,6 @@ from dlhpc.orchestrator.decide import SearchPass, pending_promotions, write_stop
 from dlhpc.orchestrator.states import ExperimentState, TrialState
 from dlhpc.orchestrator.trials import LIVE_ATTEMPT_STATES, TrialPass, reconcile_trial
 from dlhpc.protocol import EVENT_FILE_RE, iter_attempt_dirs
-from dlhpc.report._curves import archive_trials, curves_path
 from dlhpc.scheduler import JobStatus
 from dlhpc.store import Attempt, Experiment, IngestedFile, Metric, Store, Submission, Trial
 from dlhpc.store.ingest import SETTLE_WINDOW, ingest_attempts
@@ -48,15 +46,9 @@ from dlhpc.store.ingest import settling as settling_trials
 __all__ = ["TickReport", "tick"]
 
 _MAX_FAILED_SUBMISSIONS = 3
-_INGEST_BATCH = 64  # attempt folders per write transaction
-# A running trial's curve archive is rewritten at most this often (each rewrite is
-# an HDF5 encode and two fsyncs); a trial whose job exited or that ended gets it at
-# once. A report reads a stale archive's curve from the DB rows (report._load).
-_ARCHIVE_EVERY = timedelta(minutes=10)
-# At most this many such rewrites of running trials per pass (about 5 ms each): a
-# pass with many due defers the rest to the next ones, oldest first then, since a
-# rewritten archive is not due again for _ARCHIVE_EVERY. Exits do not count.
-_ARCHIVE_BUDGET = 16
+# attempt folders per write transaction: a commit costs fsyncs (about 20 ms here, more
+# on NFS); a batch holds the write lock for about 0.1 s per 100 folders
+_INGEST_BATCH = 256
 _TERMINAL = [st.value for st in TrialState if st.is_terminal]
 
 
@@ -139,10 +131,7 @@ def _tick(store: Store, pool: SchedulerPool, report: TickReport, clock: Clock) -
 
     failpoint("tick.after_poll")
     scanned = [t for t in live_trials if t.id not in quiet]
-    archived: set[int] = set()  # trials whose curve archive this pass rewrote
-    _ingest(
-        store, _pending_attempt_dirs([*scanned, *settling], done_files), report, clock, archived
-    )
+    _ingest(store, _pending_attempt_dirs([*scanned, *settling], done_files), report, clock)
     failpoint("tick.after_ingest")
 
     for exp_id in exp_ids:
@@ -152,7 +141,7 @@ def _tick(store: Store, pool: SchedulerPool, report: TickReport, clock: Clock) -
             report.errors.append(f"experiment {exp_id}: recovering a submission: {err}")
             continue  # never resubmit while the orphan's jobs may exist
         try:
-            _reconcile_experiment(store, pool, exp_id, statuses, report, clock, archived)
+            _reconcile_experiment(store, pool, exp_id, statuses, report, clock)
         except (DlhpcError, ValueError) as err:
             # e.g. its searcher's optional dependency vanished, or its saved state does
             # not load: keep the other experiments moving, and say so every pass
@@ -210,17 +199,10 @@ def _pending_attempt_dirs(
     return todo
 
 
-def _ingest(
-    store: Store,
-    todo: list[tuple[int, Path]],
-    report: TickReport,
-    clock: Clock,
-    archived: set[int] | None = None,
-) -> None:
+def _ingest(store: Store, todo: list[tuple[int, Path]], report: TickReport, clock: Clock) -> None:
     """Ingest in batches: one transaction per batch (a commit costs fsyncs on NFS).
-    The trials' metric summaries are refreshed per batch in three grouped queries."""
-    archived = set() if archived is None else archived
-    budget = _ARCHIVE_BUDGET  # rewrites of running trials' archives left this pass
+    The trials' metric summaries are refreshed per batch in three grouped queries.
+    (The curve archives are the reports' to rewrite: ``report._load``.)"""
     for i in range(0, len(todo), _INGEST_BATCH):
         with store.write() as s:
             chunk = todo[i : i + _INGEST_BATCH]
@@ -231,34 +213,12 @@ def _ingest(
                 )
             }
             folders = [(trials[tid], adir) for tid, adir in chunk if tid in trials]
-            touched: dict[int, Trial] = {}
-            curves_changed: dict[int, str] = {}  # trial id -> run folder
             results = ingest_attempts(s, folders, clock.now())
-            for (t, _), result in zip(folders, results, strict=True):
+            for result in results:
                 report.ingested_files += result.files
                 report.metrics += result.metrics
-                touched[t.id] = t
-                if not result.metrics:
-                    continue
-                if result.exited:
-                    curves_changed[t.id] = t.run_dir
-                elif budget > 0 and t.id not in curves_changed and _archive_due(t.run_dir):
-                    curves_changed[t.id] = t.run_dir
-                    budget -= 1
-            _refresh_metrics(s, list(touched.values()))
-        # after the commit: rewrite the HDF5 curve archive of the trials with new metrics
-        report.errors.extend(archive_trials(store, curves_changed))
-        archived.update(curves_changed)
+            _refresh_metrics(s, [t for t, _ in folders])
         failpoint("tick.after_ingest_batch")
-
-
-def _archive_due(run_dir: str) -> bool:
-    """No archive yet, or one older than :data:`_ARCHIVE_EVERY` (one stat)."""
-    try:
-        age = time.time() - os.stat(curves_path(run_dir)).st_mtime
-    except OSError:
-        return True
-    return age >= _ARCHIVE_EVERY.total_seconds()
 
 
 def _refresh_metrics(s: Session, trials: list[Trial]) -> None:
@@ -310,7 +270,6 @@ def _reconcile_experiment(
     statuses: dict[str, JobStatus],
     report: TickReport,
     clock: Clock,
-    archived: set[int] | None = None,
 ) -> None:
     """Reconcile the experiment's live trials and let its searcher decide. Only the
     trials not terminal yet are loaded (with their attempts), and those an operation
@@ -365,19 +324,11 @@ def _reconcile_experiment(
             _finish(s, exp, ExperimentState.COMPLETED if ok else ExperimentState.FAILED, "", now)
             report.finished.append(exp_id)
         backend = exp.backend
-        ended = {
-            t.id: t.run_dir
-            for t in was_live
-            if TrialState(t.state).is_terminal
-            and t.steps_completed
-            and t.id not in (archived or ())
-        }
     failpoint("tick.after_decide")
     write_stop_files(stopping)  # after the decision committed; rewritten each pass
     if cancels:
         # trials resubmitted (stop the zombies), stopped early, or stuck
         pool.get(backend).cancel(cancels)
-    report.errors.extend(archive_trials(store, ended))  # final curves of trials that ended
 
 
 def _finish(s: Session, exp: Experiment, state: ExperimentState, why: str, now: datetime) -> None:

@@ -1,9 +1,11 @@
 """The learning-curve archive: one compressed HDF5 file per trial, ``curves.h5``.
 
-Written only by the reconciler (the single writer), right after an ingest batch
-committed, for the trials whose metrics that batch changed; read by reports.
-The DB keeps the per-trial summaries (``steps_completed``, best and latest
-metric) and, today, the metric rows too; the archive is what a report reads.
+A cache of the metric rows, kept by the reports (``report._load``): a page build
+reads each trial's archive, and rewrites, within a budget, those it finds stale
+from the rows it then reads anyway. The tick never writes one (its pass is the
+latency of every decision; an archive only serves pages). The DB keeps the
+per-trial summaries (``steps_completed``, best and latest metric) and, today, the
+metric rows too; the archive is what a report reads.
 
 Layout of ``<trial run folder>/curves.h5``::
 
@@ -21,10 +23,10 @@ rather than three per metric halves what a reader pays per file (HDF5 object
 opens dominate: about 4 ms against 10 ms per file on the 2-core dev machine). The file is built
 in memory and published with :func:`dlhpc.protocol.atomic_write_bytes` (temp
 name, fsync, rename): a reader sees the previous archive or the new one, never
-half of one. ``rows`` and ``max_step`` let a reader tell a stale archive (a
-reconciler killed between its commit and the rewrite) from a current one. A
+half of one. ``rows`` and ``max_step`` let a reader tell a stale archive (newer
+rows in the DB, or two page builds racing) from a current one. A
 reader opens the file, reads ``index`` and only the groups it asks for. h5py
-and numpy are imported on first use, so a tick that archives nothing pays nothing.
+and numpy are imported on first use.
 """
 
 from __future__ import annotations
@@ -153,18 +155,20 @@ def db_curves(
     return {tid: _curves_from_rows(rows) for tid, rows in by_trial.items()}
 
 
-def archive_trials(store: Store, run_dirs: Mapping[int, str]) -> list[str]:
+def archive_trials(
+    store: Store, run_dirs: Mapping[int, str]
+) -> tuple[dict[int, dict[str, Curve]], list[str]]:
     """Rewrite the archive of each trial in ``run_dirs`` (trial id -> run folder)
     from its metric rows: one query for all of them, one file per trial.
 
-    Called by the reconciler after an ingest batch committed. Returns one line per
-    trial whose archive could not be written (the tick reports it and goes on; the
-    next change of that trial's metrics rewrites it, and a report falls back to the
-    DB rows for a stale archive).
+    Returns the curves read (by trial id and metric name; a trial without rows is
+    absent) and one line per trial whose archive could not be written (e.g. a lab
+    member's report for someone else's experiment: the folder is not theirs). The
+    curves are right either way; the next page build tries again.
     """
     wanted = {tid: d for tid, d in run_dirs.items() if d}
     if not wanted:
-        return []
+        return {}, []
     with store.read() as s:
         rows = s.execute(
             select(Metric.trial_id, Metric.name, Metric.step, Metric.value, Metric.time)
@@ -178,4 +182,4 @@ def archive_trials(store: Store, run_dirs: Mapping[int, str]) -> list[str]:
             write_curves(curves_path(run_dir), tid, by_trial.get(tid, {}))
         except (OSError, ValueError) as err:
             errors.append(f"trial {tid}: archiving curves: {err}")
-    return errors
+    return by_trial, errors

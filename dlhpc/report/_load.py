@@ -1,5 +1,5 @@
 """Build a :class:`~dlhpc.report._model.Page` from the state database and the
-HDF5 curve archive (read-only: a report never writes the DB or an archive).
+HDF5 curve archive (a report never writes the DB; it keeps the archives).
 
 Per page: :func:`~dlhpc.report.status.status_data` (trials, attempts, GPU
 summaries, idle GPUs, decision stats), plus four small queries (attempt and trial
@@ -7,11 +7,19 @@ columns status_data leaves out, per-trial metric row counts, notable events), an
 one ``curves.h5`` read per trial. A trial's curve comes from its archive when the
 archive is current (its row count and last step match the DB's, or the DB holds
 no rows for it any more), else from the DB rows (one query for all such trials).
+
+Stale archives are rewritten from those rows (:func:`_to_refresh`): every ended
+trial's, up to :data:`REFRESH_ENDED` a page (an ended trial's archive never goes
+stale again), and a running trial's at most every :data:`REFRESH_EVERY`, up to
+:data:`REFRESH_RUNNING` a page (it would go stale again at its next metric). A
+rewrite that fails (another user's folder) leaves the page as it is.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -20,7 +28,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from dlhpc.report._curves import Curve, curves_path, db_curves, read_curves
+from dlhpc.report._curves import Curve, archive_trials, curves_path, db_curves, read_curves
 from dlhpc.report._model import (
     AttemptView,
     EventView,
@@ -34,14 +42,17 @@ from dlhpc.report._model import (
 )
 from dlhpc.report._record import parse_record, repro_record
 from dlhpc.report._redact import redact_text, redact_value
-from dlhpc.report.status import status_data
+from dlhpc.report.status import TERMINAL_TRIAL_STATES, status_data
 from dlhpc.store import Attempt, Event, Experiment, Metric, Store, Trial
 
-__all__ = ["MAX_EVENTS", "load_page"]
+__all__ = ["MAX_EVENTS", "REFRESH_ENDED", "REFRESH_EVERY", "REFRESH_RUNNING", "load_page"]
 
 MAX_EVENTS = 300  # notable events shown, newest kept
 # left out: job log lines below warning, and the routine "trial is running" transitions
 _QUIET_EVENTS = ("log.info", "log.debug", "trial.running")
+REFRESH_ENDED = 256  # stale archives of ended trials rewritten per page
+REFRESH_RUNNING = 16  # ... of running trials (about 5 ms each, two fsyncs)
+REFRESH_EVERY = 600.0  # seconds: a running trial's archive is not rewritten sooner
 
 
 def _epoch(value: str | datetime | None) -> float | None:
@@ -75,6 +86,22 @@ def _archived(
             sources["none"] += 1
     sources["db"] = len(stale)
     return out, stale, sources, names
+
+
+def _to_refresh(stale: list[int], run_dirs: Mapping[int, str], ended: set[int]) -> list[int]:
+    """The stale archives this page rewrites (see the module docstring); running
+    trials' oldest first, so that a long search's trials take turns."""
+    done = [tid for tid in stale if tid in ended][:REFRESH_ENDED]
+    age: dict[int, float] = {}
+    for tid in stale:
+        if tid in ended:
+            continue
+        try:
+            age[tid] = time.time() - os.stat(curves_path(run_dirs[tid])).st_mtime
+        except OSError:
+            age[tid] = float("inf")  # none yet
+    due = sorted((t for t, a in age.items() if a >= REFRESH_EVERY), key=lambda t: -age[t])
+    return done + due[:REFRESH_RUNNING]
 
 
 def _db_curves(session: Session, trial_ids: list[int], metric: str) -> dict[int, Curve]:
@@ -122,12 +149,14 @@ def load_page(store: Store, experiment_id: int, now: datetime | None = None) -> 
         data = status_data(s, experiment_id)["experiments"][0]
         exp = s.get(Experiment, experiment_id)
         assert exp is not None  # status_data raised otherwise
-        run_dirs: dict[int, str] = {
-            tid: run_dir
-            for tid, run_dir in s.execute(
-                select(Trial.id, Trial.run_dir).where(Trial.experiment_id == experiment_id)
-            )
-        }
+        run_dirs: dict[int, str] = {}
+        ended: set[int] = set()
+        for tid, run_dir, state in s.execute(
+            select(Trial.id, Trial.run_dir, Trial.state).where(Trial.experiment_id == experiment_id)
+        ):
+            run_dirs[tid] = run_dir
+            if state in TERMINAL_TRIAL_STATES:
+                ended.add(tid)
         extra = {
             (tid, key): (reason, seen)
             for tid, key, reason, seen in s.execute(
@@ -157,9 +186,14 @@ def load_page(store: Store, experiment_id: int, now: datetime | None = None) -> 
             )
         )
     curves, stale, sources, archived_names = _archived(run_dirs, counts, exp.metric)
-    if stale:
+    refresh = _to_refresh(stale, run_dirs, ended)
+    rewritten, _ = archive_trials(store, {tid: run_dirs[tid] for tid in refresh})
+    curves.update(
+        (tid, by_name[exp.metric]) for tid, by_name in rewritten.items() if exp.metric in by_name
+    )
+    if rest := [tid for tid in stale if tid not in set(refresh)]:
         with store.read() as s:
-            curves.update(_db_curves(s, stale, exp.metric))
+            curves.update(_db_curves(s, rest, exp.metric))
     try:
         config: dict[str, Any] = redact_value(json.loads(exp.config_json or "{}"))
     except ValueError:

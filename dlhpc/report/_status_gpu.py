@@ -59,11 +59,16 @@ def iso_epoch(value: float) -> str | None:
     return iso(datetime.fromtimestamp(value, tz=timezone.utc).replace(tzinfo=None))
 
 
-def gpu_rows(session: Session, exp_ids: list[int], below_pct: float) -> GpuRows:
-    """The per-GPU digests of the attempts shown: summaries of the ended attempts and
-    an aggregate of the live ones' samples (two queries)."""
+def gpu_rows(
+    session: Session, exp_ids: list[int], below_pct: float, trial_ids: list[int] | None = None
+) -> GpuRows:
+    """The per-GPU digests of the attempts shown: summaries of the ended attempts (of
+    ``trial_ids`` only, when given: the trials a listing shows) and an aggregate of
+    every live one's samples (two queries)."""
     shown = select(Attempt.id).join(Trial).where(Trial.experiment_id.in_(exp_ids))
     live = shown.where(Attempt.state == "RUNNING", Attempt.ended_at.is_(None))
+    if trial_ids is not None:
+        shown = select(Attempt.id).where(Attempt.trial_id.in_(trial_ids))
     out: GpuRows = defaultdict(list)
     ended = select(
         GpuSummary.attempt_id,

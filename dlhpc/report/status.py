@@ -25,10 +25,9 @@ import json
 from collections import defaultdict, namedtuple
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from statistics import median
 from typing import Any
 
-from sqlalchemy import String, and_, func, or_, select, type_coerce
+from sqlalchemy import String, and_, or_, select, type_coerce
 from sqlalchemy.orm import Session
 
 from dlhpc.errors import NotFoundError
@@ -43,9 +42,19 @@ from dlhpc.report._status_gpu import (
     idle_of,
     iso,
 )
-from dlhpc.store import Attempt, Checkpoint, Decision, Experiment, Trial
+from dlhpc.report._status_sql import (
+    LIVE_ATTEMPT_STATES,
+    TERMINAL_TRIAL_STATES,
+    candidates,
+    decision_stats,
+    disk_usage,
+    ended_hours,
+    live_attempt,
+    pick_trials,
+)
+from dlhpc.store import Attempt, Experiment, Trial
 
-__all__ = ["idle_gpus", "pick_trials", "status_data"]
+__all__ = ["TERMINAL_TRIAL_STATES", "idle_gpus", "pick_trials", "status_data"]
 
 _TRIAL_COLS = (
     Trial.id,
@@ -60,9 +69,7 @@ _TRIAL_COLS = (
     Trial.crashes,
     Trial.error,
 )
-_PICK_COLS = (Trial.id, Trial.experiment_id, Trial.state, Trial.best_metric)
 _FULL_ROWS_MAX = 5000  # listed trials fetched by id (IN list) up to this many, else all
-_LIVE = {"PENDING", "RUNNING", "REQUEUED", "UNKNOWN"}  # orchestrator.trials.LIVE_ATTEMPT_STATES
 _RUNG_STATES = {"PAUSED", "STOPPED_EARLY"}  # grant was a rung: progress toward the final length
 
 
@@ -117,7 +124,7 @@ def _run_hours(a: Row, now: datetime) -> float:
         return 0.0
     end = a.ended_at
     if end is None:
-        end = now if a.state in _LIVE else a.terminal_seen_at
+        end = now if a.state in LIVE_ATTEMPT_STATES else a.terminal_seen_at
     if end is None:
         return 0.0
     return float(max(0.0, (end - a.started_at).total_seconds())) / 3600.0
@@ -201,114 +208,6 @@ def _usage(
     return {"gpu_hours": gpu_h, "cpu_hours": cpu_h, "idle_gpus": idle}
 
 
-_TERMINAL = {"COMPLETED", "FAILED", "KILLED", "STOPPED_EARLY"}  # orchestrator.states
-
-
-def _live_attempt() -> Any:
-    """Attempts whose hours run to now or whose GPUs may be idle (read row by row)."""
-    return Attempt.state.in_(_LIVE)
-
-
-def _ended_hours(conn: Any, exp_ids: list[int], listed: list[int]) -> dict[int, float]:
-    """Per experiment, the hours of the ended attempts of trials not in ``listed``, as
-    :func:`_run_hours` counts them (end: ``ended_at``, else ``terminal_seen_at``)."""
-    end = func.coalesce(Attempt.ended_at, Attempt.terminal_seen_at)
-    span = func.max(0.0, func.julianday(end) - func.julianday(Attempt.started_at)) * 24.0
-    rows = conn.execute(
-        select(Trial.experiment_id, func.total(span))
-        .join(Trial, Trial.id == Attempt.trial_id)
-        .where(
-            Trial.experiment_id.in_(exp_ids),
-            Trial.id.not_in(listed),
-            Attempt.started_at.is_not(None),
-            end.is_not(None),
-            ~_live_attempt(),
-        )
-        .group_by(Trial.experiment_id)
-    )
-    return {eid: float(hours) for eid, hours in rows}
-
-
-def pick_trials(
-    trials: list[tuple[int, str, float | None]], smaller_is_better: bool, limit: int | None
-) -> set[int]:
-    """The ids of the trials ``(id, state, best metric)`` a listing of at most ``limit``
-    shows: all when they fit, else the live ones, then the best by the metric, then
-    the newest."""
-    if limit is None or len(trials) <= limit:
-        return {tid for tid, _, _ in trials}
-    sign = 1.0 if smaller_is_better else -1.0
-    scored = sorted((sign * m, tid) for tid, st, m in trials if m is not None and st in _TERMINAL)
-    live = [tid for tid, st, _ in trials if st not in _TERMINAL]
-    out: set[int] = set()
-    for tid in [*live, *(tid for _, tid in scored), *(t[0] for t in reversed(trials))]:
-        if len(out) >= limit:
-            break
-        out.add(tid)
-    return out
-
-
-def _decision_stats(session: Session, exp_ids: list[int]) -> dict[int, dict[str, Any]]:
-    """Per experiment: promotions and stops acted on, and their latency (from the
-    newest result the searcher had seen to the decision acted on), in seconds."""
-    rows = session.execute(
-        select(
-            Decision.experiment_id,
-            Decision.kind,
-            _raw(Decision.result_time),
-            _raw(Decision.acted_at),
-        ).where(Decision.experiment_id.in_(exp_ids))
-    ).all()
-    out: dict[int, dict[str, Any]] = {}
-    lat: dict[int, list[float]] = {}
-    for exp_id, kind, result_text, acted_text in rows:
-        result_time, acted_at = _when(result_text), _when(acted_text)
-        d = out.setdefault(exp_id, {"promotions": 0, "stops": 0, "pending": 0})
-        d["promotions" if kind == "promote" else "stops"] += 1
-        if acted_at is None:
-            d["pending"] += 1
-        elif result_time is not None:
-            lat.setdefault(exp_id, []).append(max(0.0, (acted_at - result_time).total_seconds()))
-    for exp_id, d in out.items():
-        values = sorted(lat.get(exp_id, []))
-        d["latency_s"] = (
-            {"n": len(values), "median": round(median(values), 3), "max": round(values[-1], 3)}
-            if values
-            else None
-        )
-    return out
-
-
-def _disk_usage(session: Session, exps: list[Experiment]) -> dict[int, dict[str, Any]]:
-    """Per experiment, from the checkpoint rows (no disk scan): ACTIVE checkpoints and
-    their bytes (manifest sizes), those the GC deleted and the bytes it freed, and the
-    experiment's checkpoint folder (``checkpoint.dir/exp-<id>``)."""
-    rows = session.execute(
-        select(Trial.experiment_id, Checkpoint.state, func.count(), func.sum(Checkpoint.size_bytes))
-        .join(Trial, Trial.id == Checkpoint.trial_id)
-        .where(Trial.experiment_id.in_([e.id for e in exps]))
-        .group_by(Trial.experiment_id, Checkpoint.state)
-    ).all()
-    out: dict[int, dict[str, Any]] = {}
-    for e in exps:
-        try:
-            ck_dir = (json.loads(e.config_json or "{}").get("checkpoint") or {}).get("dir")
-        except (ValueError, AttributeError):
-            ck_dir = None
-        out[e.id] = {
-            "checkpoints": 0,
-            "checkpoint_bytes": 0,
-            "deleted_checkpoints": 0,
-            "freed_bytes": 0,
-            "checkpoint_root": f"{ck_dir}/exp-{e.id:06d}" if ck_dir else None,
-        }
-    for exp_id, state, n, size in rows:
-        active = state == "ACTIVE"
-        out[exp_id]["checkpoints" if active else "deleted_checkpoints"] += n
-        out[exp_id]["checkpoint_bytes" if active else "freed_bytes"] += int(size or 0)
-    return out
-
-
 def status_data(
     session: Session,
     experiment_id: int | None = None,
@@ -329,37 +228,39 @@ def status_data(
     if experiment_id is not None and not exps:
         raise NotFoundError(f"no experiment {experiment_id}")
     ids = [e.id for e in exps]
-    trials_of: dict[int, list[Row]] = defaultdict(list)
+    trials_of: dict[int, list[Row]] = defaultdict(list)  # the candidates (_candidates)
     attempts_of: dict[int, list[Row]] = defaultdict(list)
-    ended_hours: dict[int, float] = {}  # experiment -> hours of unlisted trials' ended attempts
+    unlisted_hours: dict[int, float] = {}  # experiment -> its unlisted trials' ended hours
     conn = session.connection()  # plain rows: no ORM row processing for 10,000s of rows
     shown: dict[int, set[int]] = {}
     full: dict[int, Row] = {}  # id -> the listed trials' rows (_TRIAL_COLS)
+    partial = False  # some trials are not listed
+    counts: dict[int, dict[str, int]] = {}
     if exps:
-        for t in conn.execute(
-            select(*_PICK_COLS).where(Trial.experiment_id.in_(ids)).order_by(Trial.id)
-        ):
-            trials_of[t.experiment_id].append(t)
+        trials_of, counts = candidates(conn, exps, limit)
         for e in exps:
             picks = [(t.id, t.state, t.best_metric) for t in trials_of[e.id]]
             shown[e.id] = pick_trials(picks, e.smaller_is_better, limit)
         listed = [tid for tids in shown.values() for tid in tids]
+        total = sum(sum(c.values()) for c in counts.values())
         full_rows = select(*_TRIAL_COLS).where(Trial.experiment_id.in_(ids))
-        if len(listed) <= _FULL_ROWS_MAX and len(listed) < sum(map(len, trials_of.values())):
+        if len(listed) <= _FULL_ROWS_MAX and len(listed) < total:
             full_rows = full_rows.where(Trial.id.in_(listed))
         full = {t.id: t for t in conn.execute(full_rows)}
         attempts = select(*_RAW_ATTEMPT_COLS).join(
             Trial, and_(Trial.id == Attempt.trial_id, Trial.experiment_id.in_(ids))
         )
-        if len(full) < sum(map(len, trials_of.values())):  # some trials are not listed
+        partial = len(full) < total
+        if partial:
             # Their ended attempts only add hours: summed in SQL, not read row by row.
-            attempts = attempts.where(or_(Attempt.trial_id.in_(list(full)), _live_attempt()))
-            ended_hours = _ended_hours(conn, ids, list(full))
+            attempts = attempts.where(or_(Attempt.trial_id.in_(list(full)), live_attempt()))
+            unlisted_hours = ended_hours(conn, ids, list(full))
         for a in conn.execute(attempts.order_by(Attempt.id)):
             attempts_of[a.trial_id].append(_attempt(a))
-    gpu = gpu_rows(session, ids, idle_below_pct) if exps else {}
-    decisions = _decision_stats(session, ids) if exps else {}
-    disk = _disk_usage(session, list(exps)) if exps else {}
+    # unlisted trials' ended attempts need no GPU digest (their hours come from SQL)
+    gpu = gpu_rows(session, ids, idle_below_pct, list(full) if partial else None) if exps else {}
+    decisions = decision_stats(session, ids) if exps else {}
+    disk = disk_usage(session, list(exps)) if exps else {}
     out = []
     now = datetime.now(timezone.utc).replace(tzinfo=None)  # the DB's naive UTC
     for e in exps:
@@ -373,9 +274,7 @@ def status_data(
             for t in rows
         ]
         trials = [t for t in every if "id" in t]
-        counts: dict[str, int] = defaultdict(int)
-        for t in rows:
-            counts[t.state] += 1
+        hours = unlisted_hours.get(e.id, 0.0)
         out.append(
             {
                 "id": e.id,
@@ -391,17 +290,13 @@ def status_data(
                 "max_length": shape.max_length,
                 "gpus_per_job": shape.gpus,
                 "cpus_per_job": shape.cpus,
-                "gpu_hours": round(
-                    sum(t["gpu_hours"] for t in every) + ended_hours.get(e.id, 0.0) * shape.gpus, 4
-                ),
-                "cpu_hours": round(
-                    sum(t["cpu_hours"] for t in every) + ended_hours.get(e.id, 0.0) * shape.cpus, 4
-                ),
+                "gpu_hours": round(sum(t["gpu_hours"] for t in every) + hours * shape.gpus, 4),
+                "cpu_hours": round(sum(t["cpu_hours"] for t in every) + hours * shape.cpus, 4),
                 "idle_gpus": [g for t in every for g in t["idle_gpus"]],
-                "trials_total": len(rows),
-                "trial_counts": dict(sorted(counts.items())),
+                "trials_total": sum(counts.get(e.id, {}).values()),
+                "trial_counts": dict(sorted(counts.get(e.id, {}).items())),
                 "decisions": decisions.get(e.id),
-                "disk": disk.get(e.id),  # checkpoint bytes (see _disk_usage)
+                "disk": disk.get(e.id),  # checkpoint bytes (see _status_sql.disk_usage)
                 "trials": trials,
             }
         )

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import subprocess
 import sys
 
+import click
+import pytest
 from click.testing import CliRunner
 
-from dlhpc.cli.main import LAZY_COMMANDS, cli
+from dlhpc.cli.main import GC_THRESHOLD, LAZY_COMMANDS, cli
 
 _MODULES = sorted({module for module, _ in LAZY_COMMANDS.values()})
 
@@ -55,3 +58,20 @@ def test_help_and_status_import_no_other_command() -> None:
     assert first == ["dlhpc.cli.main"]
     assert heavy == []
     assert loaded == []
+
+
+def test_a_command_runs_with_the_raised_gc_thresholds_and_restores_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[tuple[int, int, int]] = []
+
+    @click.command("probe")
+    def probe() -> None:
+        seen.append(gc.get_threshold())
+
+    monkeypatch.setitem(cli.commands, "probe", probe)
+    before = gc.get_threshold()
+    result = CliRunner().invoke(cli, ["probe"])
+    assert result.exit_code == 0, result.output
+    assert seen == [GC_THRESHOLD] and before != GC_THRESHOLD
+    assert gc.get_threshold() == before

@@ -7,6 +7,7 @@ import hashlib
 import importlib
 import json
 import math
+import os
 import re
 import time
 from datetime import datetime, timedelta
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import delete
+from sqlalchemy import delete, select
 
 from dlhpc.cli.main import cli
 from dlhpc.orchestrator.clock import SYSTEM_CLOCK
@@ -199,12 +200,13 @@ def test_curves_round_trip_with_nan_and_hostile_names(tmp_path: Path) -> None:
     assert read_curves(tmp_path / "torn.h5") is None  # unreadable: the report uses the DB
 
 
-def test_tick_ingest_archives_curves_and_the_report_reads_them(
-    store: Store, tmp_path: Path
-) -> None:
+def test_the_tick_writes_no_archive_and_the_report_keeps_them(store: Store, tmp_path: Path) -> None:
+    """The tick only ingests; the first page build finds no archive, takes the curve
+    from the rows and writes the archive; the next one reads it (even once the DB
+    dropped the rows: it keeps the summaries)."""
     exp_id = _experiment(store, tmp_path)
     tid = _trial(
-        store, exp_id, tmp_path, hparams={"lr": 0.1}, state="RUNNING", losses=[], attempts=[]
+        store, exp_id, tmp_path, hparams={"lr": 0.1}, state="COMPLETED", losses=[], attempts=[]
     )
     adir = tmp_path / f"trial-{tid}" / "attempts" / "9_0.r0"
     w = EventWriter(adir, "user-r0")
@@ -214,10 +216,13 @@ def test_tick_ingest_archives_curves_and_the_report_reads_them(
     report = TickReport()
     _ingest(store, [(tid, adir)], report, SYSTEM_CLOCK)
     assert report.metrics == 6 and report.errors == []
+    assert not curves_path(tmp_path / f"trial-{tid}").exists()
+    page = load_page(store, exp_id, T0 + timedelta(hours=3))
+    assert page.curve_sources == {"hdf5": 0, "db": 1, "none": 0}
+    assert page.trials[0].curve is not None and page.trials[0].curve.steps == (1, 2, 3)
     archive = read_curves(curves_path(tmp_path / f"trial-{tid}"))
     assert archive is not None and archive.rows == 6
     assert archive.curves["val_loss"].values == (1.0, 0.5, 1.0 / 3)
-    # the DB may drop the rows (it keeps the summaries): the report still has the curve
     with store.write() as s:
         s.execute(delete(Metric).where(Metric.trial_id == tid))
     page = load_page(store, exp_id, T0 + timedelta(hours=3))
@@ -228,42 +233,60 @@ def test_tick_ingest_archives_curves_and_the_report_reads_them(
     assert "1 trial(s), from the DB for 0" in render_page(page)
 
 
-def test_a_pass_rewrites_a_bounded_number_of_running_trials_archives(
+def test_a_page_rewrites_a_bounded_number_of_stale_archives(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Running trials' archives beyond the per-pass budget wait for a later pass (a
-    fresh archive is not due again, so they take turns); a trial whose job exited
-    gets its archive at once, whatever the budget."""
-    # the module (the package exports a function of the same name)
-    monkeypatch.setattr(importlib.import_module("dlhpc.orchestrator.tick"), "_ARCHIVE_BUDGET", 1)
+    """Ended trials' stale archives first, up to their budget; running trials' only
+    when older than REFRESH_EVERY, oldest first, up to theirs. The rest of the
+    curves come from the rows, and are the same."""
+    load = importlib.import_module("dlhpc.report._load")
+    monkeypatch.setattr(load, "REFRESH_ENDED", 1)
+    monkeypatch.setattr(load, "REFRESH_RUNNING", 1)
     exp_id = _experiment(store, tmp_path)
+    states = ["COMPLETED", "STOPPED_EARLY", "RUNNING", "RUNNING", "RUNNING"]
     tids = [
-        _trial(store, exp_id, tmp_path, hparams={"lr": lr}, state="RUNNING", losses=[], attempts=[])
-        for lr in (0.1, 0.2, 0.3)
+        _trial(
+            store,
+            exp_id,
+            tmp_path,
+            hparams={"lr": 0.1 * (i + 1)},
+            state=st,
+            losses=[0.5, 0.4],
+            attempts=[(0, 10, "completed")],
+        )
+        for i, st in enumerate(states)
     ]
-    writers = {
-        tid: EventWriter(tmp_path / f"trial-{tid}" / "attempts" / "9_0.r0", "user-r0")
-        for tid in tids
-    }
+    ended, running = tids[:2], tids[2:]
 
-    def publish(step: int) -> list[tuple[int, Path]]:
-        for tid, w in writers.items():
-            w.add("metric", step=step, metrics={"val_loss": 1.0 / step})
-            if tid == tids[2] and step == 1:
-                w.add("exit", code=0, reason="completed", signal=None, step=1)
-            w.flush()
-        return [(tid, w.attempt_dir) for tid, w in writers.items()]
+    def path(tid: int) -> Path:
+        return curves_path(tmp_path / f"trial-{tid}")
 
-    def archived() -> list[int]:
-        return [tid for tid in tids if curves_path(tmp_path / f"trial-{tid}").exists()]
+    # running trials' archives: one fresh (not due), two stale of different ages
+    for tid, age in zip(running, (10.0, 700.0, 7000.0), strict=True):
+        archive_trials(store, {tid: str(tmp_path / f"trial-{tid}")})
+        stamp = time.time() - age
+        os.utime(path(tid), (stamp, stamp))
+    with store.write() as s:
+        for tid in tids:
+            aid = s.scalar(select(Attempt.id).where(Attempt.trial_id == tid))
+            s.add(
+                Metric(trial_id=tid, attempt_id=aid, step=9, name="val_loss", value=0.3, time=1.0)
+            )
+    page = load_page(store, exp_id, T0)
+    assert all(t.curve is not None and t.curve.values[-1] == 0.3 for t in page.trials)
+    assert page.curve_sources == {"hdf5": 0, "db": 5, "none": 0}
 
-    report = TickReport()
-    _ingest(store, publish(1), report, SYSTEM_CLOCK)
-    assert report.metrics == 3 and report.errors == []
-    assert archived() == [tids[0], tids[2]]  # the budget's one, and the exited one
-    _ingest(store, publish(2), TickReport(), SYSTEM_CLOCK)
-    assert archived() == tids  # the next pass: the one left waiting
-    assert read_curves(curves_path(tmp_path / f"trial-{tids[1]}")).rows == 2  # type: ignore[union-attr]
+    def rows(tid: int) -> int | None:
+        archive = read_curves(path(tid))
+        return None if archive is None else archive.rows
+
+    # ended: the first one (budget 1); running: the oldest due one
+    assert [rows(t) for t in ended] == [3, None]
+    assert [rows(t) for t in running] == [2, 2, 3]
+    page = load_page(store, exp_id, T0)  # the next build: the others' turn
+    assert [rows(t) for t in ended] == [3, 3]
+    assert [rows(t) for t in running] == [2, 3, 3]
+    assert page.curve_sources == {"hdf5": 2, "db": 3, "none": 0}
 
 
 def test_a_stale_or_missing_archive_falls_back_to_the_db(store: Store, tmp_path: Path) -> None:
@@ -286,7 +309,7 @@ def test_a_stale_or_missing_archive_falls_back_to_the_db(store: Store, tmp_path:
         losses=[0.8],
         attempts=[(0, 10, "completed")],
     )
-    assert archive_trials(store, {a: str(tmp_path / f"trial-{a}")}) == []
+    assert archive_trials(store, {a: str(tmp_path / f"trial-{a}")})[1] == []
     with store.write() as s:  # a point the archive has not seen (killed before rewriting)
         s.add(Metric(trial_id=a, attempt_id=1, step=3, name="val_loss", value=0.4, time=1.0))
     page = load_page(store, exp_id, T0)
@@ -309,7 +332,7 @@ def test_archive_errors_are_reported_not_raised(store: Store, tmp_path: Path) ->
     )
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    errors = archive_trials(store, {tid: str(blocker / "trial")})
+    _, errors = archive_trials(store, {tid: str(blocker / "trial")})
     assert len(errors) == 1 and errors[0].startswith(f"trial {tid}: archiving curves")
 
 

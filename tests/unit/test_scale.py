@@ -29,9 +29,12 @@ from dlhpc.config import load_experiment
 from dlhpc.config.serde import to_jsonable
 from dlhpc.orchestrator import tick
 from dlhpc.orchestrator.common import SchedulerPool, searcher_of
+from dlhpc.orchestrator.runfiles import write_trial_specs
+from dlhpc.protocol import trial_dir
 from dlhpc.report.status import status_data
 from dlhpc.search import Create
 from dlhpc.store import Attempt, IngestedFile, Metric, Store, Trial, models, utcnow
+from tests.unit._spec import make_spec
 
 LIVE = 12
 FINISHING = 4  # live trials whose job exits 0 this tick
@@ -276,3 +279,16 @@ def test_tick_and_status_cost_the_same_statements_at_any_size(
         len(large["tick_sql"]),
     )
     assert len(large["status_sql"]) == len(small["status_sql"])
+
+
+def test_trial_specs_are_written_a_few_at_a_time_in_order_and_errors_raise(
+    tmp_path: Path,
+) -> None:
+    specs = [make_spec(tmp_path, trial_id=i, hparams={"i": i}) for i in range(1, 21)]
+    dirs = write_trial_specs(specs, tmp_path / "runs")
+    assert dirs == [trial_dir(tmp_path / "runs", 1, i) for i in range(1, 21)]
+    for i, d in enumerate(dirs, start=1):
+        assert json.loads((d / "trial.json").read_text())["hparams"] == {"i": i}
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(OSError):
+        write_trial_specs(specs, tmp_path / "file")

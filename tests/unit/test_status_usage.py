@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -17,7 +18,7 @@ from rich.console import Console
 from dlhpc.cli import _attention
 from dlhpc.cli._views import experiment_view, experiments_table
 from dlhpc.cli.main import cli
-from dlhpc.report.status import status_data
+from dlhpc.report.status import pick_trials, status_data
 from dlhpc.store import Attempt, Store, utcnow
 from tests.unit._db import add_experiment, add_trial
 from tests.unit.test_gpu_status import _ingest, running  # noqa: F401 (fixture)
@@ -182,3 +183,55 @@ def test_digest_pipes_to_mail_and_keeps_it_when_mail_fails(
     assert len(calls) == 2  # the failed one, then the retry; then nothing new
     assert calls[1]["argv"] == ["-s", "dlhpc: 1 GPU(s) idle", "me@example.org"]
     assert f"trial {tid} on node1 GPU 0" in calls[1]["body"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_limited_listing_picks_from_sql_what_a_pick_over_every_trial_would(
+    tmp_path: Path, seed: int
+) -> None:
+    """Two experiments (each metric direction), states, ties and missing metrics at
+    random, and an ended trial whose attempt is still live: the trials listed, the
+    counts and the hours equal those of the unlimited listing's pick."""
+    rng = random.Random(seed)
+    store = Store(tmp_path / "home")
+    states = ["RUNNING", "PAUSED", "PENDING", "COMPLETED", "STOPPED_EARLY", "FAILED", "KILLED"]
+    now = utcnow()
+    with store.write() as s:
+        for smaller in (True, False):
+            exp = add_experiment(s, tmp_path, smaller_is_better=smaller, created_at=now)
+            for i in range(rng.randint(0, 60)):
+                metric = rng.choice([None, *(round(rng.random(), 1) for _ in range(4))])
+                t = add_trial(s, exp, request_id=i, state=rng.choice(states), best_metric=metric)
+                if rng.random() < 0.3:
+                    live = rng.random() < 0.3
+                    s.add(
+                        Attempt(
+                            trial_id=t.id,
+                            attempt_key=f"{t.id}_0.r0",
+                            job_id=f"{t.id}_0",
+                            state="RUNNING" if live else "COMPLETED",
+                            started_at=now - timedelta(hours=rng.randint(1, 9)),
+                            ended_at=None if live else now,
+                            created_at=now,
+                        )
+                    )
+    with store.read() as s:
+        every = {e["id"]: e for e in status_data(s)["experiments"]}
+        for limit in (1, 3, 10, 100):
+            for e in status_data(s, limit=limit)["experiments"]:
+                full = every[e["id"]]
+                picks = [(t["id"], t["state"], t["best_metric"]) for t in full["trials"]]
+                want = pick_trials(picks, e["smaller_is_better"], limit)
+                assert {t["id"] for t in e["trials"]} == want
+                assert e["trial_counts"] == full["trial_counts"]
+                assert e["trials_total"] == full["trials_total"]
+                assert e["cpu_hours"] == pytest.approx(full["cpu_hours"], abs=0.01)
+
+
+def test_the_status_state_sets_are_the_orchestrators() -> None:
+    from dlhpc.orchestrator.states import TrialState
+    from dlhpc.orchestrator.trials import LIVE_ATTEMPT_STATES as LIVE
+    from dlhpc.report._status_sql import LIVE_ATTEMPT_STATES, TERMINAL_TRIAL_STATES
+
+    assert {st.value for st in TrialState if st.is_terminal} == TERMINAL_TRIAL_STATES
+    assert set(LIVE) == LIVE_ATTEMPT_STATES
