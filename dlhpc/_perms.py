@@ -44,8 +44,9 @@ __all__ = [
     "current_user",
     "fix_fd_mode",
     "make_dirs",
-    "umask_mode",
     "may_modify",
+    "umask_mode",
+    "user_name",
 ]
 
 DB_SIDE_FILES = ("", "-wal", "-shm", "-journal")  # suffixes of SQLite's files for one DB
@@ -68,8 +69,13 @@ def apply_umask(umask: int) -> int:
 
 
 def current_user() -> str:
-    """The name of the effective user (from the user database, not ``$USER``)."""
-    uid = os.geteuid()
+    """The name of the effective user (from the user database, not ``$USER``): what
+    dlhpc records as an experiment's owner. A uid with no name gives its number."""
+    return user_name(os.geteuid())
+
+
+def user_name(uid: int) -> str:
+    """The name of ``uid`` in the user database, else the number as text."""
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
@@ -153,7 +159,8 @@ def check_db_files(db_path: Path) -> list[str]:
             continue
         mode = stat.S_IMODE(st.st_mode)
         if st.st_uid != os.geteuid():
-            owner = _user_name(st.st_uid)
+            owner = user_name(st.st_uid)
+            owner = f"uid {owner}" if owner.isdigit() else owner
             raise StoreError(
                 f"{f} is world-writable (mode {mode:04o}) and belongs to {owner}; refusing to"
                 f" use it: ask {owner} to run `chmod o-w {f}`"
@@ -166,13 +173,6 @@ def check_db_files(db_path: Path) -> list[str]:
 def warn(lines: list[str]) -> None:
     for line in lines:
         print(f"dlhpc: warning: {line}", file=sys.stderr)
-
-
-def _user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
 
 
 def may_modify(owner: str, policy: Permissions | None) -> bool:

@@ -17,7 +17,8 @@ from rich.text import Text
 from sqlalchemy import select
 
 from dlhpc._perms import may_modify
-from dlhpc.cli._common import check_owner, console, echo_json, open_store, site_option
+from dlhpc.cli._common import check_owner, echo_json, open_store, site_option
+from dlhpc.cli._console import console
 from dlhpc.cli._views import human_bytes
 from dlhpc.errors import NotFoundError
 from dlhpc.orchestrator.checkpoints import GcReport, experiment_plan, gc, set_pinned

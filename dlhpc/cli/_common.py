@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import sys
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
 from sqlalchemy import select
 
 from dlhpc import _perms
@@ -20,17 +18,12 @@ if TYPE_CHECKING:  # the orchestrator loads only for the commands that act
 
 __all__ = [
     "check_owner",
-    "console",
     "echo_json",
     "open_store",
     "pool_for",
     "site_option",
     "use_site",
 ]
-
-# Off a terminal (pipes, cron mail, CI logs) rich would wrap at 80 columns; tables read
-# better unwrapped there.
-console = Console() if sys.stdout.isatty() else Console(width=200)
 
 site_option = click.option(
     "--site", default=None, help="Site config name or path (default: $DLHPC_SITE, else auto)."

@@ -18,7 +18,8 @@ from rich.table import Table
 from rich.text import Text
 
 from dlhpc._perms import DB_SIDE_FILES, current_user
-from dlhpc.cli._common import console, echo_json, site_option, use_site
+from dlhpc.cli._common import echo_json, site_option, use_site
+from dlhpc.cli._console import console
 from dlhpc.config import load_site
 from dlhpc.config._permissions import Permissions
 from dlhpc.config.model import SiteConfig

@@ -10,7 +10,8 @@ import click
 from rich.console import Group
 from rich.live import Live
 
-from dlhpc.cli._common import console, echo_json, open_store, site_option
+from dlhpc.cli._common import echo_json, open_store, site_option
+from dlhpc.cli._console import console
 from dlhpc.cli._views import ROW_LIMIT, experiment_view, experiments_table
 from dlhpc.errors import NotFoundError
 from dlhpc.report.quota import quota_warning

@@ -7,27 +7,26 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 
 import click
 from rich.live import Live
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from dlhpc.cli import _attention
 from dlhpc.cli._common import (
     check_owner,
-    console,
     echo_json,
     open_store,
     pool_for,
     site_option,
     use_site,
 )
+from dlhpc.cli._console import console
+from dlhpc.cli._tick import tick_line
 from dlhpc.cli._views import experiment_view
 from dlhpc.config import ExperimentConfig, load_experiment
 from dlhpc.errors import LeaseHeldError, UsageError
-from dlhpc.orchestrator import TickReport, kill_experiment, kill_trial, plan_launch
+from dlhpc.orchestrator import kill_experiment, kill_trial, plan_launch
 from dlhpc.orchestrator import launch as do_launch
 from dlhpc.orchestrator import tick as do_tick
 from dlhpc.orchestrator.common import SchedulerPool
@@ -128,63 +127,10 @@ def _follow(store: Store, exp_id: int, interval: float) -> None:
             report = do_tick(store, pool)
             with store.read() as s:
                 data = status_data(s, exp_id)["experiments"][0]
-            live.update(experiment_view(data, note=_tick_line(report)))
+            live.update(experiment_view(data, note=tick_line(report)))
             if ExperimentState(data["state"]).is_terminal:
                 return
             time.sleep(interval)
-
-
-def _tick_line(r: TickReport) -> str:
-    calls = ", ".join(f"{k}={v}" for k, v in sorted(r.scheduler_calls.items())) or "none"
-    return (
-        f"tick: {r.experiments} active, {r.polled_jobs} jobs polled, "
-        f"{r.ingested_files} files / {r.metrics} metrics ingested, "
-        f"{r.submitted} submitted, scheduler calls: {calls}, {r.duration_s:.2f} s"
-    )
-
-
-@click.command()
-@site_option
-@click.option("--json", "as_json", is_flag=True, help="Print the tick report as JSON.")
-@click.option("--quiet", "-q", is_flag=True, help="Print only problems (for cron).")
-@click.option("--loop", "loop_s", type=float, default=None, help="Repeat every N seconds.")
-def tick(site: str | None, as_json: bool, quiet: bool, loop_s: float | None) -> None:
-    """One idempotent reconciliation pass over all active experiments (what cron runs)."""
-    store = open_store(site)
-    pool = pool_for(store)
-    while True:
-        since = _attention.utcnow()
-        report = do_tick(store, pool)
-        if as_json:
-            echo_json(report.__dict__)
-        elif report.lease_held_elsewhere:
-            if not quiet:
-                click.echo("tick: another reconciler holds the lease; nothing to do")
-        else:
-            for err in report.errors:
-                click.echo(f"warning: {err}", err=True)
-            for line in _attention_lines(store, since):
-                click.echo(f"warning: {line}", err=True)
-            if not quiet:
-                click.echo(_tick_line(report))
-        if loop_s is None:
-            return
-        time.sleep(loop_s)
-
-
-def _attention_lines(store: Store, since: datetime) -> list[str]:
-    """What this pass found that needs a person: trials failed and experiments ended
-    FAILED during it, and GPUs newly idle (each idle spell once)."""
-    att = _attention.collect(store, since, _attention.utcnow())
-    lines = [
-        f"experiment {e['id']} ({e['name']}) ended FAILED"
-        for e in att.finished
-        if e["state"] == "FAILED"
-    ]
-    lines += [_attention.failed_line(t) for t in att.failed]
-    idle_file = _attention.state_dir(store) / "tick-idle.json"
-    lines += [_attention.idle_line(g) for g in _attention.new_idle(att.idle, idle_file)]
-    return lines
 
 
 @click.command()
@@ -211,4 +157,4 @@ def kill(ident: int, is_trial: bool, site: str | None) -> None:
     click.echo(f"{what} {ident} killed ({n} job(s) cancelled)")
 
 
-COMMANDS = [launch, tick, kill]
+COMMANDS = [launch, kill]

@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from dlhpc.cli._common import console, echo_json, site_option
+from dlhpc.cli._common import echo_json, site_option
+from dlhpc.cli._console import console
 from dlhpc.config import load_experiment
 from dlhpc.errors import UsageError
 from dlhpc.simulate import ALL_SEARCHERS, Comparison, SimSettings, compare

@@ -93,7 +93,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
         "Experiments (newest first) and the newest one's trials, or EXPERIMENT_ID's trials.",
     ),
     "tick": (
-        "_run",
+        "_tick",
         "One idempotent reconciliation pass over all active experiments (what cron runs).",
     ),
     "unpin": ("_checkpoints", "Let the keep policy decide about CHECKPOINT_ID again."),

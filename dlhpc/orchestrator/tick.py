@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from dlhpc import _perms
@@ -39,9 +39,10 @@ from dlhpc.orchestrator.states import ExperimentState, TrialState
 from dlhpc.orchestrator.trials import LIVE_ATTEMPT_STATES, TrialPass, reconcile_trial
 from dlhpc.protocol import EVENT_FILE_RE, iter_attempt_dirs
 from dlhpc.scheduler import JobStatus
-from dlhpc.store import Attempt, Experiment, IngestedFile, Metric, Store, Submission, Trial
+from dlhpc.store import Attempt, Experiment, IngestedFile, Store, Submission, Trial
 from dlhpc.store.ingest import SETTLE_WINDOW, ingest_attempts
 from dlhpc.store.ingest import settling as settling_trials
+from dlhpc.store.summaries import refresh_metrics
 
 __all__ = ["TickReport", "tick"]
 
@@ -217,50 +218,8 @@ def _ingest(store: Store, todo: list[tuple[int, Path]], report: TickReport, cloc
             for result in results:
                 report.ingested_files += result.files
                 report.metrics += result.metrics
-            _refresh_metrics(s, [t for t, _ in folders])
+            refresh_metrics(s, [t for t, _ in folders])
         failpoint("tick.after_ingest_batch")
-
-
-def _refresh_metrics(s: Session, trials: list[Trial]) -> None:
-    """steps_completed, best and latest of the searcher metric of ``trials``, from the
-    rows, in three grouped queries per experiment (as ``ingest.refresh_trial_metrics``
-    does for one trial)."""
-    by_exp: dict[int, list[Trial]] = defaultdict(list)
-    for t in trials:
-        by_exp[t.experiment_id].append(t)
-    for group in by_exp.values():
-        exp = group[0].experiment
-        ids = [t.id for t in group]
-        of_metric = (Metric.trial_id.in_(ids), Metric.name == exp.metric)
-        steps = dict(
-            s.execute(
-                select(Metric.trial_id, func.max(Metric.step))
-                .where(Metric.trial_id.in_(ids))
-                .group_by(Metric.trial_id)
-            ).all()
-        )
-        agg = func.min if exp.smaller_is_better else func.max
-        best = dict(
-            s.execute(
-                select(Metric.trial_id, agg(Metric.value))
-                .where(*of_metric)
-                .group_by(Metric.trial_id)
-            ).all()
-        )
-        # SQLite takes a bare column from the row that holds the max(): the value at
-        # the highest step ((trial, step, name) is unique)
-        latest = {
-            tid: value
-            for tid, _, value in s.execute(
-                select(Metric.trial_id, func.max(Metric.step), Metric.value)
-                .where(*of_metric)
-                .group_by(Metric.trial_id)
-            )
-        }
-        for t in group:
-            t.steps_completed = int(steps.get(t.id) or 0)
-            t.best_metric = best.get(t.id)
-            t.latest_metric = latest.get(t.id)
 
 
 def _reconcile_experiment(

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, cast
 
-from sqlalchemy import Table, func, insert, select
+from sqlalchemy import Table, insert, select
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
@@ -42,7 +42,6 @@ __all__ = [
     "IngestResult",
     "ingest_attempt",
     "ingest_attempts",
-    "refresh_trial_metrics",
     "settling",
 ]
 
@@ -355,25 +354,6 @@ def _read_folder(
         done.add(batch.name)
         result.files += 1
     return result
-
-
-def refresh_trial_metrics(
-    session: Session, trial: Trial, metric: str, smaller_is_better: bool
-) -> None:
-    """Recompute steps_completed, best and latest of the searcher metric from the rows."""
-    trial.steps_completed = int(
-        session.scalar(select(func.max(Metric.step)).where(Metric.trial_id == trial.id)) or 0
-    )
-    agg = func.min if smaller_is_better else func.max
-    trial.best_metric = session.scalar(
-        select(agg(Metric.value)).where(Metric.trial_id == trial.id, Metric.name == metric)
-    )
-    trial.latest_metric = session.scalar(
-        select(Metric.value)
-        .where(Metric.trial_id == trial.id, Metric.name == metric)
-        .order_by(Metric.step.desc())
-        .limit(1)
-    )
 
 
 def settling(

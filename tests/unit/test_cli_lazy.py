@@ -60,6 +60,23 @@ def test_help_and_status_import_no_other_command() -> None:
     assert loaded == []
 
 
+def test_tick_imports_neither_rich_nor_the_launch_and_view_code() -> None:
+    code = (
+        "import json, sys\n"
+        "from dlhpc.cli.main import cli\n"
+        "cli.get_command(None, 'tick')\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('rich',"
+        " 'dlhpc.cli.')))))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    loaded = json.loads(out.splitlines()[-1])
+    assert "dlhpc.cli._tick" in loaded
+    assert not [m for m in loaded if m.startswith("rich")], loaded
+    assert not {"dlhpc.cli._run", "dlhpc.cli._views", "dlhpc.cli._console"} & set(loaded)
+
+
 def test_a_command_runs_with_the_raised_gc_thresholds_and_restores_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

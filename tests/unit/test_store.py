@@ -22,8 +22,9 @@ from dlhpc.store import (
     utcnow,
 )
 from dlhpc.store._engine import make_engine, migrate
-from dlhpc.store.ingest import ingest_attempt, refresh_trial_metrics
+from dlhpc.store.ingest import ingest_attempt
 from dlhpc.store.models import Decision, Lease
+from dlhpc.store.summaries import refresh_metrics
 from tests.unit._db import exp_and_trial
 
 
@@ -180,7 +181,7 @@ def test_ingest_is_exactly_once_and_keeps_latest_value_per_step(tmp_path: Path) 
             t = s.get(Trial, tid)
             assert t is not None
             ingest_attempt(s, t, adir, utcnow())
-            refresh_trial_metrics(s, t, "val_loss", True)
+            refresh_metrics(s, [t])
     w.add("metric", step=2, metrics={"val_loss": 0.4})  # re-reported step (after a restart)
     w.add("exit", code=0, reason="completed")
     w.flush()
@@ -188,7 +189,7 @@ def test_ingest_is_exactly_once_and_keeps_latest_value_per_step(tmp_path: Path) 
         t = s.get(Trial, tid)
         assert t is not None
         res = ingest_attempt(s, t, adir, utcnow())
-        refresh_trial_metrics(s, t, "val_loss", True)
+        refresh_metrics(s, [t])
     assert res.files == 1 and res.exited
     with store.read() as s:
         rows = s.execute(
