@@ -29,6 +29,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from dlhpc._safepath import is_inside
+from dlhpc._threads import map_io
 from dlhpc.config.model import ExperimentConfig
 from dlhpc.orchestrator.common import add_trials, log_event
 from dlhpc.orchestrator.states import TrialState
@@ -210,11 +211,13 @@ def write_stop_files(trials: list[Trial]) -> None:
 
     Only inside the runs folder (``<runs>/exp-N/trials/trial-M``): a trial folder a job
     replaced by a symlink to elsewhere gets no stop file (the stop grace then cancels)."""
-    for t in trials:
-        if not t.run_dir:
-            continue
-        path = Path(t.run_dir) / STOP_FILE
-        if not is_inside(Path(t.run_dir).parents[2], path):
-            continue
-        if not path.exists():
-            atomic_write_text(path, '{"reason": "searcher"}\n')
+    paths = [
+        Path(t.run_dir) / STOP_FILE
+        for t in trials
+        if t.run_dir and is_inside(Path(t.run_dir).parents[2], Path(t.run_dir) / STOP_FILE)
+    ]
+    map_io(_ask_to_stop, [p for p in paths if not p.exists()])
+
+
+def _ask_to_stop(path: Path) -> None:
+    atomic_write_text(path, '{"reason": "searcher"}\n')

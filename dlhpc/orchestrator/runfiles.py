@@ -10,10 +10,10 @@ import json
 import shutil
 import uuid
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dlhpc._perms import copy_file
+from dlhpc._threads import map_io
 from dlhpc.config.model import ExperimentConfig
 from dlhpc.config.serde import to_jsonable
 from dlhpc.errors import UsageError
@@ -154,13 +154,7 @@ def write_trial_spec(spec: TrialSpec, runs_root: Path) -> Path:
     return tdir
 
 
-_WRITERS = 8  # files written at once: each waits on its fsyncs (a network round trip on NFS)
-
-
 def write_trial_specs(specs: list[TrialSpec], runs_root: Path) -> list[Path]:
-    """:func:`write_trial_spec` of each, a few at a time; the trial folders in order.
-    The first error raises once every write has ended."""
-    if len(specs) < 2:
-        return [write_trial_spec(spec, runs_root) for spec in specs]
-    with ThreadPoolExecutor(min(_WRITERS, len(specs))) as pool:
-        return list(pool.map(lambda spec: write_trial_spec(spec, runs_root), specs))
+    """:func:`write_trial_spec` of each, a few at a time (:func:`~dlhpc._threads.map_io`);
+    the trial folders in order. The first error raises once every write has ended."""
+    return map_io(lambda spec: write_trial_spec(spec, runs_root), specs)
