@@ -218,7 +218,7 @@ def _ingest(store: Store, todo: list[tuple[int, Path]], report: TickReport, cloc
             for result in results:
                 report.ingested_files += result.files
                 report.metrics += result.metrics
-            refresh_metrics(s, [t for t, _ in folders])
+            refresh_metrics(s, list({t.id: t for t, _ in folders}.values()))
         failpoint("tick.after_ingest_batch")
 
 

@@ -90,7 +90,9 @@ def _archived(
 
 def _to_refresh(stale: list[int], run_dirs: Mapping[int, str], ended: set[int]) -> list[int]:
     """The stale archives this page rewrites (see the module docstring); running
-    trials' oldest first, so that a long search's trials take turns."""
+    trials' oldest first, so that a long search's trials take turns. A trial with no
+    run folder has no archive."""
+    stale = [tid for tid in stale if run_dirs.get(tid)]
     done = [tid for tid in stale if tid in ended][:REFRESH_ENDED]
     age: dict[int, float] = {}
     for tid in stale:
@@ -191,7 +193,7 @@ def load_page(store: Store, experiment_id: int, now: datetime | None = None) -> 
     curves.update(
         (tid, by_name[exp.metric]) for tid, by_name in rewritten.items() if exp.metric in by_name
     )
-    if rest := [tid for tid in stale if tid not in set(refresh)]:
+    if rest := [tid for tid in stale if tid not in rewritten]:
         with store.read() as s:
             curves.update(_db_curves(s, rest, exp.metric))
     try:

@@ -289,6 +289,30 @@ def test_a_page_rewrites_a_bounded_number_of_stale_archives(
     assert page.curve_sources == {"hdf5": 2, "db": 3, "none": 0}
 
 
+def test_a_trial_without_a_run_folder_gets_its_curve_from_the_db(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # a relative "curves.h5" must not be looked at or written
+    exp_id = _experiment(store, tmp_path)
+    tid = _trial(
+        store,
+        exp_id,
+        tmp_path,
+        hparams={"lr": 0.1},
+        state="COMPLETED",
+        losses=[0.9, 0.5],
+        attempts=[(0, 10, "completed")],
+    )
+    with store.write() as s:
+        t = s.get(Trial, tid)
+        assert t is not None
+        t.run_dir = ""
+    page = load_page(store, exp_id, T0)
+    assert page.trials[0].curve is not None and page.trials[0].curve.values == (0.9, 0.5)
+    assert page.curve_sources == {"hdf5": 0, "db": 1, "none": 0}
+    assert not (tmp_path / "curves.h5").exists()
+
+
 def test_a_stale_or_missing_archive_falls_back_to_the_db(store: Store, tmp_path: Path) -> None:
     exp_id = _experiment(store, tmp_path)
     a = _trial(
