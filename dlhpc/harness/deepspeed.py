@@ -22,6 +22,7 @@ Checkpoints: see :mod:`dlhpc.harness.ds_checkpoint` (atomic, sharded, collective
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 from pathlib import Path
@@ -41,6 +42,7 @@ __all__ = [
     "EngineState",
     "WorldSizeMismatch",
     "build_engine",
+    "close_process_group",
     "engine_state",
     "ensure_rank_env",
     "load_config",
@@ -135,6 +137,9 @@ def build_engine(
     if backend == "gloo":
         _skip_shm_op(deepspeed)
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
+    # once per process, however many engines it builds
+    atexit.unregister(close_process_group)
+    atexit.register(close_process_group)
     if model_parameters is None and optimizer is None:
         model_parameters = [p for p in model.parameters() if p.requires_grad]
     engine, _, _, _ = deepspeed.initialize(
@@ -146,6 +151,16 @@ def build_engine(
         **initialize_kwargs,
     )
     return engine
+
+
+def close_process_group() -> None:
+    """Destroy the default process group if one is up (registered with ``atexit`` by
+    :func:`build_engine`). A process that exits with gloo's or NCCL's threads still
+    running can abort in C++ at interpreter teardown ("terminate called without an
+    active exception", SIGABRT): a trial that trained to the end would then exit 134
+    and count as a crash. A script that destroys the group itself is not affected."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def engine_state(ctx: TrialContext, engine: Any, **kwargs: Any) -> EngineState:

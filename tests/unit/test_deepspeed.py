@@ -278,3 +278,28 @@ def test_zero_1_and_3_resume_bitwise_with_the_same_world_size(stage: int, tmp_pa
     )
     for rank in (0, 1):
         _same_run_after(got[rank]["second"], got[rank]["first"], 3)
+
+
+def test_the_process_group_is_destroyed_before_the_interpreter_exits() -> None:
+    """build_engine registers close_process_group with atexit: gloo's threads are gone
+    before teardown (a teardown with them running can abort the process: SIGABRT)."""
+    code = (
+        "import atexit, torch, torch.distributed as dist\n"
+        "from dlhpc.harness import deepspeed as dsh\n"
+        # registered first, so it runs after the harness's handler (atexit is LIFO)
+        "atexit.register(lambda: print('initialized at exit:', dist.is_initialized()))\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "config = {'train_micro_batch_size_per_gpu': 1, 'steps_per_print': 10**9,\n"
+        "          'optimizer': {'type': 'SGD', 'params': {'lr': 0.1}}}\n"
+        "dsh.build_engine(None, model, config=config)\n"
+        "dsh.build_engine(None, model, config=config)  # twice: one handler\n"
+        "print('initialized after build:', dist.is_initialized())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DLHPC_"))}
+    env |= {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "initialized after build: True" in out.stdout
+    assert out.stdout.count("initialized at exit: False") == 1, out.stdout
