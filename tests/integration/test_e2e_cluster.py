@@ -65,6 +65,16 @@ def test_grid_example_runs_as_one_job_array_to_completion(cli: Cli) -> None:
     # the terminal view shows every trial and the metric
     text = cli("status", str(exp_id)).stdout
     assert text.count("COMPLETED") >= 4 and "val_accuracy" in text
+    # the ticks wrote no curve archive; the first page build writes them, the next reads them
+    trials = cli.home / "runs" / f"exp-{exp_id:06d}" / "trials"
+    assert len(list(trials.glob("trial-*"))) == 4
+    assert list(trials.glob("trial-*/curves.h5")) == []
+    page = cli.home / "page.html"
+    cli("report", str(exp_id), "-o", str(page))
+    assert "HDF5 archive for 0 trial(s), from the DB for 4" in page.read_text()
+    assert len(list(trials.glob("trial-*/curves.h5"))) == 4
+    cli("report", str(exp_id), "-o", str(page))
+    assert "HDF5 archive for 4 trial(s), from the DB for 0" in page.read_text()
 
 
 def test_dry_run_prints_sbatch_and_submits_nothing(cli: Cli) -> None:
