@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -102,6 +103,10 @@ def _skip_shm_op(deepspeed: Any) -> None:
         compatible["deepspeed_shm_comm"] = False
 
 
+SETTLE_S = 0.2
+"""Seconds :func:`close_process_group` sleeps at exit, GIL released (see there)."""
+
+
 def build_engine(
     ctx: TrialContext | None,
     model: torch.nn.Module,
@@ -154,13 +159,21 @@ def build_engine(
 
 
 def close_process_group() -> None:
-    """Destroy the default process group if one is up (registered with ``atexit`` by
-    :func:`build_engine`). A process that exits with gloo's or NCCL's threads still
-    running can abort in C++ at interpreter teardown ("terminate called without an
-    active exception", SIGABRT): a trial that trained to the end would then exit 134
-    and count as a crash. A script that destroys the group itself is not affected."""
+    """Destroy the default process group if one is up, then let the collectives'
+    worker threads settle (registered with ``atexit`` by :func:`build_engine`).
+
+    A gloo worker thread frees a finished collective's tensors after the caller's
+    ``wait()`` has returned. Freeing a tensor that Python has let go of takes the
+    GIL, and a thread that asks for the GIL while the interpreter finalizes
+    unwinds through a C++ destructor: "terminate called without an active
+    exception", SIGABRT (pytorch/pytorch#190489). A trial that trained to the
+    end would then exit 134 and count as a crash. Destroying the group does not
+    stop those threads (DeepSpeed holds its groups), so this handler also
+    releases the GIL for :data:`SETTLE_S` while the interpreter is still whole.
+    """
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+    time.sleep(SETTLE_S)
 
 
 def engine_state(ctx: TrialContext, engine: Any, **kwargs: Any) -> EngineState:

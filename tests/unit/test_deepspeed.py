@@ -281,11 +281,17 @@ def test_zero_1_and_3_resume_bitwise_with_the_same_world_size(stage: int, tmp_pa
 
 
 def test_the_process_group_is_destroyed_before_the_interpreter_exits() -> None:
-    """build_engine registers close_process_group with atexit: gloo's threads are gone
-    before teardown (a teardown with them running can abort the process: SIGABRT)."""
+    """build_engine registers close_process_group with atexit, once: it destroys the
+    group, then sleeps with the GIL released so that gloo's worker threads finish
+    before teardown (one that takes the GIL during teardown aborts the process)."""
     code = (
-        "import atexit, torch, torch.distributed as dist\n"
+        "import atexit, time, torch, torch.distributed as dist\n"
         "from dlhpc.harness import deepspeed as dsh\n"
+        "sleep = time.sleep\n"
+        "def settle(s):\n"
+        "    print('sleep', s, 'initialized:', dist.is_initialized())\n"
+        "    sleep(s)\n"
+        "time.sleep = settle\n"
         # registered first, so it runs after the harness's handler (atexit is LIFO)
         "atexit.register(lambda: print('initialized at exit:', dist.is_initialized()))\n"
         "model = torch.nn.Linear(4, 1)\n"
@@ -303,3 +309,4 @@ def test_the_process_group_is_destroyed_before_the_interpreter_exits() -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     assert "initialized after build: True" in out.stdout
     assert out.stdout.count("initialized at exit: False") == 1, out.stdout
+    assert out.stdout.count(f"sleep {dsh.SETTLE_S} initialized: False") == 1, out.stdout

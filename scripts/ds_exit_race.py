@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Reliability check: how often does a finished DeepSpeed rank abort at exit?
+
+A gloo worker thread that frees a finished collective's tensors while the
+interpreter shuts down aborts the process (SIGABRT, pytorch/pytorch#190489).
+``build_engine``'s exit handler sleeps ``SETTLE_S`` seconds with the GIL
+released so that those threads finish first. This script launches the 2-rank
+ZeRO-3 run of ``tests/unit/_ds_rank.py`` (gloo on localhost, train 6 steps,
+save at 3, then a second engine restores step 3 and trains on) ``--runs``
+times, alternating the handler's sleep between 0 and its default, and counts
+launches in which a rank exited non-zero.
+
+    . .venv/bin/activate; pip install -e '.[torch,dev]'
+    python scripts/ds_exit_race.py --runs 160   # docs/BENCHMARKS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from dlhpc.harness.deepspeed import SETTLE_S  # noqa: E402
+
+# sets the handler's sleep, then runs the rank script as __main__
+_RANK = (
+    "import os, runpy, sys\n"
+    "from dlhpc.harness import deepspeed as dsh\n"
+    "dsh.SETTLE_S = float(os.environ['SETTLE_S'])\n"
+    "sys.argv = sys.argv[1:]\n"
+    "runpy.run_module('tests.unit._ds_rank', run_name='__main__')\n"
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch(settle: float, folder: Path, stage: int) -> list[int]:
+    """One 2-rank launch; the ranks' exit codes (negative: killed by that signal)."""
+    (folder / "o").mkdir(parents=True)
+    args = {"out": str(folder / "o"), "ckpt": str(folder / "c"), "stage": stage, "steps": 6}
+    args |= {"save_at": [3], "roundtrip": True}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DLHPC_"))}
+    env |= {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
+    env |= {"MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env |= {"SETTLE_S": str(settle)}
+    argv = [sys.executable, "-c", _RANK, "rank", json.dumps(args)]
+    procs = [
+        subprocess.Popen(
+            argv,
+            cwd=folder,
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,  # as the unit test runs them
+        )
+        for r in range(2)
+    ]
+    for p in procs:
+        p.communicate(timeout=600)
+    return [p.returncode for p in procs]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=40, help="launches in all (alternating)")
+    parser.add_argument("--stage", type=int, default=3, help="ZeRO stage")
+    args = parser.parse_args()
+    failed: Counter[float] = Counter()
+    done: Counter[float] = Counter()
+    with tempfile.TemporaryDirectory(prefix="ds-exit-") as tmp:
+        for i in range(args.runs):
+            settle = (0.0, SETTLE_S)[i % 2]
+            codes = launch(settle, Path(tmp, str(i)), args.stage)
+            done[settle] += 1
+            failed[settle] += any(codes)
+            print(f"launch {i}: sleep {settle} s, exit codes {codes}", flush=True)
+    print("\n| exit-handler sleep | launches | launches with a rank exiting non-zero |")
+    print("|---|---|---|")
+    for settle in (0.0, SETTLE_S):
+        print(f"| {settle} s | {done[settle]} | {failed[settle]} |")
+
+
+if __name__ == "__main__":
+    main()
