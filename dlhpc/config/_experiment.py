@@ -52,6 +52,8 @@ __all__ = ["load_experiment"]
 _MAX_COUNT = 100_000  # nodes, CPUs, restarts, kept checkpoints: more is a typo
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _MEM = re.compile(r"[0-9]{1,12}[KMGT]?")
+_MEM_UNIT_MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2}
+_MAX_MEM_MB = 10**12  # far above any node; what Slurm's --mem parser takes
 _SBATCH_ARG = re.compile(r"--?[A-Za-z][A-Za-z0-9-]*(=.*)?", re.DOTALL)
 # Options dlhpc writes itself (long name -> short letter).
 _OWNED = {
@@ -72,10 +74,13 @@ def _passthrough(value: Any) -> Any:
 
 
 def _mem(value: Any) -> str:
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**12:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MAX_MEM_MB:
         return str(value)
     if isinstance(value, str) and _MEM.fullmatch(value):
-        return value
+        digits, unit = (value[:-1], value[-1]) if value[-1] in _MEM_UNIT_MB else (value, "M")
+        if int(digits) * _MEM_UNIT_MB[unit] < _MAX_MEM_MB:
+            return value
+        raise Invalid(f"must be under 10^12 megabytes, got {describe(value)}")
     raise Invalid(
         f"must be megabytes (an integer) or like '4G' (digits + K/M/G/T), got {describe(value)}"
     )

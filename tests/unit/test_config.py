@@ -215,6 +215,13 @@ def test_small_defaults_that_depend_on_other_fields(tmp_path: Path, env: dict[st
     assert cfg.searcher.mode == "standard" and cfg.reproducibility.seed == 9
 
 
+@pytest.mark.parametrize("mem", ["953674T", "512K", "0", "999999999999"])
+def test_mem_up_to_the_bound_loads(tmp_path: Path, env: dict[str, str], mem: str) -> None:
+    """The string and integer forms share one bound, 10^12 MB (953,674T is under it)."""
+    text = HEAD + f"resources: {{mem: {mem}}}\n"
+    assert load_experiment(write(tmp_path / "exp.yaml", text), environ=env).resources.mem == mem
+
+
 def test_site_defaults_apply_and_experiment_overrides(tmp_path: Path, env: dict[str, str]) -> None:
     write(tmp_path / "uni.yaml", SITE)
     cfg = load_experiment(write(tmp_path / "a.yaml", HEAD), site="./uni.yaml", environ=env)
@@ -440,6 +447,10 @@ ERROR_CASES = [
         "resources:\n  mem: 4GB\n",
         "4: resources.mem: must be megabytes (an integer) or like "
         "'4G' (digits + K/M/G/T), got '4GB'",
+    ),
+    (
+        "resources:\n  mem: 953675T\n",
+        "4: resources.mem: must be under 10^12 megabytes, got '953675T'",
     ),
     (
         "resources:\n  time: 1h\n",
