@@ -11,16 +11,12 @@ times, alternating the handler's sleep between 0 and its default, and counts
 launches in which a rank exited non-zero.
 
     . .venv/bin/activate; pip install -e '.[torch,dev]'
-    python scripts/ds_exit_race.py --runs 160   # docs/BENCHMARKS.md
+    python scripts/ds_exit_race.py --runs 200   # docs/BENCHMARKS.md
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import socket
-import subprocess
 import sys
 import tempfile
 from collections import Counter
@@ -29,6 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from dlhpc.harness.deepspeed import SETTLE_S  # noqa: E402
+from tests.unit._ds_rank import spawn  # noqa: E402
 
 # sets the handler's sleep, then runs the rank script as __main__
 _RANK = (
@@ -40,34 +37,15 @@ _RANK = (
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def launch(settle: float, folder: Path, stage: int) -> list[int]:
     """One 2-rank launch; the ranks' exit codes (negative: killed by that signal)."""
     (folder / "o").mkdir(parents=True)
     args = {"out": str(folder / "o"), "ckpt": str(folder / "c"), "stage": stage, "steps": 6}
     args |= {"save_at": [3], "roundtrip": True}
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DLHPC_"))}
-    env |= {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}
-    env |= {"MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    env |= {"SETTLE_S": str(settle)}
-    argv = [sys.executable, "-c", _RANK, "rank", json.dumps(args)]
-    procs = [
-        subprocess.Popen(
-            argv,
-            cwd=folder,
-            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,  # as the unit test runs them
-        )
-        for r in range(2)
-    ]
+    env = {"SETTLE_S": str(settle)}
+    procs = spawn(2, args, cwd=folder, env=env, launcher=["-c", _RANK, "rank"])
     for p in procs:
-        p.communicate(timeout=600)
+        p.communicate(timeout=600)  # stderr piped and read, as the unit test runs them
     return [p.returncode for p in procs]
 
 

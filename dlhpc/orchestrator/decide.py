@@ -211,12 +211,9 @@ def write_stop_files(trials: list[Trial]) -> None:
 
     Only inside the runs folder (``<runs>/exp-N/trials/trial-M``): a trial folder a job
     replaced by a symlink to elsewhere gets no stop file (the stop grace then cancels)."""
-    paths = [
-        Path(t.run_dir) / STOP_FILE
-        for t in trials
-        if t.run_dir and is_inside(Path(t.run_dir).parents[2], Path(t.run_dir) / STOP_FILE)
-    ]
-    map_io(_ask_to_stop, [p for p in paths if not p.exists()])
+    paths = [Path(t.run_dir) / STOP_FILE for t in trials if t.run_dir]
+    # parents[3] of <runs>/exp-N/trials/trial-M/stop is <runs>
+    map_io(_ask_to_stop, [p for p in paths if is_inside(p.parents[3], p) and not p.exists()])
 
 
 def _ask_to_stop(path: Path) -> None:

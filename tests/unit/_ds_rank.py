@@ -5,20 +5,58 @@ save_at (steps after which to save), crash_at (a step whose save is SIGKILLed in
 staging folder, on every rank), roundtrip (then build a second engine in this
 process, restore the newest checkpoint into it and train it to ``steps`` too).
 Writes out/rank-<r>.json: per run, the step it started from, the losses by step,
-the world size and a weight checksum.
+the world size and a weight checksum. :func:`spawn` starts the ranks (the unit tests
+and scripts/ds_exit_race.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
+import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from dlhpc.harness import deepspeed as dsh
+
+REPO = Path(__file__).resolve().parents[2]
+MODULE = ("-m", "tests.unit._ds_rank")
+
+
+def spawn(
+    n: int,
+    args: dict[str, Any],
+    *,
+    cwd: Path = REPO,
+    env: Mapping[str, str] | None = None,
+    launcher: Sequence[str] = MODULE,
+) -> list[subprocess.Popen[str]]:
+    """Start ``n`` ranks (gloo on localhost, a free port): ``python *launcher ARGS``
+    with ``args`` as JSON, Slurm and dlhpc variables dropped, ``env`` added; stdout
+    discarded, stderr piped (text). The caller waits on them."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DLHPC_"))}
+    base |= {"WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1"}
+    base |= {"MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    base |= env or {}
+    return [
+        subprocess.Popen(
+            [sys.executable, *launcher, json.dumps(args)],
+            cwd=cwd,
+            env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(n)
+    ]
 
 
 def run(args: dict[str, Any]) -> dict[str, Any]:

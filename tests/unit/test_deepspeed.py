@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ from dlhpc.harness import deepspeed as dsh
 from dlhpc.harness.checkpoint import MANIFEST_NAME, latest_verified, publish_checkpoint
 from dlhpc.harness.context import TrialContext
 from dlhpc.protocol import REQUEUE_EXIT_CODE
+from tests.unit._ds_rank import spawn
 from tests.unit._spec import make_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -184,30 +184,10 @@ def test_the_stop_path_checkpoints_through_the_engine_and_exits_for_requeue(
 # -- real DeepSpeed ranks (gloo on localhost) --------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _ranks(n: int, out: Path, **args: Any) -> dict[int, dict[str, Any]]:
     """Run ``n`` ranks of _ds_rank.py; their results by rank ({} for a killed rank)."""
     out.mkdir(parents=True, exist_ok=True)
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DLHPC_"))}
-    base |= {"WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1"}
-    base |= {"MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    argv = [sys.executable, "-m", "tests.unit._ds_rank", json.dumps({"out": str(out), **args})]
-    procs = [
-        subprocess.Popen(
-            argv,
-            cwd=REPO,
-            env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(n)
-    ]
+    procs = spawn(n, {"out": str(out), **args})
     errors = [p.communicate(timeout=300)[1] for p in procs]
     results = {}
     for r, p in enumerate(procs):
