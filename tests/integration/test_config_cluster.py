@@ -1,4 +1,5 @@
-"""Broken config on the real dev cluster: an unknown partition is a config error.
+"""Broken config on the real dev cluster: an unknown partition or an impossible memory is
+a config error.
 
 The partition is checked against the site's list when it has one (dev-cluster),
 then against the cluster's own (one ``sinfo`` at launch).
@@ -115,4 +116,18 @@ def test_a_real_partition_passes_the_check(
     exp = _experiment(tmp_path / "exp", "high")
     proc = cli("launch", str(exp), "--site", "generic", "--dry-run")
     assert "#SBATCH --partition=high" in proc.stdout
+    _assert_nothing_happened(cli, tmp_path)
+
+
+def test_a_memory_over_the_bound_exits_2_and_submits_nothing(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    exp = _experiment(tmp_path / "exp", None)
+    exp.write_text(HEAD + "resources:\n  mem: 999999999999T\n")
+    proc = cli("launch", str(exp), "--site", "dev-cluster", check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (
+        f"error: {exp}:4: resources.mem: must be under 10^12 megabytes, got '999999999999T'\n"
+    )
     _assert_nothing_happened(cli, tmp_path)
