@@ -40,15 +40,16 @@ from dlhpc.errors import DlhpcError
 from dlhpc.protocol import (
     PROGRESS_FILE,
     REQUEUE_EXIT_CODE,
-    STOP_FILE,
     EventWriter,
     TrialSpec,
     atomic_write_text,
+    stop_requested,
+    trial_file,
 )
 
 if TYPE_CHECKING:
-    from dlhpc.harness.checkpoint import Checkpoint
     from dlhpc.harness.state import TrainState
+    from dlhpc.protocol.checkpoint import Checkpoint
 
 __all__ = ["Saveable", "TrialContext", "init"]
 
@@ -117,7 +118,7 @@ class TrialContext:
         self._checkpoint_step: int | None = None
         # (step, value) of the newest report of the searcher metric since the last checkpoint
         self._evaluated: tuple[int, float | None] | None = None
-        self._stop_file = trial_dir / STOP_FILE if trial_dir is not None else None
+        self._trial_dir = trial_dir
         self._last_stop_check = time.monotonic()
         if attempt_dir is not None and self.rank == 0:
             self._writer = EventWriter(attempt_dir, f"user-r{self.rank}")
@@ -214,11 +215,11 @@ class TrialContext:
 
     def should_stop(self) -> bool:
         """True once the trial was asked to stop (preemption, time limit, searcher)."""
-        if self.stop_reason is None and self._stop_file is not None:
+        if self.stop_reason is None and self._trial_dir is not None:
             now = time.monotonic()
             if now - self._last_stop_check >= _STOP_FILE_EVERY_S:
                 self._last_stop_check = now
-                if self._stop_file.exists():
+                if stop_requested(self._trial_dir):
                     self.stop_reason = "searcher"
         return self.stop_reason is not None
 
@@ -334,7 +335,7 @@ def init(
                 "pass local_hparams={...} to run the script by hand"
             )
         return TrialContext(None, None, local_hparams, flush_every, flush_interval_s)
-    spec = TrialSpec.read(Path(trial_dir) / "trial.json")
+    spec = TrialSpec.read(trial_file(Path(trial_dir)))
     attempt = os.environ.get(ENV_ATTEMPT_DIR)
     if spec.deterministic:  # never imports torch for a script that does not use it
         from dlhpc.repro import set_torch_deterministic

@@ -33,7 +33,6 @@ import contextlib
 import io
 import os
 import shutil
-import uuid
 from argparse import Namespace
 from collections.abc import Callable
 from pathlib import Path
@@ -44,8 +43,14 @@ import torch.distributed as dist
 
 from dlhpc._failpoints import failpoint
 from dlhpc.errors import DlhpcError
-from dlhpc.harness.checkpoint import Checkpoint, latest_verified, prune, publish_checkpoint
-from dlhpc.harness.state import _nonneg_int, _rng_state, _set_rng_state
+from dlhpc.harness.state import _set_rng_state, loop_payload
+from dlhpc.protocol.checkpoint import (
+    Checkpoint,
+    latest_verified,
+    prune,
+    publish_checkpoint,
+    temp_checkpoint_dir,
+)
 
 if TYPE_CHECKING:
     from dlhpc.harness.context import TrialContext
@@ -139,24 +144,6 @@ class EngineState:
         if self.on_event is not None and self.rank == 0:
             self.on_event(level, message)
 
-    def _payload(self) -> dict[str, Any]:
-        extras = dict(self.extras)
-        if self.extras_fn is not None:
-            extras.update(self.extras_fn())
-        return {
-            "format": _FORMAT,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "counters": {
-                "epoch": _nonneg_int("epoch", self.epoch),
-                "batch": _nonneg_int("batch", self.batch),
-                "step": _nonneg_int("step", self.step),
-            },
-            "generators": {name: g.get_state() for name, g in self.generators.items()},
-            "rng": _rng_state(),
-            "extras": extras,
-        }
-
     def should_stop(self, ctx: TrialContext) -> bool:
         """Collective: True on every rank once any rank's ``ctx`` was asked to stop."""
         return _any(ctx.should_stop(), self.engine.device)
@@ -168,13 +155,13 @@ class EngineState:
         every rank if any rank failed (nothing is published then). RNGs are
         captured before DeepSpeed writes and not consumed.
         """
-        payload = self._payload()
+        payload = {**loop_payload(self, _FORMAT), "rank": self.rank, "world_size": self.world_size}
         staging: Path | None = None
         error = ""
         if self.rank == 0:
             try:
                 self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-                staging = self.checkpoint_dir / f".tmp-ckpt-{self.step}-{uuid.uuid4().hex}"
+                staging = temp_checkpoint_dir(self.checkpoint_dir, self.step)
                 staging.mkdir()
             except OSError as err:
                 error = f"cannot create a staging folder in {self.checkpoint_dir}: {err}"

@@ -42,7 +42,7 @@ from typing import Any, Protocol
 import torch
 
 from dlhpc.errors import DlhpcError
-from dlhpc.harness.checkpoint import (
+from dlhpc.protocol.checkpoint import (
     Checkpoint,
     latest_verified,
     prune,
@@ -109,6 +109,38 @@ def _nonneg_int(name: str, value: object) -> int:
     return value
 
 
+class _LoopState(Protocol):
+    """What :class:`TrainState` and the DeepSpeed ``EngineState`` share: the loop's
+    counters, named generators and extras."""
+
+    epoch: int
+    batch: int
+    step: int
+    extras: dict[str, Any]
+    extras_fn: Callable[[], dict[str, Any]] | None
+    generators: dict[str, torch.Generator]
+
+
+def loop_payload(state: _LoopState, fmt: int) -> dict[str, Any]:
+    """The part of a checkpoint payload every training state saves: ``format``, the
+    counters (checked non-negative ints), generator and global RNG states, and the
+    extras with ``extras_fn()`` merged in. Consumes no RNG."""
+    extras = dict(state.extras)
+    if state.extras_fn is not None:
+        extras.update(state.extras_fn())
+    return {
+        "format": fmt,
+        "counters": {
+            "epoch": _nonneg_int("epoch", state.epoch),
+            "batch": _nonneg_int("batch", state.batch),
+            "step": _nonneg_int("step", state.step),
+        },
+        "generators": {name: g.get_state() for name, g in state.generators.items()},
+        "rng": _rng_state(),
+        "extras": extras,
+    }
+
+
 class TrainState:
     """Everything needed to resume training exactly; see the module docstring.
 
@@ -165,25 +197,6 @@ class TrainState:
             "scaler": self.scaler,
         }
 
-    def _payload(self) -> dict[str, Any]:
-        extras = dict(self.extras)
-        if self.extras_fn is not None:
-            extras.update(self.extras_fn())
-        return {
-            "format": _FORMAT,
-            "counters": {
-                "epoch": _nonneg_int("epoch", self.epoch),
-                "batch": _nonneg_int("batch", self.batch),
-                "step": _nonneg_int("step", self.step),
-            },
-            "state_dicts": {
-                k: (o.state_dict() if o is not None else None) for k, o in self._objects().items()
-            },
-            "generators": {name: g.get_state() for name, g in self.generators.items()},
-            "rng": _rng_state(),
-            "extras": extras,
-        }
-
     def save(self) -> Checkpoint | None:
         """Publish a checkpoint of the current state (rank 0 only; others return None).
 
@@ -194,7 +207,10 @@ class TrainState:
         """
         if self.rank != 0:
             return None
-        payload = self._payload()
+        payload = loop_payload(self, _FORMAT)
+        payload["state_dicts"] = {
+            k: (o.state_dict() if o is not None else None) for k, o in self._objects().items()
+        }
 
         def write(folder: Path) -> None:
             torch.save(payload, folder / STATE_FILE)

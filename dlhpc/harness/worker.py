@@ -44,7 +44,9 @@ from dlhpc.protocol import (
     TrialSpec,
     atomic_write_text,
     attempt_key,
+    attempts_dir,
     read_small_json,
+    trial_file,
 )
 from dlhpc.repro import attempt_record, deterministic_env
 
@@ -130,11 +132,11 @@ def _requeue_self(job_id: str) -> str:
 
 def run_entrypoint(trial_dir: Path) -> int:
     """Run the trial once; returns the entrypoint's exit code (signals as 128+n)."""
-    spec = TrialSpec.read(trial_dir / "trial.json")
+    spec = TrialSpec.read(trial_file(trial_dir))
     if spec.umask is not None:  # the site's policy, before this job creates anything
         os.umask(spec.umask)
     job_id, restart, rank = job_identity(os.environ)
-    attempt_dir = trial_dir / "attempts" / attempt_key(job_id, restart)
+    attempt_dir = attempts_dir(trial_dir) / attempt_key(job_id, restart)
     events = EventWriter(attempt_dir, f"worker-r{rank}")
     child_env = _child_env(spec, trial_dir, attempt_dir)
     local_rank = int(os.environ.get("SLURM_LOCALID") or 0)

@@ -37,7 +37,6 @@ import heapq
 import json
 import math
 import os
-import re
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Sequence
 from contextlib import nullcontext
@@ -50,8 +49,9 @@ from sqlalchemy.orm import Session
 
 from dlhpc._safepath import inside
 from dlhpc.errors import DlhpcError, NotFoundError, UnsafePathError, UsageError
-from dlhpc.harness.checkpoint import remove_checkpoint
 from dlhpc.orchestrator.states import TrialState
+from dlhpc.protocol import checkpoint_experiment_dir
+from dlhpc.protocol.checkpoint import CHECKPOINT_NAME_RE, remove_checkpoint
 from dlhpc.store import Checkpoint, Decision, Experiment, Store, Trial, utcnow
 from dlhpc.store.models import Meta
 
@@ -74,7 +74,6 @@ TRIAL_LATEST = "trial-latest"
 PINNED = "pinned"
 LIVE = "live"  # the newest of a trial a resume or promotion loads
 _ENDED = [st.value for st in TrialState if st.is_terminal]
-_CKPT_NAME = re.compile(r"^ckpt-\d{10,}(?:-[1-9]\d*)?$")  # dlhpc.harness.checkpoint's names
 
 
 @dataclass(frozen=True)
@@ -173,7 +172,7 @@ def plan_gc(
 def checkpoint_root(exp: Experiment) -> Path | None:
     """``<checkpoint.dir>/exp-<id:06d>``, where this experiment's trials checkpoint."""
     ck = _checkpoint_cfg(exp)
-    return Path(ck["dir"]) / f"exp-{exp.id:06d}" if ck.get("dir") else None
+    return checkpoint_experiment_dir(Path(ck["dir"]), exp.id) if ck.get("dir") else None
 
 
 def _checkpoint_cfg(exp: Experiment) -> dict[str, Any]:
@@ -252,7 +251,7 @@ def _safe_folder(path: str, root: Path | None) -> Path | None:
     in both are resolved; else None."""
     if root is None or not path or not os.path.isabs(path) or os.path.islink(path):
         return None
-    if not _CKPT_NAME.match(os.path.basename(path)):
+    if not CHECKPOINT_NAME_RE.match(os.path.basename(path)):
         return None
     try:
         real = inside(root, path, "checkpoint folder")

@@ -20,7 +20,7 @@ from dlhpc.errors import SchedulerError
 from dlhpc.orchestrator.clock import SYSTEM_CLOCK, Clock
 from dlhpc.orchestrator.runfiles import trial_spec, write_trial_specs
 from dlhpc.orchestrator.states import TrialState
-from dlhpc.protocol import trial_dir
+from dlhpc.protocol import jobs_dir, trial_dir
 from dlhpc.scheduler import BaseScheduler, JobRequest, SubmittedTask, make_scheduler
 from dlhpc.search import BaseSearcher, Create, make_searcher
 from dlhpc.store import Attempt, Decision, Event, Experiment, Store, Submission, Trial, utcnow
@@ -177,7 +177,7 @@ def submit_pending(
             name=f"dlhpc-e{exp_id}-{uuid.uuid4().hex[:8]}",
             state="SUBMITTING",
             trial_ids_json=json.dumps([t.id for t in trials]),
-            folder=str(Path(exp.run_dir) / "jobs"),
+            folder=str(jobs_dir(Path(exp.run_dir))),
             created_at=clock.now(),
         )
         session.add(sub)

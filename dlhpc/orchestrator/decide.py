@@ -14,7 +14,7 @@ Acting on operations:
   :class:`~dlhpc.store.Decision`).
 * ``Stop``: a PAUSED trial, or one whose job has not started, is
   STOPPED_EARLY at once (a queued job is cancelled); a running one is asked to
-  stop through :data:`~dlhpc.protocol.STOP_FILE` (the harness exits at its next
+  stop through :func:`~dlhpc.protocol.request_stop` (the harness exits at its next
   step) and cancelled if it has not ended within :data:`STOP_GRACE`.
 """
 
@@ -33,7 +33,7 @@ from dlhpc._threads import map_io
 from dlhpc.config.model import ExperimentConfig
 from dlhpc.orchestrator.common import add_trials, log_event
 from dlhpc.orchestrator.states import TrialState
-from dlhpc.protocol import STOP_FILE, atomic_write_text
+from dlhpc.protocol import request_stop, stop_file
 from dlhpc.search import BaseSearcher, Continue, Create, Stop
 from dlhpc.store import Decision, Experiment, Metric, Trial
 
@@ -211,10 +211,6 @@ def write_stop_files(trials: list[Trial]) -> None:
 
     Only inside the runs folder (``<runs>/exp-N/trials/trial-M``): a trial folder a job
     replaced by a symlink to elsewhere gets no stop file (the stop grace then cancels)."""
-    paths = [Path(t.run_dir) / STOP_FILE for t in trials if t.run_dir]
-    # parents[3] of <runs>/exp-N/trials/trial-M/stop is <runs>
-    map_io(_ask_to_stop, [p for p in paths if is_inside(p.parents[3], p) and not p.exists()])
-
-
-def _ask_to_stop(path: Path) -> None:
-    atomic_write_text(path, '{"reason": "searcher"}\n')
+    stops = [(d, stop_file(d)) for d in (Path(t.run_dir) for t in trials if t.run_dir)]
+    # parents[2] of <runs>/exp-N/trials/trial-M is <runs>
+    map_io(request_stop, [d for d, p in stops if is_inside(d.parents[2], p) and not p.exists()])

@@ -40,9 +40,9 @@ from sqlalchemy import select
 from dlhpc._perms import copy_file, make_dirs, share_dir
 from dlhpc._safepath import is_inside
 from dlhpc.errors import DlhpcError, NotFoundError, UnsafePathError, UsageError
-from dlhpc.harness.checkpoint import MANIFEST_NAME, FileRecord, verify_checkpoint
-from dlhpc.harness.checkpoint import Checkpoint as CkptFolder
 from dlhpc.orchestrator.checkpoints import checkpoint_root
+from dlhpc.protocol.checkpoint import MANIFEST_NAME, FileRecord, verify_checkpoint
+from dlhpc.protocol.checkpoint import Checkpoint as CkptFolder
 from dlhpc.store import Checkpoint, Metric, Store, Trial
 
 __all__ = ["ExportResult", "export_trial"]

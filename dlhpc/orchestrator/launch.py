@@ -24,7 +24,7 @@ from dlhpc.orchestrator.common import (
 )
 from dlhpc.orchestrator.runfiles import publish_staging, stage_run_folder
 from dlhpc.orchestrator.states import ExperimentState
-from dlhpc.protocol import experiment_dir, trial_dir
+from dlhpc.protocol import checkpoint_experiment_dir, experiment_dir, jobs_dir, trial_dir
 from dlhpc.repro import collect_launch_record
 from dlhpc.scheduler import JobRequest
 from dlhpc.search import Create
@@ -86,7 +86,7 @@ def plan_launch(cfg: ExperimentConfig, home: Path, pool: SchedulerPool) -> DryRu
     request = JobRequest(
         experiment_id=exp_id,
         name=f"dlhpc-e{exp_id}-<uid>",
-        folder=exp_dir / "jobs",
+        folder=jobs_dir(exp_dir),
         trial_dirs=[trial_dir(runs_root, exp_id, i + 1) for i in range(len(creates))],
         resources=cfg.resources,
         preemption=cfg.preemption,
@@ -160,7 +160,9 @@ def launch(
                 exp_id = exp.id
             publish_staging(staging, cfg, store.runs_root, exp_id)
             if cfg.site.permissions.mode == "group":  # jobs' checkpoint folders inherit it
-                make_dirs(cfg.checkpoint.dir / f"exp-{exp_id:06d}", cfg.site.permissions)
+                make_dirs(
+                    checkpoint_experiment_dir(cfg.checkpoint.dir, exp_id), cfg.site.permissions
+                )
             if prepare is not None:
                 try:
                     prepare(exp_id)

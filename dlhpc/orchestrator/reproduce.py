@@ -32,10 +32,11 @@ from dlhpc._safepath import inside
 from dlhpc.config.model import ExperimentConfig, HParam
 from dlhpc.config.serde import to_jsonable
 from dlhpc.errors import NotFoundError, UsageError
-from dlhpc.harness.checkpoint import latest_verified
 from dlhpc.orchestrator.common import SchedulerPool, config_of, log_event
 from dlhpc.orchestrator.launch import launch
 from dlhpc.orchestrator.runfiles import trial_spec
+from dlhpc.protocol import layout
+from dlhpc.protocol.checkpoint import latest_verified
 from dlhpc.repro import (
     Difference,
     attempt_record,
@@ -154,7 +155,7 @@ def plan_reproduce(store: Store, trial_id: int, from_checkpoint: bool = False) -
         exp_id, run_dir, yaml_text = exp.id, Path(exp.run_dir), exp.yaml_text
         cfg0 = config_of(exp)
     hp, seed, length = (original["trial"][k] for k in ("hparams", "seed", "max_length"))
-    code_dir = run_dir / "code"
+    code_dir = layout.code_dir(run_dir)
     if not code_dir.is_dir():
         raise UsageError(
             f"the code snapshot of experiment {exp_id} ({code_dir}) is gone; cannot reproduce"

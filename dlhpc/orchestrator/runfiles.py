@@ -17,7 +17,17 @@ from dlhpc._threads import map_io
 from dlhpc.config.model import ExperimentConfig
 from dlhpc.config.serde import to_jsonable
 from dlhpc.errors import UsageError
-from dlhpc.protocol import TrialSpec, atomic_write_text, experiment_dir, trial_dir
+from dlhpc.protocol import (
+    TrialSpec,
+    atomic_write_text,
+    checkpoint_trial_dir,
+    code_dir,
+    entry_script,
+    experiment_dir,
+    experiment_file,
+    trial_dir,
+    trial_file,
+)
 
 __all__ = [
     "SNAPSHOT_LIMIT_BYTES",
@@ -92,9 +102,9 @@ def stage_run_folder(cfg: ExperimentConfig, runs_root: Path, code_from: Path | N
     staging.mkdir(parents=True)
     try:
         if code_from is not None:
-            shutil.copytree(code_from, staging / "code", symlinks=True, copy_function=copy_file)
+            shutil.copytree(code_from, code_dir(staging), symlinks=True, copy_function=copy_file)
         else:
-            snapshot_code(cfg.workdir, staging / "code", skip=runs_root)
+            snapshot_code(cfg.workdir, code_dir(staging), skip=runs_root)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -106,10 +116,10 @@ def publish_staging(staging: Path, cfg: ExperimentConfig, runs_root: Path, exp_i
     exp_dir = experiment_dir(runs_root, exp_id)
     if not exp_dir.exists():
         staging.rename(exp_dir)
-    (exp_dir / "code").mkdir(exist_ok=True)
-    atomic_write_text(exp_dir / "entry.sh", entry_script_text(cfg, exp_id))
+    code_dir(exp_dir).mkdir(exist_ok=True)
+    atomic_write_text(entry_script(exp_dir), entry_script_text(cfg, exp_id))
     atomic_write_text(
-        exp_dir / "experiment.json", json.dumps(to_jsonable(cfg), indent=2, sort_keys=True)
+        experiment_file(exp_dir), json.dumps(to_jsonable(cfg), indent=2, sort_keys=True)
     )
     return exp_dir
 
@@ -125,7 +135,7 @@ def trial_spec(
 ) -> TrialSpec:
     exp_dir = experiment_dir(runs_root, experiment_id)
     env = {**cfg.site.env, **cfg.environment.vars}
-    ckpt = cfg.checkpoint.dir / f"exp-{experiment_id:06d}" / f"trial-{trial_id:06d}"
+    ckpt = checkpoint_trial_dir(cfg.checkpoint.dir, experiment_id, trial_id)
     return TrialSpec(
         experiment_id=experiment_id,
         trial_id=trial_id,
@@ -133,8 +143,8 @@ def trial_spec(
         max_length=max_length,
         seed=seed,
         experiment_dir=str(exp_dir),
-        code_dir=str(exp_dir / "code"),
-        entry_script=str(exp_dir / "entry.sh"),
+        code_dir=str(code_dir(exp_dir)),
+        entry_script=str(entry_script(exp_dir)),
         checkpoint_dir=str(ckpt),
         metric=cfg.searcher.metric,
         smaller_is_better=cfg.searcher.smaller_is_better,
@@ -150,7 +160,7 @@ def trial_spec(
 def write_trial_spec(spec: TrialSpec, runs_root: Path) -> Path:
     tdir = trial_dir(runs_root, spec.experiment_id, spec.trial_id)
     tdir.mkdir(parents=True, exist_ok=True)
-    spec.write(tdir / "trial.json")
+    spec.write(trial_file(tdir))
     return tdir
 
 

@@ -21,7 +21,7 @@ from dlhpc.orchestrator.common import log_event
 from dlhpc.orchestrator.decide import STOP_GRACE, pending_promotion
 from dlhpc.orchestrator.recovery import judge, superseded_cause
 from dlhpc.orchestrator.states import TrialState
-from dlhpc.protocol import HEARTBEAT_FILE, PROGRESS_FILE, read_small_json
+from dlhpc.protocol import HEARTBEAT_FILE, PROGRESS_FILE, attempt_dir, read_small_json
 from dlhpc.scheduler import JobState, JobStatus
 from dlhpc.store import Attempt, Decision, Trial
 
@@ -65,7 +65,7 @@ def _apply_status(a: Attempt, st: JobStatus | None, now: datetime) -> None:
 
 def _attempt_file(t: Trial, a: Attempt, name: str) -> dict[str, object] | None:
     return (
-        read_small_json(Path(t.run_dir) / "attempts" / a.attempt_key / name) if t.run_dir else None
+        read_small_json(attempt_dir(Path(t.run_dir), a.attempt_key) / name) if t.run_dir else None
     )
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dlhpc import __version__
+from dlhpc.protocol import code_dir
 
 __all__ = ["attempt_environments", "parse_record", "repro_record"]
 
@@ -96,7 +97,7 @@ def repro_record(
     run_dir = facts.get("run_dir", "")
     items = {
         "experiment file (as given)": facts.get("source_path", ""),
-        "code snapshot": str(Path(run_dir) / "code") if run_dir else "",
+        "code snapshot": str(code_dir(Path(run_dir))) if run_dir else "",
         "entrypoint": str(config.get("entrypoint", "")),
         "site / backend": f"{facts.get('site', '')} / {facts.get('backend', '')}",
         "user": facts.get("user") or "(not recorded)",

@@ -4,7 +4,7 @@ One row per (attempt, host, GPU): the samples' count and sum of utilization and 
 newest sample time, from ``gpu_summaries`` (kept by a trigger at ingest) for an ended
 attempt; for a live one (``RUNNING``, no exit record yet) an aggregate of its own
 samples adds the first and last busy sample time, which the idle rule of
-:func:`dlhpc.harness.telemetry.idle_since` needs.
+:func:`dlhpc.protocol.gpu.idle_since` needs.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import Select, case, func, or_, select
 from sqlalchemy.orm import Session
 
-from dlhpc.harness.telemetry import IDLE_BELOW_PCT, IDLE_WINDOW_S, idle_since
+from dlhpc.protocol.gpu import IDLE_BELOW_PCT, IDLE_WINDOW_S, idle_since
 from dlhpc.store import Attempt, GpuSample, Trial
 from dlhpc.store.models import GpuSummary
 
@@ -87,7 +87,7 @@ def gpu_rows(
 def live_gpu_rows(session: Session, live: Select[Any], below_pct: float) -> GpuRows:
     """The per-GPU digests of the ``live`` attempts (ids), from their own samples."""
     out: GpuRows = defaultdict(list)
-    busy = or_(GpuSample.util.is_(None), GpuSample.util >= below_pct)  # telemetry.is_busy
+    busy = or_(GpuSample.util.is_(None), GpuSample.util >= below_pct)  # protocol.gpu.is_busy
     running = (
         select(
             GpuSample.attempt_id,

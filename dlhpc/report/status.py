@@ -8,7 +8,7 @@ by a trigger at ingest) for an ended attempt; for a live one (``RUNNING``, no ex
 record yet) an aggregate of its own samples adds the first and last busy sample time.
 From it each attempt gets a ``gpu`` summary (GPUs seen, mean utilization over the
 attempt, newest sample) and each live attempt the idle rule of
-:func:`dlhpc.harness.telemetry.idle_since`, judged at the attempt's newest sample: every
+:func:`dlhpc.protocol.gpu.idle_since`, judged at the attempt's newest sample: every
 idle GPU is listed in ``idle_gpus``, per trial and per experiment.
 
 Resource use: each attempt's run time (start to end, or to now while it runs) times the
@@ -31,7 +31,7 @@ from sqlalchemy import String, and_, or_, select, type_coerce
 from sqlalchemy.orm import Session
 
 from dlhpc.errors import NotFoundError
-from dlhpc.harness.telemetry import IDLE_BELOW_PCT, IDLE_WINDOW_S
+from dlhpc.protocol.gpu import IDLE_BELOW_PCT, IDLE_WINDOW_S
 from dlhpc.report._status_gpu import (
     ATTEMPT_COLS,
     GpuRows,

@@ -112,7 +112,7 @@ def _gpu(
     environ: Mapping[str, str], loader: Callable[[], tuple[Any, str]] | None
 ) -> dict[str, Any]:
     if loader is None:
-        from dlhpc.harness.telemetry import load_nvml
+        from dlhpc.protocol.gpu import load_nvml
 
         loader = load_nvml
     nvml, why = loader()

@@ -48,11 +48,13 @@ from dlhpc.errors import SchedulerError
 from dlhpc.protocol import (
     HEARTBEAT_FILE,
     REQUEUE_EXIT_CODE,
-    STOP_FILE,
     EventWriter,
     TrialSpec,
     atomic_write_text,
+    attempt_dir,
     attempt_key,
+    stop_requested,
+    trial_file,
 )
 from dlhpc.scheduler.base import BaseScheduler, JobRequest, JobState, JobStatus, SubmittedTask
 from dlhpc.simulate._clock import VirtualClock
@@ -186,7 +188,7 @@ class SimCluster(BaseScheduler):
         if t < self.now:
             return
         for task in self._running.values():  # stop files written since the last call
-            if task.stop_at == float("inf") and (task.trial_dir / STOP_FILE).exists():
+            if task.stop_at == float("inf") and stop_requested(task.trial_dir):
                 task.stop_at = min(self.now + STOP_NOTICE_S, t)
                 self._push(task)
         while True:
@@ -271,7 +273,7 @@ class SimCluster(BaseScheduler):
         self._ready = keep
 
     def _start(self, t: Task) -> None:
-        spec = TrialSpec.read(t.trial_dir / "trial.json")
+        spec = TrialSpec.read(trial_file(t.trial_dir))
         self.free -= t.gpus
         self._arrays[t.array].running += 1
         self._running[t.job_id] = t
@@ -289,7 +291,7 @@ class SimCluster(BaseScheduler):
         t.preempt_at = now + self._rng.expovariate(rate) if rate > 0 else float("inf")
         t.limit_at = now + t.limit_s
         t.stop_at = float("inf")
-        adir = t.trial_dir / "attempts" / attempt_key(t.job_id, t.restart)
+        adir = attempt_dir(t.trial_dir, attempt_key(t.job_id, t.restart))
         t.writer = EventWriter(adir, "worker-r0")
         t.writer.add(
             "start",
@@ -370,7 +372,7 @@ class SimCluster(BaseScheduler):
         t.state, t.end, t.exit_code, t.version = state, now, code, t.version + 1
 
     def _beat(self, t: Task) -> None:
-        adir = t.trial_dir / "attempts" / attempt_key(t.job_id, t.restart)
+        adir = attempt_dir(t.trial_dir, attempt_key(t.job_id, t.restart))
         atomic_write_text(adir / HEARTBEAT_FILE, json.dumps({"time": self.now, "pid": 0}))
         t.last_beat = self.now
 

@@ -3,7 +3,7 @@
 Writers are forked processes, one per trial ("array tasks in spirit"), each with
 its own attempt folder, publishing through the real in-job code
 (:class:`dlhpc.harness.context.TrialContext`: metric and log event files, and
-checkpoints through :func:`dlhpc.harness.checkpoint.publish_checkpoint` with their
+checkpoints through :func:`dlhpc.protocol.checkpoint.publish_checkpoint` with their
 ``checkpoint`` events). Reconcilers are separate processes running the real
 ``dlhpc tick`` command in a loop (``_reconciler.py``). A killer SIGKILLs writers
 and reconcilers at random and restarts the reconcilers. The only fake is the
@@ -23,10 +23,10 @@ import sys
 import time
 from pathlib import Path
 
-from dlhpc.harness.checkpoint import Checkpoint, publish_checkpoint
 from dlhpc.harness.context import TrialContext
 from dlhpc.orchestrator import tick
 from dlhpc.protocol import TrialSpec
+from dlhpc.protocol.checkpoint import Checkpoint, publish_checkpoint
 from dlhpc.store import Store
 from tests.stress._backend import LEDGER, REPO, TrialRun, launch_stress, stress_pool
 from tests.stress._verify import StressResult, check

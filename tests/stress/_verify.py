@@ -12,8 +12,8 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from dlhpc.harness.checkpoint import list_checkpoints, verify_checkpoint
 from dlhpc.protocol import EVENT_FILE_RE
+from dlhpc.protocol.checkpoint import list_checkpoints, verify_checkpoint
 from dlhpc.store import Attempt, Event, IngestedFile, Metric, Store, Submission
 from dlhpc.store.models import Checkpoint as CheckpointRow
 from tests.stress._backend import LEDGER, TrialRun

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from dlhpc.harness import checkpoint as ck
-from dlhpc.harness.checkpoint import (
+from dlhpc.protocol import checkpoint as ck
+from dlhpc.protocol.checkpoint import (
     MANIFEST_NAME,
     Checkpoint,
     latest_verified,
@@ -225,7 +225,7 @@ def test_failed_manifest_write_keeps_previous(
 _CHILD = """
 import sys
 from pathlib import Path
-from dlhpc.harness.checkpoint import publish_checkpoint
+from dlhpc.protocol.checkpoint import publish_checkpoint
 def write(folder):
     (folder / "model.pt").write_bytes(b"new" * 1000)
 publish_checkpoint(Path(sys.argv[1]), 2, write, {})

@@ -21,11 +21,11 @@ from sqlalchemy import select
 from dlhpc.cli.main import cli
 from dlhpc.config import load_experiment
 from dlhpc.errors import LeaseHeldError
-from dlhpc.harness.checkpoint import latest_verified, list_checkpoints, prune, publish_checkpoint
 from dlhpc.harness.context import TrialContext
 from dlhpc.orchestrator.checkpoints import CkptInfo, GcPolicy, experiment_plan, gc, gc_pass, plan_gc
 from dlhpc.orchestrator.tick import TickReport
 from dlhpc.protocol import EventWriter, TrialSpec
+from dlhpc.protocol.checkpoint import latest_verified, list_checkpoints, prune, publish_checkpoint
 from dlhpc.report.quota import Quota, parse_lfs_quota, quota_warning
 from dlhpc.report.status import status_data
 from dlhpc.store import Attempt, Checkpoint, Decision, Experiment, Metric, Store, Trial, utcnow

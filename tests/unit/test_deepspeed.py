@@ -21,9 +21,9 @@ import torch
 
 from dlhpc.errors import DlhpcError
 from dlhpc.harness import deepspeed as dsh
-from dlhpc.harness.checkpoint import MANIFEST_NAME, latest_verified, publish_checkpoint
 from dlhpc.harness.context import TrialContext
 from dlhpc.protocol import REQUEUE_EXIT_CODE
+from dlhpc.protocol.checkpoint import MANIFEST_NAME, latest_verified, publish_checkpoint
 from tests.unit._ds_rank import spawn
 from tests.unit._spec import make_spec
 

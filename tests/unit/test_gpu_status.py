@@ -11,8 +11,7 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import func, select
 
-from dlhpc.harness import telemetry
-from dlhpc.protocol import EventWriter
+from dlhpc.protocol import EventWriter, gpu
 from dlhpc.report.status import status_data
 from dlhpc.store import Attempt, GpuSample, Store, Trial, utcnow
 from dlhpc.store.ingest import ingest_attempt
@@ -163,10 +162,10 @@ def test_cli_status_warns_and_shows_idle_gpus_in_json(
 
 def test_the_idle_rule_judged_at_a_given_time() -> None:
     idle: list[tuple[float, Any]] = [(T0 + 30 * i, 1) for i in range(23)]
-    assert telemetry.idle_series(idle) == T0  # idle since its first sample
-    assert telemetry.idle_series(idle, now=END + 630) is None  # stopped reporting: unknown
+    assert gpu.idle_series(idle) == T0  # idle since its first sample
+    assert gpu.idle_series(idle, now=END + 630) is None  # stopped reporting: unknown
     busy_then_idle = [(T0, 90), *idle[1:]]
-    assert telemetry.idle_series(busy_then_idle) == T0  # idle since its last busy sample
-    assert telemetry.idle_series([(T0, None), *idle[1:]]) == T0  # no reading counts as busy
-    assert telemetry.idle_series([*idle, (END + 30, 10)]) is None  # 10% is not below 10%
-    assert telemetry.idle_series([]) is None
+    assert gpu.idle_series(busy_then_idle) == T0  # idle since its last busy sample
+    assert gpu.idle_series([(T0, None), *idle[1:]]) == T0  # no reading counts as busy
+    assert gpu.idle_series([*idle, (END + 30, 10)]) is None  # 10% is not below 10%
+    assert gpu.idle_series([]) is None

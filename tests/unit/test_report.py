@@ -701,7 +701,7 @@ def test_pages_are_replaced_atomically(
     def torn(src: str, dst: str) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("dlhpc.protocol.os.replace", torn)
+    monkeypatch.setattr("dlhpc.protocol.atomic.os.replace", torn)
     with pytest.raises(Exception, match="cannot write .*No space left"):
         write_report(store, exp_id, out)
     assert out.read_bytes() == first  # the old page, whole

@@ -35,7 +35,7 @@ CKPT_TRAIN = TRAIN.replace(
     "ctx = dlhpc.init()\n",
     "ctx = dlhpc.init()\n"
     "from pathlib import Path\n"
-    "from dlhpc.harness.checkpoint import publish_checkpoint\n"
+    "from dlhpc.protocol.checkpoint import publish_checkpoint\n"
     "class W:\n"
     "    def __init__(self, step): self.step = step\n"
     "    def save(self):\n"

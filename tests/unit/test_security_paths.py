@@ -12,11 +12,11 @@ from sqlalchemy import select
 
 from dlhpc._safepath import inside, is_inside
 from dlhpc.errors import UnsafePathError
-from dlhpc.harness.checkpoint import publish_checkpoint
 from dlhpc.orchestrator.checkpoints import gc
 from dlhpc.orchestrator.decide import write_stop_files
 from dlhpc.orchestrator.export import export_trial
 from dlhpc.protocol import STOP_FILE, EventWriter, iter_attempt_dirs, trial_dir
+from dlhpc.protocol.checkpoint import publish_checkpoint
 from dlhpc.store import IngestedFile, Metric, Store, Trial, utcnow
 from dlhpc.store.ingest import ingest_attempt
 from tests.unit._cli import run

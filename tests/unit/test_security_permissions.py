@@ -30,7 +30,7 @@ GROUP = "users"  # exists on Debian; the tests run as root, who may give files t
 TRAIN = """\
 import dlhpc
 from pathlib import Path
-from dlhpc.harness.checkpoint import publish_checkpoint
+from dlhpc.protocol.checkpoint import publish_checkpoint
 
 ctx = dlhpc.init()
 

@@ -16,10 +16,10 @@ from sqlalchemy import select
 from dlhpc import _perms
 from dlhpc.cli import _doctor
 from dlhpc.config.model import SiteConfig
-from dlhpc.harness.checkpoint import latest_verified, publish_checkpoint
 from dlhpc.orchestrator import tick
 from dlhpc.orchestrator.clock import SYSTEM_CLOCK
 from dlhpc.protocol import EventWriter, read_event_batches
+from dlhpc.protocol.checkpoint import latest_verified, publish_checkpoint
 from dlhpc.store import IngestedFile, Metric, Store, Trial
 from dlhpc.store.ingest import SETTLE_WINDOW
 from tests.stress._backend import launch_stress, stress_pool

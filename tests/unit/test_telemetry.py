@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from dlhpc.harness import telemetry
-from dlhpc.protocol import read_event_batches
+from dlhpc.protocol import gpu, read_event_batches
 
 
 class FakeNvml:
@@ -97,6 +97,6 @@ def test_idle_gpus_are_those_below_the_threshold_for_the_whole_window() -> None:
 
     records = [rec(t, [0, 95, 5 if t < 600 else 50, None]) for t in range(0, 901, 30)]
     records.append({"type": "metric", "time": 1.0})
-    assert telemetry.idle_gpus(records, below_pct=10, window_s=600) == [("n1", 0)]
-    assert telemetry.idle_gpus(records, window_s=1000) == []  # window not covered yet
-    assert telemetry.idle_gpus([rec(0, [1]), rec(700, [2], "n2")], window_s=600) == []
+    assert gpu.idle_gpus(records, below_pct=10, window_s=600) == [("n1", 0)]
+    assert gpu.idle_gpus(records, window_s=1000) == []  # window not covered yet
+    assert gpu.idle_gpus([rec(0, [1]), rec(700, [2], "n2")], window_s=600) == []

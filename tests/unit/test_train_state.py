@@ -18,8 +18,8 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-from dlhpc.harness.checkpoint import MANIFEST_NAME, list_checkpoints, publish_checkpoint  # noqa: E402
 from dlhpc.harness.state import STATE_FILE, StateMismatchError, TrainState  # noqa: E402
+from dlhpc.protocol.checkpoint import MANIFEST_NAME, list_checkpoints, publish_checkpoint  # noqa: E402
 
 SEED, N, BS, EPOCHS, SAVE_EVERY = 1234, 48, 8, 4, 4  # 6 batches an epoch, 24 steps
 

@@ -1,4 +1,4 @@
-"""Atomic checkpoint folders: the unit of recovery.
+"""The checkpoint format: atomic checkpoint folders, the unit of recovery.
 
 Layout under a trial's checkpoint folder::
 
@@ -20,6 +20,8 @@ only one that deletes published checkpoints (:func:`remove_checkpoint`); a job
 prunes with ``keep_latest=None``, which removes only torn and stale temp folders.
 
 One writer per folder at a time (rank 0 of one job); readers may run anytime.
+Jobs publish through the training-side API (:mod:`dlhpc.harness.state`), the
+reconciler and the report list, verify and remove with the same functions.
 Standard library only: cheap to import inside a job.
 """
 
@@ -41,9 +43,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any, TypeGuard
 
 from dlhpc._failpoints import failpoint
-from dlhpc.protocol import _fsync_dir, atomic_write_bytes
+from dlhpc.protocol.atomic import atomic_write_bytes, fsync_dir
 
 __all__ = [
+    "CHECKPOINT_NAME_RE",
     "MANIFEST_NAME",
     "Checkpoint",
     "FileRecord",
@@ -53,13 +56,15 @@ __all__ = [
     "prune",
     "publish_checkpoint",
     "remove_checkpoint",
+    "temp_checkpoint_dir",
     "verify_checkpoint",
 ]
 
 MANIFEST_NAME = "MANIFEST.json"
 FORMAT = 1
 STALE_TMP_SECONDS = 3600.0
-_CKPT_RE = re.compile(r"^ckpt-(?P<step>\d{10,})(?:-(?P<seq>[1-9]\d*))?$")
+# a published checkpoint folder's name
+CHECKPOINT_NAME_RE = re.compile(r"^ckpt-(?P<step>\d{10,})(?:-(?P<seq>[1-9]\d*))?$")
 _TMP_RE = re.compile(r"^\.tmp-ckpt-(?P<step>\d+)-[0-9a-f]{32}$")
 _DEL_PREFIX = ".del-ckpt-"
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -107,6 +112,12 @@ class _Entry:
         return self.seq < 0
 
 
+def temp_checkpoint_dir(root: Path, step: int) -> Path:
+    """A fresh, unique name (not created) for a checkpoint of ``step`` being written
+    under ``root``: readers skip it, :func:`prune` removes it once it is stale."""
+    return root / f".tmp-ckpt-{step}-{uuid.uuid4().hex}"
+
+
 def _scan(root: Path) -> list[_Entry]:
     """Checkpoint and temp folders under ``root``, newest first."""
     try:
@@ -115,7 +126,7 @@ def _scan(root: Path) -> list[_Entry]:
         return []
     entries = []
     for name in names:
-        if m := _CKPT_RE.match(name):
+        if m := CHECKPOINT_NAME_RE.match(name):
             entries.append(_Entry(root / name, int(m["step"]), int(m["seq"] or 0)))
         elif m := _TMP_RE.match(name):
             entries.append(_Entry(root / name, int(m["step"]), -1))
@@ -157,7 +168,7 @@ def _seal(folder: Path) -> dict[str, FileRecord]:
     if not files:
         raise ValueError("write_files wrote no files")
     for d in reversed(dirs):
-        _fsync_dir(d)
+        fsync_dir(d)
     return dict(sorted(files.items()))
 
 
@@ -206,7 +217,7 @@ def publish_checkpoint(
         raise ValueError(f"checkpoint step must be a non-negative int, got {step!r}")
     meta = json.loads(json.dumps(metadata or {}, allow_nan=False))  # fail before any I/O
     root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".tmp-ckpt-{step}-{uuid.uuid4().hex}"
+    tmp = temp_checkpoint_dir(root, step)
     tmp.mkdir()
     final: Path | None = None
     try:
@@ -220,7 +231,7 @@ def publish_checkpoint(
         except OSError:
             if not _moved_in(tmp, final, files):
                 raise
-        _fsync_dir(root)
+        fsync_dir(root)
         failpoint("ckpt-after-rename")
         created = time.time()
         manifest = {
@@ -406,5 +417,5 @@ def prune(
         if name.startswith(_DEL_PREFIX):  # a removal interrupted earlier
             shutil.rmtree(root / name, ignore_errors=True)
     if removed:
-        _fsync_dir(root)
+        fsync_dir(root)
     return removed

@@ -1,0 +1,86 @@
+"""The file protocol between jobs and the reconciler, shared by both sides.
+
+Compute nodes never open the database. A job writes only immutable files, each
+published atomically; the reconciler (and ``dlhpc status``, the report) read
+them. This package is the single definition of that contract, and the only
+thing the harness (in jobs) and the orchestrator and report (on the login node)
+share:
+
+* :mod:`~dlhpc.protocol.layout`: every path and file name of the run and
+  checkpoint folders, and the stop file's write and read;
+* :mod:`~dlhpc.protocol.spec`: ``trial.json`` (:class:`TrialSpec`);
+* :mod:`~dlhpc.protocol.events`: event files and their record format;
+* :mod:`~dlhpc.protocol.atomic`: atomic publication of small files;
+* :mod:`~dlhpc.protocol.checkpoint`: the checkpoint format (manifest, verify,
+  publish, list, remove);
+* :mod:`~dlhpc.protocol.gpu`: NVML loading and the GPU idle rule.
+
+Standard library only (plus :mod:`dlhpc._perms` and :mod:`dlhpc._failpoints`),
+so that it is cheap to import inside a job.
+"""
+
+from __future__ import annotations
+
+from dlhpc.protocol.atomic import atomic_write_bytes, atomic_write_text, read_small_json
+from dlhpc.protocol.events import (
+    EVENT_FILE_RE,
+    REQUEUE_EXIT_CODE,
+    EventBatch,
+    EventWriter,
+    iter_attempt_dirs,
+    read_event_batches,
+)
+from dlhpc.protocol.layout import (
+    HEARTBEAT_FILE,
+    HEARTBEAT_INTERVAL_S,
+    PROGRESS_FILE,
+    STOP_FILE,
+    attempt_dir,
+    attempt_key,
+    attempts_dir,
+    checkpoint_experiment_dir,
+    checkpoint_trial_dir,
+    code_dir,
+    entry_script,
+    experiment_dir,
+    experiment_file,
+    jobs_dir,
+    request_stop,
+    stop_file,
+    stop_requested,
+    trial_dir,
+    trial_file,
+)
+from dlhpc.protocol.spec import TrialSpec
+
+__all__ = [
+    "EVENT_FILE_RE",
+    "HEARTBEAT_FILE",
+    "HEARTBEAT_INTERVAL_S",
+    "PROGRESS_FILE",
+    "REQUEUE_EXIT_CODE",
+    "STOP_FILE",
+    "EventBatch",
+    "EventWriter",
+    "TrialSpec",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "attempt_dir",
+    "attempt_key",
+    "attempts_dir",
+    "checkpoint_experiment_dir",
+    "checkpoint_trial_dir",
+    "code_dir",
+    "entry_script",
+    "experiment_dir",
+    "experiment_file",
+    "iter_attempt_dirs",
+    "jobs_dir",
+    "read_event_batches",
+    "read_small_json",
+    "request_stop",
+    "stop_file",
+    "stop_requested",
+    "trial_dir",
+    "trial_file",
+]

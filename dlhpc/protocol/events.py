@@ -1,0 +1,158 @@
+"""Event files: how a job reports to the reconciler.
+
+Compute nodes never open the database (principle 2). A job writes only
+*immutable* files, each published atomically (:mod:`dlhpc.protocol.atomic`);
+the reconciler ingests each file exactly once, keyed by (attempt, file name).
+An attempt folder (:func:`dlhpc.protocol.layout.attempt_dir`) holds
+``<stream>-<seq:08d>.jsonl`` files; ``stream`` names one writer inside an
+attempt (``worker-r0``, ``user-r0``, ...), so concurrent writers never race on
+sequence numbers.
+
+Event records (one JSON object per line, ``type`` first):
+
+* ``{"type": "start", "time", "host", "pid", "job_id", "restart", "rank", "nodes"}``
+* ``{"type": "metric", "time", "step", "metrics": {name: float}}``
+* ``{"type": "exit", "time", "code", "reason", "signal", "step", "checkpoint_step"}``;
+  reason is ``completed``, ``requeue`` (the script checkpointed and exited with
+  :data:`REQUEUE_EXIT_CODE` to be run again), ``signal`` (it died of a signal Slurm
+  sent, e.g. at preemption) or ``error``; ``signal`` names the first signal the
+  worker saw (``TERM``, ``USR2``...) or is null
+* ``{"type": "checkpoint", "time", "step", "path", "size", "metric", "metric_step"}``: a
+  checkpoint was published; ``metric`` is the searcher metric reported since the
+  previous checkpoint (null: none was; absent in older jobs' records)
+* ``{"type": "log", "time", "level", "message"}``
+* ``{"type": "env", "time", "rank", "record": {...}}``: the attempt's environment as
+  the job saw it (host, nodes, CPU, GPUs/driver/CUDA, allowed env vars, data
+  fingerprint; see :mod:`dlhpc.repro`), from local rank 0 of each node; ingested into
+  ``attempts.env_json``
+* ``{"type": "gpu", "time", "host", "gpus": [...]}``: GPU samples of one node, stream
+  ``gpu-n<node>`` (see :mod:`dlhpc.protocol.gpu`); ingested into ``gpu_samples``
+
+Besides the event files, an attempt folder holds the heartbeat and progress
+files, rewritten in place (see :mod:`dlhpc.protocol.layout`). Standard library only.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import stat
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dlhpc.protocol.atomic import atomic_write_text
+from dlhpc.protocol.layout import attempts_dir
+
+__all__ = [
+    "EVENT_FILE_RE",
+    "REQUEUE_EXIT_CODE",
+    "EventBatch",
+    "EventWriter",
+    "iter_attempt_dirs",
+    "read_event_batches",
+]
+
+REQUEUE_EXIT_CODE = 75  # sysexits' EX_TEMPFAIL: "checkpointed, run me again"
+
+EVENT_FILE_RE = re.compile(r"^(?P<stream>[A-Za-z0-9_-]+)-(?P<seq>\d{8})\.jsonl$")
+_STREAM_RE = re.compile(r"^[A-Za-z0-9_]+(-[A-Za-z0-9_]+)*$")
+
+
+class EventWriter:
+    """Buffers event records and publishes them as immutable numbered files.
+
+    Not thread-safe; one writer per (attempt folder, stream). ``flush`` is
+    cheap when nothing is buffered. A writer resumes numbering after the
+    highest existing file of its stream, so a restarted process never
+    overwrites a published file.
+    """
+
+    def __init__(self, attempt_dir: Path, stream: str) -> None:
+        if not _STREAM_RE.fullmatch(stream):
+            raise ValueError(f"bad stream name {stream!r}")
+        self.attempt_dir = attempt_dir
+        self.stream = stream
+        attempt_dir.mkdir(parents=True, exist_ok=True)
+        existing = [
+            int(m["seq"])
+            for p in attempt_dir.iterdir()
+            if (m := EVENT_FILE_RE.match(p.name)) and m["stream"] == stream
+        ]
+        self._seq = max(existing, default=-1) + 1
+        self._buffer: list[dict[str, Any]] = []
+
+    def add(self, record_type: str, **fields: Any) -> None:
+        self._buffer.append({"type": record_type, "time": time.time(), **fields})
+
+    def pending(self) -> int:
+        return len(self._buffer)
+
+    def flush(self) -> Path | None:
+        """Publish buffered records as one new file; returns its path (None if empty)."""
+        if not self._buffer:
+            return None
+        body = "".join(json.dumps(r, sort_keys=True, allow_nan=True) + "\n" for r in self._buffer)
+        path = self.attempt_dir / f"{self.stream}-{self._seq:08d}.jsonl"
+        atomic_write_text(path, body)
+        self._seq += 1
+        self._buffer.clear()
+        return path
+
+
+@dataclass(frozen=True)
+class EventBatch:
+    """One published event file."""
+
+    name: str
+    records: list[dict[str, Any]]
+
+
+def iter_attempt_dirs(trial_path: Path) -> Iterator[Path]:
+    """The attempt folders of a trial; a symlink (a job pointing elsewhere) is never one."""
+    attempts = attempts_dir(trial_path)
+    if attempts.is_symlink() or not attempts.is_dir():
+        return
+    yield from sorted(p for p in attempts.iterdir() if p.is_dir() and not p.is_symlink())
+
+
+def read_event_batches(attempt_path: Path, skip: Iterable[str] = ()) -> list[EventBatch]:
+    """Read the published event files of an attempt, except those named in ``skip``.
+
+    Temp files (dot-prefixed) are never read, nor is anything but a regular file
+    (a symlink could point out of the attempt folder: it is opened with
+    ``O_NOFOLLOW`` and returned as a batch without records). A file that does not
+    parse is a bug in the writer, not a torn write (publication is atomic), so it
+    raises.
+    """
+    done = set(skip)
+    batches = []
+    # names, not paths, sorted: the same order (one folder), without Path comparisons
+    for name in sorted(os.listdir(attempt_path)):
+        if name in done or not EVENT_FILE_RE.match(name):
+            continue
+        text = _read_regular(attempt_path / name)
+        if text is None:  # marked ingested with no records, so it is not looked at again
+            batches.append(EventBatch(name, []))
+            continue
+        records = [json.loads(line) for line in text.splitlines() if line.strip()]
+        batches.append(EventBatch(name, records))
+    return batches
+
+
+def _read_regular(path: Path) -> str | None:
+    """The text of ``path`` if it is a regular file, not through a symlink; else None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as err:
+        if err.errno == errno.ELOOP:  # a symlink
+            return None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return None  # a fifo or device would block or never end
+        return f.read().decode("utf-8")
