@@ -27,7 +27,7 @@ reconciler runs it for every active experiment each tick, after the searcher pas
 publishes again after its deletion becomes ACTIVE again at ingest.
 
 Only the reconciler deletes published checkpoints: jobs prune nothing but torn and
-stale temp folders (see :mod:`dlhpc.harness.checkpoint`).
+stale temp folders (see :mod:`dlhpc.protocol.checkpoint`).
 """
 
 from __future__ import annotations
