@@ -2,12 +2,12 @@
 
 from typing import TYPE_CHECKING, Any
 
+from dlhpc._version import __version__
 from dlhpc.errors import DlhpcError
 
 if TYPE_CHECKING:
     from dlhpc.harness.context import TrialContext, init
 
-__version__ = "0.1.0"
 __all__ = ["DlhpcError", "TrialContext", "__version__", "init"]
 
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import click
 
-from dlhpc import __version__
 from dlhpc._perms import apply_umask
+from dlhpc._version import __version__
 from dlhpc.config._permissions import PRIVATE_UMASK
 from dlhpc.errors import DlhpcError
 

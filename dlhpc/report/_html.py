@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dlhpc import __version__
+from dlhpc._version import __version__
 from dlhpc.report._model import Page
 from dlhpc.report._page import (
     bytes_text,

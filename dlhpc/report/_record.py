@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from dlhpc import __version__
+from dlhpc._version import __version__
 from dlhpc.protocol import code_dir
 
 __all__ = ["attempt_environments", "parse_record", "repro_record"]
