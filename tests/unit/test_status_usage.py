@@ -226,12 +226,3 @@ def test_a_limited_listing_picks_from_sql_what_a_pick_over_every_trial_would(
                 assert e["trial_counts"] == full["trial_counts"]
                 assert e["trials_total"] == full["trials_total"]
                 assert e["cpu_hours"] == pytest.approx(full["cpu_hours"], abs=0.01)
-
-
-def test_the_status_state_sets_are_the_orchestrators() -> None:
-    from dlhpc.orchestrator.states import TrialState
-    from dlhpc.orchestrator.trials import LIVE_ATTEMPT_STATES as LIVE
-    from dlhpc.report._status_sql import LIVE_ATTEMPT_STATES, TERMINAL_TRIAL_STATES
-
-    assert {st.value for st in TrialState if st.is_terminal} == TERMINAL_TRIAL_STATES
-    assert set(LIVE) == LIVE_ATTEMPT_STATES
