@@ -59,7 +59,7 @@ def main() -> int:
     from dlhpc.config import load_experiment
     from dlhpc.orchestrator import launch, tick
     from dlhpc.orchestrator.common import SchedulerPool
-    from dlhpc.store import Experiment, Store
+    from dlhpc.store import Experiment, ExperimentState, Store
 
     cfg = load_experiment(work / "exp" / "exp.yaml", site=args.site)
     store = Store(Path(os.environ["DLHPC_HOME"]))
@@ -97,7 +97,7 @@ def main() -> int:
             exp = s.get(Experiment, result.experiment_id)
             assert exp is not None
             state = exp.state
-        if state != "ACTIVE" or time.monotonic() > deadline:
+        if state != ExperimentState.ACTIVE.value or time.monotonic() > deadline:
             break
         time.sleep(args.interval)
 
@@ -124,7 +124,7 @@ def main() -> int:
         "per_tick": ticks,
     }
     print(json.dumps(summary, indent=1))
-    return 0 if state == "COMPLETED" else 1
+    return 0 if state == ExperimentState.COMPLETED.value else 1
 
 
 if __name__ == "__main__":

@@ -30,11 +30,11 @@ from dlhpc.orchestrator import kill_experiment, kill_trial, plan_launch
 from dlhpc.orchestrator import launch as do_launch
 from dlhpc.orchestrator import tick as do_tick
 from dlhpc.orchestrator.common import SchedulerPool
-from dlhpc.orchestrator.states import ExperimentState
 from dlhpc.report.status import status_data
 from dlhpc.scheduler import SlurmScheduler
 from dlhpc.search._space import grid_points
 from dlhpc.store import Store, default_home
+from dlhpc.store.states import ExperimentState
 
 __all__ = ["COMMANDS"]
 

@@ -2,15 +2,12 @@
 
 from dlhpc.orchestrator.kill import kill_experiment, kill_trial
 from dlhpc.orchestrator.launch import DryRun, LaunchResult, launch, plan_launch
-from dlhpc.orchestrator.states import ExperimentState, TrialState
 from dlhpc.orchestrator.tick import TickReport, tick
 
 __all__ = [
     "DryRun",
-    "ExperimentState",
     "LaunchResult",
     "TickReport",
-    "TrialState",
     "kill_experiment",
     "kill_trial",
     "launch",

@@ -49,11 +49,11 @@ from sqlalchemy.orm import Session
 
 from dlhpc._safepath import inside
 from dlhpc.errors import DlhpcError, NotFoundError, UnsafePathError, UsageError
-from dlhpc.orchestrator.states import TrialState
 from dlhpc.protocol import checkpoint_experiment_dir
 from dlhpc.protocol.checkpoint import CHECKPOINT_NAME_RE, remove_checkpoint
 from dlhpc.store import Checkpoint, Decision, Experiment, Store, Trial, utcnow
 from dlhpc.store.models import Meta
+from dlhpc.store.states import TERMINAL_TRIAL_STATES
 
 __all__ = [
     "CkptInfo",
@@ -73,7 +73,6 @@ TRIAL_BEST = "trial-best"
 TRIAL_LATEST = "trial-latest"
 PINNED = "pinned"
 LIVE = "live"  # the newest of a trial a resume or promotion loads
-_ENDED = [st.value for st in TrialState if st.is_terminal]
 
 
 @dataclass(frozen=True)
@@ -186,7 +185,11 @@ def _checkpoint_cfg(exp: Experiment) -> dict[str, Any]:
 def _protected(s: Session, exp_id: int) -> set[int]:
     """Live trials, and trials with a promotion to a longer grant not acted on yet."""
     out = set(
-        s.scalars(select(Trial.id).where(Trial.experiment_id == exp_id, Trial.state.not_in(_ENDED)))
+        s.scalars(
+            select(Trial.id).where(
+                Trial.experiment_id == exp_id, Trial.state.not_in(TERMINAL_TRIAL_STATES)
+            )
+        )
     )
     out.update(
         s.scalars(

@@ -19,16 +19,16 @@ from dlhpc.config.serde import from_jsonable
 from dlhpc.errors import SchedulerError
 from dlhpc.orchestrator.clock import SYSTEM_CLOCK, Clock
 from dlhpc.orchestrator.runfiles import trial_spec, write_trial_specs
-from dlhpc.orchestrator.states import TrialState
 from dlhpc.protocol import jobs_dir, trial_dir
 from dlhpc.scheduler import BaseScheduler, JobRequest, SubmittedTask, make_scheduler
 from dlhpc.search import BaseSearcher, Create, make_searcher
 from dlhpc.store import Attempt, Decision, Event, Experiment, Store, Submission, Trial, utcnow
+from dlhpc.store.ingest import new_attempt
+from dlhpc.store.states import AttemptState, SubmissionState, TrialState
 
 __all__ = [
     "SchedulerPool",
     "add_trials",
-    "new_attempt",
     "config_of",
     "log_event",
     "mark_promotions_acted",
@@ -117,18 +117,13 @@ def add_trials(
     return trials
 
 
-def new_attempt(trial_id: int, sub_id: int, job_id: str, log_path: str, now: datetime) -> Attempt:
+def _first_attempt(
+    trial_id: int, sub_id: int, job_id: str, log_path: str, now: datetime
+) -> Attempt:
     """The first attempt of a freshly submitted task (restarts come from the job's files)."""
-    index = job_id.rsplit("_", 1)[1] if "_" in job_id else None
-    return Attempt(
-        trial_id=trial_id,
-        submission_id=sub_id,
-        attempt_key=f"{job_id}.r0",
-        job_id=job_id,
-        array_index=int(index) if index and index.isdigit() else None,
-        state="PENDING",
-        log_path=log_path,
-        created_at=now,
+    key = f"{job_id}.r0"
+    return new_attempt(
+        trial_id, key, AttemptState.PENDING.value, now, submission_id=sub_id, log_path=log_path
     )
 
 
@@ -136,7 +131,7 @@ def _unsubmitted(session: Session, exp_id: int) -> list[Trial]:
     in_flight: set[int] = set()
     for ids in session.scalars(
         select(Submission.trial_ids_json).where(
-            Submission.experiment_id == exp_id, Submission.state == "SUBMITTING"
+            Submission.experiment_id == exp_id, Submission.state == SubmissionState.SUBMITTING.value
         )
     ):
         in_flight.update(json.loads(ids))
@@ -175,7 +170,7 @@ def submit_pending(
         sub = Submission(
             experiment_id=exp_id,
             name=f"dlhpc-e{exp_id}-{uuid.uuid4().hex[:8]}",
-            state="SUBMITTING",
+            state=SubmissionState.SUBMITTING.value,
             trial_ids_json=json.dumps([t.id for t in trials]),
             folder=str(jobs_dir(Path(exp.run_dir))),
             created_at=clock.now(),
@@ -224,7 +219,9 @@ def _record_tasks(
     with store.write() as session:
         sub = session.get(Submission, sub_id)
         assert sub is not None  # committed by the caller before submitting
-        sub.state = "FAILED" if error and not tasks else "SUBMITTED"
+        sub.state = (
+            SubmissionState.FAILED if error and not tasks else SubmissionState.SUBMITTED
+        ).value
         sub.error = error
         done = list(zip(trials, tasks, strict=False))  # tasks may be a prefix
         rows = {
@@ -232,7 +229,7 @@ def _record_tasks(
             for t in session.scalars(select(Trial).where(Trial.id.in_([t.id for t, _ in done])))
         }
         for trial, task in done:
-            session.add(new_attempt(trial.id, sub_id, task.job_id, str(task.stdout), now))
+            session.add(_first_attempt(trial.id, sub_id, task.job_id, str(task.stdout), now))
             if trial.id in rows:
                 rows[trial.id].needs_job = False
         mark_promotions_acted(session, [t.id for t, _ in done], now)
@@ -272,7 +269,8 @@ def recover_submissions(store: Store, pool: SchedulerPool, exp_id: int) -> int:
         exp = session.get(Experiment, exp_id)
         orphans = session.scalars(
             select(Submission).where(
-                Submission.experiment_id == exp_id, Submission.state == "SUBMITTING"
+                Submission.experiment_id == exp_id,
+                Submission.state == SubmissionState.SUBMITTING.value,
             )
         ).all()
         if exp is None or not orphans:
@@ -285,7 +283,7 @@ def recover_submissions(store: Store, pool: SchedulerPool, exp_id: int) -> int:
         now = utcnow()
         with store.write() as session:
             row = session.get(Submission, sub.id)
-            if row is None or row.state != "SUBMITTING":
+            if row is None or row.state != SubmissionState.SUBMITTING.value:
                 continue
             for trial_id, job_id in zip(trial_ids, job_ids, strict=False):
                 known = select(Attempt.id).where(
@@ -295,14 +293,14 @@ def recover_submissions(store: Store, pool: SchedulerPool, exp_id: int) -> int:
                     continue  # its files were ingested already
                 logs = pool.get(backend).log_paths(Path(row.folder), job_id)
                 session.add(
-                    new_attempt(trial_id, row.id, job_id, str(logs[0]) if logs else "", now)
+                    _first_attempt(trial_id, row.id, job_id, str(logs[0]) if logs else "", now)
                 )
                 trial = session.get(Trial, trial_id)
                 if trial is not None:
                     trial.needs_job = False
                 mark_promotions_acted(session, [trial_id], now)
                 adopted += 1
-            row.state = "SUBMITTED" if job_ids else "FAILED"
+            row.state = (SubmissionState.SUBMITTED if job_ids else SubmissionState.FAILED).value
             row.error = (
                 "" if job_ids else "orphaned by a crash before its jobs were recorded; none found"
             )

@@ -32,10 +32,10 @@ from dlhpc._safepath import is_inside
 from dlhpc._threads import map_io
 from dlhpc.config.model import ExperimentConfig
 from dlhpc.orchestrator.common import add_trials, log_event
-from dlhpc.orchestrator.states import TrialState
 from dlhpc.protocol import request_stop, stop_file
 from dlhpc.search import BaseSearcher, Continue, Create, Stop
 from dlhpc.store import Decision, Experiment, Metric, Trial
+from dlhpc.store.states import AttemptState, TrialState
 
 __all__ = [
     "STOP_GRACE",
@@ -189,7 +189,7 @@ class SearchPass:
             return
         current = t.attempts[-1] if t.attempts else None
         started = current is not None and (
-            current.started_at is not None or current.state == "RUNNING"
+            current.started_at is not None or current.state == AttemptState.RUNNING.value
         )
         if t.state == TrialState.RUNNING.value and started and not t.needs_job:
             t.stop_requested_at = self.now
@@ -197,7 +197,7 @@ class SearchPass:
         else:  # paused, or its job has not started: nothing to lose
             if current is not None and current.exit_code is None and not t.needs_job:
                 self.cancels.append(current.job_id)
-                current.state = "CANCELLED"
+                current.state = AttemptState.CANCELLED.value
             t.state = TrialState.STOPPED_EARLY.value
             t.ended_at = self.now
             t.needs_job = False

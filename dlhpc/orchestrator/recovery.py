@@ -29,10 +29,10 @@ import os
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from dlhpc.orchestrator.states import TrialState
 from dlhpc.protocol import REQUEUE_EXIT_CODE
 from dlhpc.scheduler import JobState, JobStatus
 from dlhpc.store import Attempt
+from dlhpc.store.states import TrialState
 
 __all__ = [
     "EXIT_RECORD_GRACE",

@@ -35,13 +35,19 @@ from dlhpc.orchestrator.common import (
     submit_pending,
 )
 from dlhpc.orchestrator.decide import SearchPass, pending_promotions, write_stop_files
-from dlhpc.orchestrator.states import ExperimentState, TrialState
-from dlhpc.orchestrator.trials import LIVE_ATTEMPT_STATES, TrialPass, reconcile_trial
+from dlhpc.orchestrator.trials import TrialPass, reconcile_trial
 from dlhpc.protocol import EVENT_FILE_RE, iter_attempt_dirs
 from dlhpc.scheduler import JobStatus
 from dlhpc.store import Attempt, Experiment, IngestedFile, Store, Submission, Trial
 from dlhpc.store.ingest import SETTLE_WINDOW, ingest_attempts
 from dlhpc.store.ingest import settling as settling_trials
+from dlhpc.store.states import (
+    LIVE_ATTEMPT_STATES,
+    TERMINAL_TRIAL_STATES,
+    ExperimentState,
+    SubmissionState,
+    TrialState,
+)
 from dlhpc.store.summaries import refresh_metrics
 
 __all__ = ["TickReport", "tick"]
@@ -50,7 +56,6 @@ _MAX_FAILED_SUBMISSIONS = 3
 # attempt folders per write transaction: a commit costs fsyncs (about 20 ms here, more
 # on NFS); a batch holds the write lock for about 0.1 s per 100 folders
 _INGEST_BATCH = 256
-_TERMINAL = [st.value for st in TrialState if st.is_terminal]
 
 
 @dataclass
@@ -101,7 +106,7 @@ def _tick(store: Store, pool: SchedulerPool, report: TickReport, clock: Clock) -
         live_trials = s.scalars(
             select(Trial).where(
                 Trial.experiment_id.in_(exp_ids),
-                Trial.state.not_in([st.value for st in TrialState if st.is_terminal]),
+                Trial.state.not_in(TERMINAL_TRIAL_STATES),
             )
         ).all()
         live_attempts = s.scalars(
@@ -111,7 +116,7 @@ def _tick(store: Store, pool: SchedulerPool, report: TickReport, clock: Clock) -
             )
         ).all()
         # ended trials keep being listed for a while: shared filesystems show files late
-        settling = settling_trials(s, _TERMINAL, now, users)
+        settling = settling_trials(s, now, users)
         quiet = _quiet_trials(s, [t.id for t in live_trials], now)
         done_files = _ingested_names(
             s, [t.id for t in (*live_trials, *settling) if t.id not in quiet]
@@ -243,7 +248,7 @@ def _reconcile_experiment(
         was_live = list(
             s.scalars(
                 select(Trial)
-                .where(Trial.experiment_id == exp_id, Trial.state.not_in(_TERMINAL))
+                .where(Trial.experiment_id == exp_id, Trial.state.not_in(TERMINAL_TRIAL_STATES))
                 .order_by(Trial.id)
                 .options(selectinload(Trial.attempts))
             )
@@ -267,7 +272,7 @@ def _reconcile_experiment(
 
         failed_subs = s.scalars(
             select(Submission.id).where(
-                Submission.experiment_id == exp_id, Submission.state == "FAILED"
+                Submission.experiment_id == exp_id, Submission.state == SubmissionState.FAILED.value
             )
         ).all()
         # trials terminal at the start of the pass stay so: only the live ones can differ

@@ -29,12 +29,12 @@ from typing import Any
 
 from dlhpc.report._curves import Curve
 from dlhpc.search._rungs import rung_lengths
+from dlhpc.store.states import LIVE_ATTEMPT_STATES, TrialState
 
 __all__ = [
     "AttemptView",
     "EventView",
     "HParamView",
-    "LIVE_STATES",
     "Page",
     "TrialView",
     "Usage",
@@ -47,7 +47,6 @@ __all__ = [
 ]
 
 _NUMERIC_KINDS = ("int", "double", "log")
-LIVE_STATES = frozenset({"PENDING", "RUNNING", "REQUEUED", "UNKNOWN"})  # a job still held
 
 
 @dataclass(frozen=True)
@@ -157,7 +156,7 @@ def attempt_spans(attempts: Sequence[AttemptView], now: float) -> list[tuple[flo
     for a in attempts:
         end = a.end
         if end is None:
-            end = now if a.state in LIVE_STATES else a.terminal_seen
+            end = now if a.state in LIVE_ATTEMPT_STATES else a.terminal_seen
         if a.start is None or end is None:
             out.append(None)
         else:
@@ -190,7 +189,7 @@ def compute_usage(
     stopped = uncounted = 0
     for t in trials:
         uncounted += sum(1 for a in t.attempts if a.start is not None and a.end is None)
-        if t.state == "STOPPED_EARLY" and t.steps > 0:
+        if t.state == TrialState.STOPPED_EARLY.value and t.steps > 0:
             stopped += 1
             sec = per_step.get(t.id)
             if sec is None and t.run_s > 0:

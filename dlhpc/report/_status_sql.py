@@ -16,11 +16,10 @@ from sqlalchemy.orm import Session
 
 from dlhpc.report._status_gpu import Row
 from dlhpc.store import Attempt, Checkpoint, Decision, Experiment, Trial
+from dlhpc.store.states import LIVE_ATTEMPT_STATES, TERMINAL_TRIAL_STATES
 
 __all__ = [
-    "LIVE_ATTEMPT_STATES",
     "PICK_COLS",
-    "TERMINAL_TRIAL_STATES",
     "candidates",
     "decision_stats",
     "disk_usage",
@@ -30,10 +29,6 @@ __all__ = [
 ]
 
 PICK_COLS = (Trial.id, Trial.experiment_id, Trial.state, Trial.best_metric)
-# orchestrator.trials.LIVE_ATTEMPT_STATES and orchestrator.states' terminal trial states
-# (a test holds them equal; that package is not imported here: start-up time)
-LIVE_ATTEMPT_STATES = frozenset({"PENDING", "RUNNING", "REQUEUED", "UNKNOWN"})
-TERMINAL_TRIAL_STATES = frozenset({"COMPLETED", "FAILED", "KILLED", "STOPPED_EARLY"})
 
 
 def live_attempt() -> Any:

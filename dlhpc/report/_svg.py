@@ -19,11 +19,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from dlhpc.report._model import HParamView, TrialView
+from dlhpc.store.states import AttemptState, TrialState
 
 __all__ = [
     "CAUSES",
     "POINT_BUDGET",
-    "STATES",
     "cause_class",
     "curves_svg",
     "esc",
@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 POINT_BUDGET = 60_000  # curve points drawn per chart, over all trials
-STATES = ("COMPLETED", "STOPPED_EARLY", "PAUSED", "RUNNING", "PENDING", "FAILED", "KILLED")
+_TRIAL_STATES = frozenset(st.value for st in TrialState)  # each has its CSS class
 CAUSES = (
     "completed",
     "paused",
@@ -64,7 +64,7 @@ def fmt(value: float | None, digits: int = 4) -> str:
 
 
 def state_class(state: str) -> str:
-    return f"s-{state.lower()}" if state in STATES else "s-other"
+    return f"s-{state.lower()}" if state in _TRIAL_STATES else "s-other"
 
 
 def cause_class(cause: str) -> str:
@@ -307,7 +307,11 @@ def timeline_svg(trials: Sequence[TrialView], t0: float) -> str | None:
         for a in t.attempts:
             if a.start is None or a.end is None:
                 continue
-            cause = a.cause or ("running" if a.state in ("RUNNING", "PENDING") else "")
+            cause = a.cause or (
+                "running"
+                if a.state in (AttemptState.RUNNING.value, AttemptState.PENDING.value)
+                else ""
+            )
             x0, x1 = x(a.start - t0), x(a.end - t0)
             body.append(
                 f'<rect class="{cause_class(cause)}" x="{_n(x0)}" y="{_n(top)}"'

@@ -43,8 +43,6 @@ from dlhpc.report._status_gpu import (
     iso,
 )
 from dlhpc.report._status_sql import (
-    LIVE_ATTEMPT_STATES,
-    TERMINAL_TRIAL_STATES,
     candidates,
     decision_stats,
     disk_usage,
@@ -53,8 +51,9 @@ from dlhpc.report._status_sql import (
     pick_trials,
 )
 from dlhpc.store import Attempt, Experiment, Trial
+from dlhpc.store.states import LIVE_ATTEMPT_STATES, TrialState
 
-__all__ = ["TERMINAL_TRIAL_STATES", "idle_gpus", "pick_trials", "status_data"]
+__all__ = ["idle_gpus", "pick_trials", "status_data"]
 
 _TRIAL_COLS = (
     Trial.id,
@@ -70,7 +69,8 @@ _TRIAL_COLS = (
     Trial.error,
 )
 _FULL_ROWS_MAX = 5000  # listed trials fetched by id (IN list) up to this many, else all
-_RUNG_STATES = {"PAUSED", "STOPPED_EARLY"}  # grant was a rung: progress toward the final length
+# grant was a rung: progress toward the final length
+_RUNG_STATES = {TrialState.PAUSED.value, TrialState.STOPPED_EARLY.value}
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from sqlalchemy import select
 from dlhpc.config.model import HParam
 from dlhpc.errors import UsageError
 from dlhpc.search import sample
-from dlhpc.store import Attempt, Experiment, Metric, Store, Trial
+from dlhpc.store import Attempt, Experiment, Metric, Store, Trial, TrialState
 
 __all__ = [
     "BestReference",
@@ -302,7 +302,7 @@ def load_recorded(
     by_trial: dict[int, list[tuple[int, float | None, float, int]]] = {}
     for trial_id, step, value, at, attempt in rows:
         by_trial.setdefault(trial_id, []).append((step, value, at, attempt))
-    done = [t for t in trials if t.state == "COMPLETED" and t.id in by_trial]
+    done = [t for t in trials if t.state == TrialState.COMPLETED.value and t.id in by_trial]
     use = done or [t for t in trials if t.id in by_trial]
     if not use:
         raise UsageError(

@@ -43,7 +43,7 @@ from dlhpc.simulate._clock import VirtualClock
 from dlhpc.simulate._cluster import SimCluster
 from dlhpc.simulate._curves import BestReference, CurveSource
 from dlhpc.simulate._tasks import ClusterSpec, SimStats
-from dlhpc.store import Attempt, Decision, Experiment, Store, Trial
+from dlhpc.store import Attempt, Decision, Experiment, Store, Trial, TrialState
 
 __all__ = ["RunResult", "SimSettings", "sim_config", "simulate_once"]
 
@@ -221,7 +221,9 @@ def _result(
     done = [
         t
         for t in trials
-        if t.state == "COMPLETED" and t.steps_completed >= length and t.latest_metric is not None
+        if t.state == TrialState.COMPLETED.value
+        and t.steps_completed >= length
+        and t.latest_metric is not None
     ]
     chosen = None
     if done:
@@ -240,9 +242,9 @@ def _result(
         found_best=true is not None and reference.is_best(true),
         best_hparams=hparams,
         trials=len(trials),
-        completed=states["COMPLETED"],
-        stopped_early=states["STOPPED_EARLY"],
-        failed=states["FAILED"],
+        completed=states[TrialState.COMPLETED.value],
+        stopped_early=states[TrialState.STOPPED_EARLY.value],
+        failed=states[TrialState.FAILED.value],
         promotions=kinds["promote"],
         stops=kinds["stop"],
         preemptions=stats.preemptions,

@@ -36,12 +36,14 @@ from dlhpc.store.models import (
     Metric,
     Trial,
 )
+from dlhpc.store.states import TERMINAL_TRIAL_STATES, AttemptState
 
 __all__ = [
     "SETTLE_WINDOW",
     "IngestResult",
     "ingest_attempt",
     "ingest_attempts",
+    "new_attempt",
     "settling",
 ]
 
@@ -174,17 +176,31 @@ _GPU_INSERT = sqlite_insert(_table(GpuSample)).on_conflict_do_nothing(
 )
 
 
-def _new_attempt(trial: Trial, key: str, now: datetime) -> Attempt:
+def new_attempt(
+    trial_id: int,
+    key: str,
+    state: str,
+    now: datetime,
+    *,
+    submission_id: int | None = None,
+    log_path: str = "",
+) -> Attempt:
+    """A new (unsaved) attempt row of ``trial_id`` named by its attempt folder ``key``
+    (``<job id>.r<restart>``; a key of another form is a job id at restart 0).
+    Launch builds the first attempt of a submitted task; ingest, one the job's files
+    show (a restart the scheduler made)."""
     m = _KEY_RE.match(key)
     job_id, restart = (m["job"], int(m["restart"])) if m else (key, 0)
     array_index = int(job_id.rsplit("_", 1)[1]) if re.search(r"_\d+$", job_id) else None
     return Attempt(
-        trial_id=trial.id,
+        trial_id=trial_id,
+        submission_id=submission_id,
         attempt_key=key,
         job_id=job_id,
         array_index=array_index,
         restart_count=restart,
-        state="RUNNING",
+        state=state,
+        log_path=log_path,
         created_at=now,
     )
 
@@ -206,7 +222,7 @@ def _attempts_of(
     new = False
     for t, p in folders:
         if (t.id, p.name) not in found:
-            found[(t.id, p.name)] = _new_attempt(t, p.name, now)
+            found[(t.id, p.name)] = new_attempt(t.id, p.name, AttemptState.RUNNING.value, now)
             session.add(found[(t.id, p.name)])
             new = True
     if new:
@@ -356,10 +372,8 @@ def _read_folder(
     return result
 
 
-def settling(
-    session: Session, terminal: Collection[str], now: datetime, users: Collection[str]
-) -> list[Trial]:
-    """Trials in a ``terminal`` state that ended within :data:`SETTLE_WINDOW` of
+def settling(session: Session, now: datetime, users: Collection[str]) -> list[Trial]:
+    """Trials in a terminal state that ended within :data:`SETTLE_WINDOW` of
     ``now``, of any experiment (a finished one too) whose ``user`` is in ``users``:
     the tick still ingests files that show up late in their attempt folders (a
     trial ended without ``ended_at`` is not one)."""
@@ -369,7 +383,7 @@ def settling(
             .join(Experiment, Experiment.id == Trial.experiment_id)
             .where(
                 Experiment.user.in_(list(users)),
-                Trial.state.in_(terminal),
+                Trial.state.in_(TERMINAL_TRIAL_STATES),
                 Trial.ended_at >= now - SETTLE_WINDOW,
             )
         ).all()

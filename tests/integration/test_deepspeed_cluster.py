@@ -25,13 +25,13 @@ from typing import Any
 import pytest
 
 from dlhpc.protocol import TrialSpec
+from dlhpc.store.states import TERMINAL_EXPERIMENT_STATES as TERMINAL
 from tests.integration.conftest import REPO, Cli
 
 pytestmark = pytest.mark.cluster
 
 DSLM = REPO / "templates" / "examples" / "deepspeed-lm"
 STEPS = 60
-TERMINAL = {"COMPLETED", "FAILED", "KILLED"}
 
 
 def _experiment(tmp_path: Path) -> Path:

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from dlhpc.store.states import TERMINAL_EXPERIMENT_STATES as TERMINAL
 from tests.integration.conftest import REPO, Cli, squeue_ids
 
 pytestmark = pytest.mark.cluster
 
 GRID = REPO / "templates" / "examples" / "digits" / "grid.yaml"
-TERMINAL = {"COMPLETED", "FAILED", "KILLED"}
 
 
 def _done(exp: dict[str, object]) -> bool:

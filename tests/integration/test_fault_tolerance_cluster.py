@@ -13,12 +13,11 @@ from typing import Any
 
 import pytest
 
+from dlhpc.store.states import TERMINAL_EXPERIMENT_STATES as TERMINAL
 from tests.integration._reference import DIGITS, final_sha, hog_argv, reference_shas, seed_of
 from tests.integration.conftest import Cli
 
 pytestmark = pytest.mark.cluster
-
-TERMINAL = {"COMPLETED", "FAILED", "KILLED"}
 
 
 def _experiment(

@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from dlhpc.store.states import TERMINAL_EXPERIMENT_STATES as TERMINAL
 from tests.integration._reference import DIGITS
 from tests.integration.conftest import Cli
 
 pytestmark = pytest.mark.cluster
-
-TERMINAL = {"COMPLETED", "FAILED", "KILLED"}
 
 
 def _final_sha(cli: Cli, exp_id: int, trial_id: int) -> str:

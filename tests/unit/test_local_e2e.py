@@ -70,6 +70,23 @@ def test_kill_experiment_cancels_running_trials(exp_dir: Path) -> None:
     assert status(exp_id)["state"] == "KILLED"
 
 
+def test_kill_trial_marks_it_killed_and_the_searcher_hears_it_exited(exp_dir: Path) -> None:
+    (exp_dir / "slow.py").write_text("import time\ntime.sleep(120)\n")
+    (exp_dir / "exp.yaml").write_text(
+        "name: local-kill-trial\nentrypoint: python slow.py\n"
+        "hyperparameters:\n  x: 1.0\nsearcher: {name: single, metric: loss}\n"
+    )
+    exp_id = json.loads(run("launch", str(exp_dir / "exp.yaml"), "--json").output)["experiment_id"]
+    (trial,) = status(exp_id)["trials"]
+    res = run("kill", "-t", str(trial["id"]))
+    assert res.exit_code == 0, res.output
+    exp = status(exp_id)
+    assert exp["state"] == "ACTIVE" and exp["trials"][0]["state"] == "KILLED"
+    assert run("tick", "-q").exit_code == 0
+    # the single searcher was told its trial exited: nothing is left, no trial completed
+    assert status(exp_id)["state"] == "FAILED"
+
+
 def test_bad_input_exits_2_and_writes_nothing(exp_dir: Path, home: Path) -> None:
     (exp_dir / "exp.yaml").write_text(
         "name: bad\nentrypoint: python train.py\nsearcher: {name: grid, divisor: 1, metrc: x}\n"

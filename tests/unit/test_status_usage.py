@@ -19,7 +19,7 @@ from dlhpc.cli import _attention
 from dlhpc.cli._views import experiment_view, experiments_table
 from dlhpc.cli.main import cli
 from dlhpc.report.status import pick_trials, status_data
-from dlhpc.store import Attempt, Store, utcnow
+from dlhpc.store import Attempt, Store, TrialState, utcnow
 from tests.unit._db import add_experiment, add_trial
 from tests.unit.test_gpu_status import _ingest, running  # noqa: F401 (fixture)
 
@@ -194,7 +194,7 @@ def test_a_limited_listing_picks_from_sql_what_a_pick_over_every_trial_would(
     counts and the hours equal those of the unlimited listing's pick."""
     rng = random.Random(seed)
     store = Store(tmp_path / "home")
-    states = ["RUNNING", "PAUSED", "PENDING", "COMPLETED", "STOPPED_EARLY", "FAILED", "KILLED"]
+    states = [st.value for st in TrialState]
     now = utcnow()
     with store.write() as s:
         for smaller in (True, False):
@@ -226,12 +226,3 @@ def test_a_limited_listing_picks_from_sql_what_a_pick_over_every_trial_would(
                 assert e["trial_counts"] == full["trial_counts"]
                 assert e["trials_total"] == full["trials_total"]
                 assert e["cpu_hours"] == pytest.approx(full["cpu_hours"], abs=0.01)
-
-
-def test_the_status_state_sets_are_the_orchestrators() -> None:
-    from dlhpc.orchestrator.states import TrialState
-    from dlhpc.orchestrator.trials import LIVE_ATTEMPT_STATES as LIVE
-    from dlhpc.report._status_sql import LIVE_ATTEMPT_STATES, TERMINAL_TRIAL_STATES
-
-    assert {st.value for st in TrialState if st.is_terminal} == TERMINAL_TRIAL_STATES
-    assert set(LIVE) == LIVE_ATTEMPT_STATES
