@@ -12,14 +12,18 @@ when the name is a built-in.
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import EntryPoint, entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 __all__ = ["entry_point_names", "load_entry_point"]
 
 
 def entry_point_names(group: str) -> tuple[str, ...]:
     """The names the installed packages register in ``group`` (scans their metadata)."""
+    from importlib.metadata import entry_points  # ~15 ms: only when a scan is due
+
     return tuple(sorted({ep.name for ep in entry_points(group=group)}))
 
 
@@ -37,6 +41,8 @@ def load_entry_point(group: str, name: str, builtin: str | None) -> Any:
         for part in attr.split("."):
             obj = getattr(obj, part)
         return obj
+    from importlib.metadata import entry_points
+
     found: list[EntryPoint] = [ep for ep in entry_points(group=group) if ep.name == name]
     if not found:
         raise ValueError(f"no {group} entry point named {name!r}")

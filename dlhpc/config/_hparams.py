@@ -35,6 +35,7 @@ from dlhpc.config.searchers import (
     is_searcher_name,
     searcher_names,
     searcher_rules,
+    searchers_knowing,
 )
 
 __all__ = ["read_hyperparameters", "read_searcher"]
@@ -175,7 +176,11 @@ def read_searcher(issues: Issues, value: Any, space: Mapping[str, HParam]) -> Se
     path = ("searcher",)
     s = read_section(issues, value, path, _SEARCHER_FIELDS)
     name = s["name"]
-    rules = searcher_rules(name)
+    try:
+        rules = searcher_rules(name)
+    except (ImportError, ValueError) as exc:  # an installed searcher that is broken
+        issues.add((*path, "name"), f"cannot load searcher {name!r}: {exc}")
+        rules = searcher_rules("single")  # only so that the other fields get checked
     max_length = s["max_length"]
     if max_length is None:
         if rules.default_max_length is not None:
@@ -219,7 +224,7 @@ def _check_options(issues: Issues, s: Section, rules: SearcherRules) -> None:
     for key in ("mode", "min_length", "stop_once"):
         given = s[key] is not None and s[key] is not False
         if given and key not in rules.options:
-            known = [n for n in searcher_names() if key in searcher_rules(n).options]
+            known = searchers_knowing(key)
             quoted = ", ".join(repr(n) for n in known)
             takers = f"searcher {quoted}" if len(known) == 1 else f"searchers {quoted}"
             issues.add((*path, key), f"only applies to {takers}, not {rules.kind!r}")

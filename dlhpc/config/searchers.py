@@ -39,6 +39,7 @@ __all__ = [
     "is_searcher_name",
     "searcher_names",
     "searcher_rules",
+    "searchers_knowing",
 ]
 
 GROUP = "dlhpc.searchers"
@@ -113,7 +114,8 @@ def searcher_rules(name: str) -> SearcherRules:
     """The searcher object (normally a class) registered as ``name``.
 
     Raises :class:`ValueError` naming the valid searchers for an unknown name, or
-    when what the entry point names lacks the :class:`SearcherRules` attributes.
+    when what the entry point names lacks the :class:`SearcherRules` attributes or
+    its ``kind`` is not ``name``; the import errors of its module propagate.
     """
     if not is_searcher_name(name):
         raise ValueError(
@@ -130,7 +132,26 @@ def searcher_rules(name: str) -> SearcherRules:
             f"searcher {name!r} ({GROUP} entry point) lacks {', '.join(missing)}; "
             "derive it from dlhpc.search.BaseSearcher"
         )
+    if obj.kind != name:
+        raise ValueError(f"searcher {name!r} is registered for a class of kind {obj.kind!r}")
     return cast(SearcherRules, obj)
+
+
+def searchers_knowing(option: str) -> list[str]:
+    """The searchers whose ``options`` include ``option``, in :func:`searcher_names` order.
+
+    Lists every searcher, so it scans the entry points; one that fails to load
+    is left out (asking for it by name reports why).
+    """
+    out = []
+    for name in searcher_names():
+        try:
+            rules = searcher_rules(name)
+        except (ImportError, ValueError):
+            continue
+        if option in rules.options:
+            out.append(name)
+    return out
 
 
 def default_concurrency(rules: SearcherRules) -> int:

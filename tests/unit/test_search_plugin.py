@@ -10,6 +10,7 @@ list and :func:`make_searcher`.
 
 from __future__ import annotations
 
+import importlib.metadata
 import random
 import textwrap
 from collections.abc import Mapping
@@ -18,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from dlhpc import _plugins
 from dlhpc.cli._run import _expected_trials
 from dlhpc.config import HParam, SearcherConfig, load_experiment
 from dlhpc.config.searchers import Report
@@ -209,7 +209,7 @@ def test_built_in_names_do_not_scan_entry_points(
     def no_scan(**kw: Any) -> Any:
         raise AssertionError("entry points scanned for a built-in searcher")
 
-    monkeypatch.setattr(_plugins, "entry_points", no_scan)
+    monkeypatch.setattr(importlib.metadata, "entry_points", no_scan)
     cfg = load(env, EXP.replace("pairs", "sha") % 4 + "  max_length: 9\n")
     assert expected_trials(cfg.searcher, cfg.hyperparameters) == 4
     assert rungs_of({"name": "sha", "max_length": 9, "max_rungs": 3}) == (1, 3, 9)
@@ -217,16 +217,28 @@ def test_built_in_names_do_not_scan_entry_points(
 
 
 def test_an_entry_point_that_is_no_searcher_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     dist = tmp_path / "bad" / "dlhpc_bad-0.1.dist-info"
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: dlhpc-bad\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text(
         f"[dlhpc.searchers]\nwrongkind = {__name__}:PairsSearcher\nnotone = {__name__}:BUILTINS\n"
+        "broken = dlhpc_no_such_module:Searcher\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path / "bad"))
     with pytest.raises(ValueError, match="registered for a class of kind 'pairs'"):
         searcher_class("wrongkind")
     with pytest.raises(ValueError, match="lacks kind, default_max_length"):
         searcher_class("notone")
+    # the loader reports it like any bad value (exit 2), and still checks the rest
+    lines = problems(env, EXP.replace("pairs", "broken") % 2 + "  divisor: 1\n")
+    assert lines[0].startswith(
+        "exp.yaml:6: searcher.name: cannot load searcher 'broken': No module named"
+    ), lines
+    assert lines[1] == "exp.yaml:8: searcher.divisor: must be an integer >= 2, got 1", lines
+    # the searchers a message lists leave the broken ones out
+    lines = problems(env, EXP.replace("pairs", "random") % 2 + "  mode: standard\n")
+    assert lines == [
+        "exp.yaml:8: searcher.mode: only applies to searcher 'hyperband', not 'random'"
+    ]
