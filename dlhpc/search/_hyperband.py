@@ -39,6 +39,7 @@ class HyperbandSearcher(ASHASearcher):
     """Hyperband over asynchronous brackets; :attr:`brackets` is the plan."""
 
     kind = "hyperband"
+    # It knows stop_once (a rung searcher) but refuses it, naming the ones that take it.
     options = frozenset({"mode", "min_length", "stop_once"})
 
     @classmethod
