@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_search_digits import CurveCache  # noqa: E402
 from _bench_search_optuna import optuna_study  # noqa: E402
 
-from dlhpc.config.model import HParam, SearcherConfig, SearcherName  # noqa: E402
+from dlhpc.config.model import HParam, SearcherConfig  # noqa: E402
 from dlhpc.search import make_searcher  # noqa: E402
 from dlhpc.search.base import Continue, Create, Stop  # noqa: E402
 
@@ -115,7 +115,7 @@ def searcher_config(name: str, seed: int, args: argparse.Namespace) -> SearcherC
     if name in ("asha", "hyperband", "sha"):
         trials = natural_trials(name, seed, args)
     return SearcherConfig(
-        name=cast(SearcherName, name),
+        name=name,
         metric="val_accuracy",
         smaller_is_better=False,
         max_trials=trials,
@@ -133,7 +133,7 @@ def natural_trials(name: str, seed: int, args: argparse.Namespace) -> int:
     so a trial of bracket lengths l_0 < l_1 < ... costs sum_k (l_k - l_{k-1}) / divisor^k.
     """
     base = SearcherConfig(
-        name=cast(SearcherName, name),
+        name=name,
         metric="val_accuracy",
         max_length=args.max_length,
         divisor=args.divisor,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import shutil
 import sys
 import time
@@ -32,7 +31,7 @@ from dlhpc.orchestrator import tick as do_tick
 from dlhpc.orchestrator.common import SchedulerPool
 from dlhpc.report.status import status_data
 from dlhpc.scheduler import SlurmScheduler
-from dlhpc.search._space import grid_points
+from dlhpc.search import expected_trials
 from dlhpc.store import Store, default_home
 from dlhpc.store.states import ExperimentState
 
@@ -111,12 +110,7 @@ def _expected_trials(cfg: ExperimentConfig) -> int:
     """The trials the launch submits (the first ``max_concurrent_trials`` of the search),
     at most; without asking the searcher."""
     sc = cfg.searcher
-    if sc.name == "single":
-        total = 1
-    elif sc.name == "grid":
-        total = math.prod(len(grid_points(hp)) for hp in cfg.hyperparameters.values())
-    else:
-        total = sc.max_trials
+    total = expected_trials(sc, cfg.hyperparameters)
     return min(total, sc.max_concurrent_trials or total)
 
 

@@ -11,7 +11,8 @@ from dlhpc.cli._common import echo_json, site_option
 from dlhpc.cli._console import console
 from dlhpc.config import load_experiment
 from dlhpc.errors import UsageError
-from dlhpc.simulate import ALL_SEARCHERS, Comparison, SimSettings, compare
+from dlhpc.search import searcher_names
+from dlhpc.simulate import Comparison, SimSettings, compare
 from dlhpc.store import default_home
 
 __all__ = ["COMMANDS"]
@@ -42,11 +43,11 @@ def _searchers(text: str) -> list[str]:
     if text.strip().lower() == "none":
         return []
     names = [n.strip().lower() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in ALL_SEARCHERS]
+    known = searcher_names()
+    unknown = [n for n in names if n not in known]
     if unknown:
         raise UsageError(
-            f"--alternatives: unknown searcher(s) {', '.join(unknown)}"
-            f" (known: {', '.join(ALL_SEARCHERS)})"
+            f"--alternatives: unknown searcher(s) {', '.join(unknown)} (known: {', '.join(known)})"
         )
     return names
 

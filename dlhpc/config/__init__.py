@@ -8,6 +8,10 @@ Public API:
 * :func:`parse_slurm_time` / :func:`parse_duration_s` -- Slurm time limits and
   short durations (raise :class:`ValueError`).
 
+:mod:`dlhpc.config.searchers` finds searchers by name (built-ins and the
+``dlhpc.searchers`` entry points) and holds the settings rules the loader asks
+of each, without importing :mod:`dlhpc.search`.
+
 Loading has no side effects and raises only :class:`~dlhpc.errors.ConfigError`
 (exit code 2), which lists every problem as ``file:line: field: message``.
 """

@@ -28,15 +28,22 @@ from dlhpc.config._validate import (
     read_section,
     string,
 )
-from dlhpc.config.model import HParam, HParamType, SearcherConfig, SearcherName
+from dlhpc.config.model import HParam, HParamType, SearcherConfig
+from dlhpc.config.searchers import (
+    SearcherRules,
+    default_concurrency,
+    is_searcher_name,
+    searcher_names,
+    searcher_rules,
+    searchers_knowing,
+)
 
 __all__ = ["read_hyperparameters", "read_searcher"]
 
 _HP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 _TYPES: tuple[str, ...] = get_args(HParamType)
-_SEARCHERS: tuple[str, ...] = get_args(SearcherName)
 _EXACT_INT = 2**53  # int bounds are used as floats by the searchers
-_MAX_GRID = 100_000  # the grid searcher's own limit
+_MAX_GRID = 100_000  # the grid searcher's own limit (for hyperparameter counts)
 _MAX_TRIALS = 1_000_000  # what one launch may ask the searcher for
 _MAX_LENGTH = 10**12  # steps or epochs; far beyond any run, well inside SQLite's integers
 
@@ -137,8 +144,15 @@ def _build(
     return HParam(name, typed, minval=lo, maxval=hi, base=s.get("base", 10.0), count=s["count"])
 
 
+def _searcher_name(value: Any) -> str:
+    """A registered searcher name (entry points are scanned only past the built-ins)."""
+    if isinstance(value, str) and is_searcher_name(value):
+        return value
+    raise Invalid(f"must be one of {', '.join(searcher_names())}, got {describe(value)}")
+
+
 _SEARCHER_FIELDS = {
-    "name": Field(choice(*_SEARCHERS), default="single"),
+    "name": Field(_searcher_name, default="single"),
     "metric": Field(string(nonempty=True, single_line=True), default="val_loss"),
     "smaller_is_better": Field(boolean, default=True),
     "max_trials": Field(integer(min=1, cap=_MAX_TRIALS), default=1),
@@ -154,28 +168,26 @@ _SEARCHER_FIELDS = {
 
 
 def read_searcher(issues: Issues, value: Any, space: Mapping[str, HParam]) -> SearcherConfig:
-    """Validate ``searcher`` (``space``: the valid hyperparameters, for ``grid``)."""
+    """Validate ``searcher`` (``space``: the valid hyperparameters, for the searcher's rules).
+
+    The fields every searcher shares are checked here; then the searcher's own
+    rules (:class:`dlhpc.config.searchers.SearcherRules`) run and report to ``issues``.
+    """
     path = ("searcher",)
     s = read_section(issues, value, path, _SEARCHER_FIELDS)
     name = s["name"]
+    try:
+        rules = searcher_rules(name)
+    except (ImportError, ValueError) as exc:  # an installed searcher that is broken
+        issues.add((*path, "name"), f"cannot load searcher {name!r}: {exc}")
+        rules = searcher_rules("single")  # only so that the other fields get checked
     max_length = s["max_length"]
     if max_length is None:
-        if name in ("single", "grid", "random"):
-            max_length = 1
+        if rules.default_max_length is not None:
+            max_length = rules.default_max_length
         elif issues.ok((*path, "name"), (*path, "max_length")):
             issues.add((*path, "max_length"), f"required for searcher {name!r}")
-    mode = s["mode"]
-    if mode is not None and name != "hyperband" and issues.ok((*path, "name")):
-        issues.add((*path, "mode"), f"only applies to searcher 'hyperband', not {name!r}")
-    if mode is None and name == "hyperband":
-        mode = "standard"
-    adaptive = name in _ADAPTIVE
-    for key in ("min_length", "stop_once"):
-        given = s[key] is not None and s[key] is not False
-        if given and not adaptive and issues.ok((*path, "name")):
-            issues.add((*path, key), f"only applies to searchers {_ADAPTIVE_LIST}, not {name!r}")
-    if s["stop_once"] and name == "hyperband":
-        issues.add((*path, "stop_once"), "only applies to 'sha' and 'asha', not 'hyperband'")
+    _check_options(issues, s, rules)
     max_rungs, min_length = s["max_rungs"], s["min_length"]
     if max_rungs is not None and min_length is not None:
         issues.add((*path, "min_length"), "give 'max_rungs' or 'min_length', not both")
@@ -185,65 +197,37 @@ def read_searcher(issues: Issues, value: Any, space: Mapping[str, HParam]) -> Se
         max_rungs = 5
         if min_length is not None and max_length is not None and min_length <= max_length:
             max_rungs = _rungs_between(min_length, max_length, s["divisor"] or 2)
-    if name == "grid":
-        for hp in space.values():
-            if hp.type in ("int", "double", "log") and hp.count is None:
-                issues.add(
-                    ("hyperparameters", hp.name),
-                    "searcher 'grid' needs 'count' (the number of grid points) here",
-                )
-        size = _grid_size(space)
-        if size > _MAX_GRID and issues.ok(("hyperparameters",)):
-            shown = f"{size:,}" if size < 10**15 else "over 10^15"
-            issues.add(
-                (*path, "name"),
-                f"grid search allows at most {_MAX_GRID:,} points, this grid has {shown} "
-                "(lower the counts or use searcher 'random')",
-            )
-    return SearcherConfig(
+    given = s["max_concurrent_trials"]
+    config = SearcherConfig(
         name=name,
         metric=s["metric"],
         smaller_is_better=s["smaller_is_better"],
         max_trials=s["max_trials"],
-        max_concurrent_trials=_concurrency(name, s["max_concurrent_trials"]),
+        max_concurrent_trials=given if given is not None else default_concurrency(rules),
         max_length=max_length if max_length is not None else 1,
         divisor=s["divisor"],
         max_rungs=max_rungs,
         seed=s["seed"],
-        mode=mode,
+        mode=s["mode"],
         min_length=min_length,
         stop_once=bool(s["stop_once"]),
     )
+    return rules.check_settings(config, space, issues)
 
 
-_ADAPTIVE = ("sha", "asha", "hyperband")
-_ADAPTIVE_LIST = "'sha', 'asha', 'hyperband'"
-
-
-# Adaptive and model-based searchers learn from results, so running every trial at
-# once would throw that away; as Determined does, they get a bound unless one is set.
-DEFAULT_ADAPTIVE_CONCURRENCY = 16
-
-
-def _concurrency(name: str, given: int | None) -> int:
-    """``max_concurrent_trials``: as given (0 = no bound), else 16 for searchers that
-    learn from results (sha, asha, hyperband, bayes), no bound for the others."""
-    if given is not None:
-        return given
-    return DEFAULT_ADAPTIVE_CONCURRENCY if name in (*_ADAPTIVE, "bayes") else 0
-
-
-def _grid_size(space: Mapping[str, HParam]) -> int:
-    """Points of the grid over ``space`` (as :func:`dlhpc.search.grid_points` builds it)."""
-    size = 1
-    for hp in space.values():
-        if hp.type == "categorical":
-            size *= len(hp.vals or ())
-        elif hp.type == "int" and hp.count is not None:
-            size *= min(hp.count, int(hp.maxval or 0) - int(hp.minval or 0) + 1)
-        elif hp.type in ("double", "log"):
-            size *= hp.count or 1
-    return size
+def _check_options(issues: Issues, s: Section, rules: SearcherRules) -> None:
+    """Refuse the optional keys (``mode``, ``min_length``, ``stop_once``) the searcher
+    does not know, naming the searchers that do."""
+    path = ("searcher",)
+    if not issues.ok((*path, "name")):
+        return
+    for key in ("mode", "min_length", "stop_once"):
+        given = s[key] is not None and s[key] is not False
+        if given and key not in rules.options:
+            known = searchers_knowing(key)
+            quoted = ", ".join(repr(n) for n in known)
+            takers = f"searcher {quoted}" if len(known) == 1 else f"searchers {quoted}"
+            issues.add((*path, key), f"only applies to {takers}, not {rules.kind!r}")
 
 
 def _rungs_between(min_length: int, max_length: int, divisor: int) -> int:

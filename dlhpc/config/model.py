@@ -18,7 +18,6 @@ from dlhpc.config._permissions import Permissions
 SCHEMA_VERSION = 1
 
 HParamType = Literal["const", "int", "double", "log", "categorical"]
-SearcherName = Literal["single", "grid", "random", "bayes", "sha", "asha", "hyperband"]
 BackendName = Literal["slurm", "local"]
 
 
@@ -60,7 +59,7 @@ class Environment:
 
 @dataclass(frozen=True)
 class SearcherConfig:
-    name: SearcherName = "single"
+    name: str = "single"  # a registered searcher (see dlhpc.config.searchers)
     metric: str = "val_loss"
     smaller_is_better: bool = True
     max_trials: int = 1

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlhpc.report._curves import Curve
-from dlhpc.search._rungs import rung_lengths
+from dlhpc.search import rung_plan
 from dlhpc.store.states import LIVE_ATTEMPT_STATES, TrialState
 
 __all__ = [
@@ -235,19 +235,8 @@ def pick_best(trials: Sequence[TrialView], smaller_is_better: bool) -> TrialView
 
 
 def rungs_of(searcher: Mapping[str, Any]) -> tuple[int, ...]:
-    """The rung lengths of an adaptive search (sha, asha, hyperband), else ()."""
-    if searcher.get("name") not in ("sha", "asha", "hyperband"):
-        return ()
-    try:
-        lengths = rung_lengths(
-            int(searcher.get("max_length", 1)),
-            int(searcher.get("divisor", 3)),
-            int(searcher.get("max_rungs", 5)),
-            int(searcher.get("min_length") or 1),
-        )
-    except (TypeError, ValueError):
-        return ()
-    return tuple(lengths)
+    """The rung lengths of a search with rungs (e.g. sha, asha, hyperband), else ()."""
+    return rung_plan(searcher)
 
 
 def _is_number(v: Any) -> bool:

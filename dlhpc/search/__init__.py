@@ -1,7 +1,8 @@
 """Hyperparameter searchers: pure ask/tell objects (see :mod:`dlhpc.search.base`).
 
 One algorithm per private module; this is the public surface. Build one with
-:func:`make_searcher` from the experiment's space and searcher config.
+:func:`make_searcher` from the experiment's space and searcher config; ask a
+searcher's class by name with :func:`searcher_class` (:mod:`dlhpc.search.registry`).
 """
 
 from dlhpc.search._asha import ASHASearcher
@@ -9,12 +10,18 @@ from dlhpc.search._bayes import BayesSearcher
 from dlhpc.search._grid import MAX_GRID_SIZE, GridSearcher
 from dlhpc.search._hyperband import HyperbandSearcher
 from dlhpc.search._random import RandomSearcher
-from dlhpc.search._registry import make_searcher
 from dlhpc.search._rungs import BracketPlan, hyperband_plan, rung_lengths
 from dlhpc.search._sha import SHASearcher
 from dlhpc.search._single import SingleSearcher
 from dlhpc.search._space import default_value, grid_points, sample
 from dlhpc.search.base import BaseSearcher, Continue, Create, Operation, Stop
+from dlhpc.search.registry import (
+    expected_trials,
+    make_searcher,
+    rung_plan,
+    searcher_class,
+    searcher_names,
+)
 
 __all__ = [
     "MAX_GRID_SIZE",
@@ -32,9 +39,13 @@ __all__ = [
     "SingleSearcher",
     "Stop",
     "default_value",
+    "expected_trials",
     "grid_points",
     "hyperband_plan",
     "make_searcher",
     "rung_lengths",
+    "rung_plan",
     "sample",
+    "searcher_class",
+    "searcher_names",
 ]

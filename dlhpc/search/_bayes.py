@@ -39,8 +39,6 @@ __all__ = ["MAX_INITIAL_POINTS", "BayesSearcher"]
 
 #: Random (space-filling) trials before the Gaussian process proposes any.
 MAX_INITIAL_POINTS = 10
-
-_STATE_VERSION = 1
 _INSTALL_HINT = "pip install 'dlhpc[bayes]'"
 
 
@@ -170,6 +168,7 @@ class BayesSearcher(BaseSearcher):
     """
 
     kind = "bayes"
+    learns = True
 
     def __init__(self, space: dict[str, HParam], config: SearcherConfig) -> None:
         super().__init__(space, config)
@@ -319,7 +318,7 @@ class BayesSearcher(BaseSearcher):
     def state_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
-            "version": _STATE_VERSION,
+            "version": self.state_version,
             "max_trials": self.config.max_trials,
             "space": self._signature(),
             "points": [list(p) for p in self._points],
@@ -329,7 +328,7 @@ class BayesSearcher(BaseSearcher):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("kind") != self.kind or state.get("version") != _STATE_VERSION:
+        if state.get("kind") != self.kind or state.get("version") != self.state_version:
             raise ValueError(
                 f"bayes searcher: cannot load state of kind {state.get('kind')!r} "
                 f"version {state.get('version')!r}"

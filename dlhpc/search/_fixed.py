@@ -18,8 +18,6 @@ from dlhpc.search.base import BaseSearcher, Create, Operation
 
 __all__ = ["FixedListSearcher"]
 
-_STATE_VERSION = 1
-
 
 class FixedListSearcher(BaseSearcher):
     """``total`` trials, each created once with :meth:`_config` and ``max_length``.
@@ -32,8 +30,7 @@ class FixedListSearcher(BaseSearcher):
     :class:`ValueError`.
     """
 
-    #: Name recorded in :meth:`state_dict`, checked on load.
-    kind: str = ""
+    default_max_length = 1
 
     def __init__(self, space: dict[str, HParam], config: SearcherConfig) -> None:
         super().__init__(space, config)
@@ -96,7 +93,7 @@ class FixedListSearcher(BaseSearcher):
     def state_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
-            "version": _STATE_VERSION,
+            "version": self.state_version,
             "total": self.total,
             "next": self._next,
             "best": [[rid, m] for rid, m in sorted(self._best.items())],
@@ -104,7 +101,7 @@ class FixedListSearcher(BaseSearcher):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("kind") != self.kind or state.get("version") != _STATE_VERSION:
+        if state.get("kind") != self.kind or state.get("version") != self.state_version:
             raise ValueError(
                 f"{self.kind} searcher: cannot load state of kind {state.get('kind')!r} "
                 f"version {state.get('version')!r}"

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from dlhpc.config.model import HParam, SearcherConfig
+from dlhpc.config.searchers import Report
 from dlhpc.search._fixed import FixedListSearcher
 from dlhpc.search._space import grid_points
 
@@ -26,6 +28,31 @@ class GridSearcher(FixedListSearcher):
     """
 
     kind = "grid"
+
+    @classmethod
+    def check_settings(
+        cls, config: SearcherConfig, space: Mapping[str, HParam], report: Report
+    ) -> SearcherConfig:
+        """Every range needs ``count``; the grid has at most :data:`MAX_GRID_SIZE` points."""
+        for hp in space.values():
+            if hp.type in ("int", "double", "log") and hp.count is None:
+                report.add(
+                    ("hyperparameters", hp.name),
+                    "searcher 'grid' needs 'count' (the number of grid points) here",
+                )
+        size = _grid_size(space)
+        if size > MAX_GRID_SIZE and report.ok(("hyperparameters",)):
+            shown = f"{size:,}" if size < 10**15 else "over 10^15"
+            report.add(
+                ("searcher", "name"),
+                f"grid search allows at most {MAX_GRID_SIZE:,} points, this grid has {shown} "
+                "(lower the counts or use searcher 'random')",
+            )
+        return config
+
+    @classmethod
+    def expected_trials(cls, config: SearcherConfig, space: Mapping[str, HParam]) -> int:
+        return math.prod(len(grid_points(hp)) for hp in space.values())
 
     def __init__(self, space: dict[str, HParam], config: SearcherConfig) -> None:
         super().__init__(space, config)
@@ -54,3 +81,17 @@ class GridSearcher(FixedListSearcher):
             index, digit = divmod(index, len(axis))
             values.append(axis[digit])
         return dict(zip(self._names, reversed(values), strict=True))
+
+
+def _grid_size(space: Mapping[str, HParam]) -> int:
+    """Points of the grid over ``space`` (as :func:`grid_points` builds it), without
+    building it: a range without ``count`` counts as one point."""
+    size = 1
+    for hp in space.values():
+        if hp.type == "categorical":
+            size *= len(hp.vals or ())
+        elif hp.type == "int" and hp.count is not None:
+            size *= min(hp.count, int(hp.maxval or 0) - int(hp.minval or 0) + 1)
+        elif hp.type in ("double", "log"):
+            size *= hp.count or 1
+    return size

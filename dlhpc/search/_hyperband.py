@@ -24,7 +24,11 @@ Everything else (pausing, ranking, ending) is :class:`ASHASearcher`'s.
 
 from __future__ import annotations
 
-from dlhpc.config.model import SearcherConfig
+import dataclasses
+from collections.abc import Mapping
+
+from dlhpc.config.model import HParam, SearcherConfig
+from dlhpc.config.searchers import Report
 from dlhpc.search._asha import ASHASearcher
 from dlhpc.search._rungs import HYPERBAND_MODES, BracketPlan, hyperband_plan
 
@@ -35,6 +39,19 @@ class HyperbandSearcher(ASHASearcher):
     """Hyperband over asynchronous brackets; :attr:`brackets` is the plan."""
 
     kind = "hyperband"
+    # It knows stop_once (a rung searcher) but refuses it, naming the ones that take it.
+    options = frozenset({"mode", "min_length", "stop_once"})
+
+    @classmethod
+    def check_settings(
+        cls, config: SearcherConfig, space: Mapping[str, HParam], report: Report
+    ) -> SearcherConfig:
+        """Refuses ``stop_once``; ``mode`` defaults to ``standard``."""
+        if config.stop_once:
+            report.add(
+                ("searcher", "stop_once"), "only applies to 'sha' and 'asha', not 'hyperband'"
+            )
+        return dataclasses.replace(config, mode=config.mode or "standard")
 
     def _check_mode(self, config: SearcherConfig) -> None:
         if config.stop_once:

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, ClassVar
 
 from dlhpc.config.model import HParam, SearcherConfig
 from dlhpc.search._space import sample
@@ -274,10 +275,27 @@ class RungState:
     :class:`ValueError`; so does a malformed one, after :meth:`_reset`.
     """
 
-    kind: str
+    kind: ClassVar[str]
+    state_version: ClassVar[int]
     _trials: list[TrialRecord]
-    _state_version = 1
+    # The settings rules the rung searchers share (see dlhpc.search.base).
+    options: ClassVar[frozenset[str]] = frozenset({"min_length", "stop_once"})
+    learns: ClassVar[bool] = True
     _other = "rungs"
+
+    @classmethod
+    def rung_plan(cls, settings: Mapping[str, Any]) -> tuple[int, ...]:
+        """The rung lengths of the stored ``searcher`` section (``()`` when malformed)."""
+        try:
+            lengths = rung_lengths(
+                int(settings.get("max_length", 1)),
+                int(settings.get("divisor", 3)),
+                int(settings.get("max_rungs", 5)),
+                int(settings.get("min_length") or 1),
+            )
+        except (TypeError, ValueError):
+            return ()
+        return tuple(lengths)
 
     def _fingerprint(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -294,14 +312,14 @@ class RungState:
     def state_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
-            "version": self._state_version,
+            "version": self.state_version,
             **self._fingerprint(),
             "trials": [t.to_row() for t in self._trials],
             **self._state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        kind, version = self.kind, self._state_version
+        kind, version = self.kind, self.state_version
         if state.get("kind") != kind or state.get("version") != version:
             raise ValueError(
                 f"{kind} searcher: cannot load state of kind {state.get('kind')!r} "

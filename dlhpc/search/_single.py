@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from dlhpc.config.model import HParam, SearcherConfig
@@ -20,6 +21,10 @@ class SingleSearcher(FixedListSearcher):
     def __init__(self, space: dict[str, HParam], config: SearcherConfig) -> None:
         super().__init__(space, config)
         self._hparams = {name: default_value(space[name]) for name in sorted(space)}
+
+    @classmethod
+    def expected_trials(cls, config: SearcherConfig, space: Mapping[str, HParam]) -> int:
+        return 1
 
     @property
     def total(self) -> int:

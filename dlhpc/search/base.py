@@ -34,15 +34,42 @@ Protocol:
   fresh instance built from the same config restores an identical searcher
   (the same future answers to the same calls).
 * Unknown request ids raise :class:`ValueError`.
+
+One searcher is one module. Besides the ask/tell methods, a subclass owns, as
+class attributes and classmethods (so config, the CLI, reports and the
+simulator ask the class and never list searcher names themselves):
+
+* :attr:`BaseSearcher.kind`: its name, in experiment files (``searcher.name``)
+  and in its state; unique among the registered searchers.
+* :attr:`BaseSearcher.state_version`: the version its ``state_dict`` carries;
+  bump it when the state's shape changes (a stored state of another version is
+  refused with :class:`ValueError`, never misread).
+* Its settings rules, applied by the experiment loader while it reads the
+  ``searcher`` section (:class:`dlhpc.config.searchers.SearcherRules`):
+  :attr:`BaseSearcher.default_max_length`, :attr:`BaseSearcher.options`,
+  :attr:`BaseSearcher.learns` and :meth:`BaseSearcher.check_settings`, which
+  reports problems to the loader as ``(key path, message)`` (the loader adds the
+  file and line) and returns the config with the searcher's defaults filled in.
+  Whatever it accepts, the constructor must accept too.
+* :meth:`BaseSearcher.expected_trials`: how many trials the search creates in
+  all, without building the searcher (the CLI sizes its progress display by it).
+* :meth:`BaseSearcher.rung_plan`: the lengths at which it compares trials, for
+  reports (``()`` for a searcher without rungs).
+
+Registering: built-ins are listed in :data:`dlhpc.config.searchers.BUILTIN`; a
+third-party searcher is an entry point of the group ``dlhpc.searchers`` whose
+name is its :attr:`~BaseSearcher.kind` (see :mod:`dlhpc.search.registry`).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from dlhpc.config.model import HParam, SearcherConfig
+from dlhpc.config.searchers import Report
 
 __all__ = ["BaseSearcher", "Continue", "Create", "Operation", "Stop"]
 
@@ -70,6 +97,38 @@ Operation = Create | Continue | Stop
 
 class BaseSearcher(ABC):
     """Base of every searcher; see the module docstring for the contract."""
+
+    kind: ClassVar[str]
+    state_version: ClassVar[int] = 1
+    #: ``max_length`` when the experiment gives none; None: the key is required.
+    default_max_length: ClassVar[int | None] = None
+    #: The optional keys it knows among ``mode``, ``min_length`` and ``stop_once``.
+    options: ClassVar[frozenset[str]] = frozenset()
+    #: Learns from results: bounded concurrency unless ``max_concurrent_trials`` is set.
+    learns: ClassVar[bool] = False
+
+    @classmethod
+    def check_settings(
+        cls, config: SearcherConfig, space: Mapping[str, HParam], report: Report
+    ) -> SearcherConfig:
+        """``config`` with this searcher's defaults; its problems go to ``report``.
+
+        Runs after the shared fields were checked (``report.ok(path)`` tells
+        whether one was fine). The base accepts everything as it is.
+        """
+        return config
+
+    @classmethod
+    def expected_trials(cls, config: SearcherConfig, space: Mapping[str, HParam]) -> int:
+        """Trials the search creates in all (the base: ``config.max_trials``)."""
+        return config.max_trials
+
+    @classmethod
+    def rung_plan(cls, settings: Mapping[str, Any]) -> tuple[int, ...]:
+        """The rung lengths of a search with the stored ``searcher`` section
+        ``settings`` (a mapping, maybe from an older version); ``()`` when it has
+        no rungs or the settings do not tell. The base has none."""
+        return ()
 
     def __init__(self, space: dict[str, HParam], config: SearcherConfig) -> None:
         self.space = space

@@ -13,7 +13,6 @@ reports GPU-hours, wall time and the chance of finding the best configuration.
 from dlhpc.simulate._clock import SIM_EPOCH, VirtualClock
 from dlhpc.simulate._cluster import STOP_NOTICE_S, SimCluster
 from dlhpc.simulate._compare import (
-    ALL_SEARCHERS,
     Comparison,
     SearcherSummary,
     compare,
@@ -34,7 +33,6 @@ from dlhpc.simulate._run import RunResult, SimSettings, sim_config, simulate_onc
 from dlhpc.simulate._tasks import ClusterSpec, SimStats
 
 __all__ = [
-    "ALL_SEARCHERS",
     "SIM_EPOCH",
     "STOP_NOTICE_S",
     "BestReference",

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlhpc.config._hparams import DEFAULT_ADAPTIVE_CONCURRENCY
 from dlhpc.config.model import ExperimentConfig, SearcherConfig
 from dlhpc.errors import DlhpcError, UsageError
-from dlhpc.search import make_searcher
+from dlhpc.search import make_searcher, searcher_class, searcher_names
+from dlhpc.search.registry import default_concurrency
 from dlhpc.simulate._curves import (
     BestReference,
     CurveSource,
@@ -41,16 +41,12 @@ from dlhpc.store import Store
 from dlhpc.store.store import DB_NAME
 
 __all__ = [
-    "ALL_SEARCHERS",
     "Comparison",
     "SearcherSummary",
     "compare",
     "curve_sources",
     "searcher_problem",
 ]
-
-ALL_SEARCHERS = ("single", "grid", "random", "bayes", "sha", "asha", "hyperband")
-_LEARNING = ("sha", "asha", "hyperband", "bayes")  # bounded concurrency by default
 
 
 @dataclass
@@ -125,18 +121,18 @@ def _alternative(cfg: ExperimentConfig, name: str) -> SearcherConfig:
     given = isinstance(section, dict) and section.get("max_concurrent_trials") is not None
     concurrency = cfg.searcher.max_concurrent_trials
     if not given:
-        concurrency = DEFAULT_ADAPTIVE_CONCURRENCY if name in _LEARNING else 0
+        concurrency = default_concurrency(searcher_class(name))
     return dataclasses.replace(
         cfg.searcher,
-        name=name,  # type: ignore[arg-type]  # checked against ALL_SEARCHERS by the callers
+        name=name,
         max_concurrent_trials=concurrency,
     )
 
 
 def searcher_problem(cfg: ExperimentConfig, name: str) -> str | None:
     """Why searcher ``name`` cannot search ``cfg``'s space (None: it can)."""
-    if name not in ALL_SEARCHERS:
-        return f"unknown searcher (known: {', '.join(ALL_SEARCHERS)})"
+    if name not in searcher_names():
+        return f"unknown searcher (known: {', '.join(searcher_names())})"
     try:
         make_searcher(cfg.hyperparameters, _alternative(cfg, name))
     except NotImplementedError:
