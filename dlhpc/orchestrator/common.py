@@ -22,6 +22,7 @@ from dlhpc.orchestrator.runfiles import trial_spec, write_trial_specs
 from dlhpc.orchestrator.states import TrialState
 from dlhpc.protocol import trial_dir
 from dlhpc.scheduler import BaseScheduler, JobRequest, SubmittedTask, make_scheduler
+from dlhpc.scheduler.registry import Registry, default_registry
 from dlhpc.search import BaseSearcher, Create, make_searcher
 from dlhpc.store import Attempt, Decision, Event, Experiment, Store, Submission, Trial, utcnow
 
@@ -41,14 +42,19 @@ __all__ = [
 
 @dataclass
 class SchedulerPool:
-    """One scheduler instance per backend for the life of a command."""
+    """One scheduler instance per backend for the life of a command, built from
+    ``registry`` (default: the installed backends; the simulator passes one with
+    its cluster added through :meth:`Registry.with_backend`)."""
 
     local_root: Path
-    _by_name: dict[str, BaseScheduler] = field(default_factory=dict)
+    registry: Registry = field(default_factory=default_registry)
+    _by_name: dict[str, BaseScheduler] = field(default_factory=dict, init=False)
 
     def get(self, backend: str) -> BaseScheduler:
         if backend not in self._by_name:
-            self._by_name[backend] = make_scheduler(backend, local_root=self.local_root)
+            self._by_name[backend] = make_scheduler(
+                backend, local_root=self.local_root, registry=self.registry
+            )
         return self._by_name[backend]
 
     def calls(self) -> Counter[str]:

@@ -124,7 +124,8 @@ def launch(
     staging = stage_run_folder(cfg, store.runs_root, code_from)
     try:
         if record is None:
-            record = collect_launch_record(cfg, skip=store.runs_root)
+            version = pool.get(cfg.backend).version_record()
+            record = collect_launch_record(cfg, skip=store.runs_root, scheduler_version=version)
         with store.hold_lease():
             now = utcnow()
             with store.write() as session:

@@ -62,7 +62,7 @@ def make_scheduler(
     batch index: pass the same folder every time). ValueError for an unknown name."""
     from dlhpc.scheduler.registry import default_registry
 
-    scheduler: BaseScheduler = (registry or default_registry()).get(backend).make_scheduler(
-        local_root
+    scheduler: BaseScheduler = (
+        (registry or default_registry()).get(backend).make_scheduler(local_root)
     )
     return scheduler

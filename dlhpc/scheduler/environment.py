@@ -121,6 +121,6 @@ class JobEnvironment:
         return None
 
     def requeue_self(self) -> str | None:
-        """Ask the scheduler to run this job again; "" on success, the error text on
-        failure, None when the backend cannot requeue a running job."""
+        """Ask the scheduler to run this job again; "" on success, the error text (naming
+        what was tried) on failure, None when the backend cannot requeue it."""
         return None

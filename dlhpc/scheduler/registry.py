@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -161,7 +161,8 @@ class Registry:
         refs: Mapping[str, str | metadata.EntryPoint | Backend] | None = None,
     ) -> None:
         if refs is None:
-            found = {**BUILTIN, **dict(sorted(_entry_points().items()))}
+            found: dict[str, str | metadata.EntryPoint | Backend] = dict(BUILTIN)
+            found.update(sorted(_entry_points().items()))
             refs = {**found, **_env_overrides(os.environ)}
         self._refs: dict[str, str | metadata.EntryPoint | Backend] = dict(refs)
         self._loaded: dict[str, Backend] = {}
@@ -180,7 +181,7 @@ class Registry:
                 )
             backend = self._load_ref(name, ref)
             if backend.name != name:
-                raise DlhpcError(f"backend {ref!r} is named {backend.name!r}, registered as {name!r}")
+                raise DlhpcError(f"backend {ref!r} is named {backend.name!r}, not {name!r}")
             self._loaded[name] = backend
         return self._loaded[name]
 

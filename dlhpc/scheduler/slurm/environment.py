@@ -109,17 +109,21 @@ class SlurmJobEnvironment(JobEnvironment):
 
     def requeue_self(self) -> str | None:
         """``scontrol requeue <job id>``: Slurm kills this run and queues the task again.
-        None (nothing asked) in a process without ``SLURM_JOB_ID``."""
+        The error text starts with the command. None (nothing asked) in a process
+        without ``SLURM_JOB_ID``."""
         if "SLURM_JOB_ID" not in self.environ:
             return None
+        job_id = self.job_id
         try:
             proc = subprocess.run(
-                ["scontrol", "requeue", self.job_id],
+                ["scontrol", "requeue", job_id],
                 capture_output=True,
                 text=True,
                 timeout=60,
                 check=False,
             )
         except (OSError, subprocess.TimeoutExpired) as err:
-            return str(err)
-        return "" if proc.returncode == 0 else (proc.stderr or proc.stdout).strip()
+            return f"scontrol requeue {job_id}: {err}"
+        if proc.returncode == 0:
+            return ""
+        return f"scontrol requeue {job_id}: {(proc.stderr or proc.stdout).strip()}"
