@@ -5,7 +5,7 @@ real submission (:func:`dlhpc.orchestrator.common.submit_pending`) both call
 :func:`job_request`, and the backend renders the dry run with the same code that
 writes the submitted script, so the dry run is what submit sends. Only the
 submission's unique id differs: the real one is drawn at submit time
-(:func:`new_uid`), the dry run shows :data:`DRY_RUN_UID` in its place.
+(:func:`new_uid`), the dry run shows :data:`DRY_RUN_UID` (``dryrun``) in its place.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from dlhpc.scheduler import JobRequest
 
 __all__ = ["DRY_RUN_UID", "job_request", "new_uid"]
 
-#: Stands for the submission's unique id in a dry run's job name.
-DRY_RUN_UID = "<uid>"
+#: Stands for the submission's unique id in a dry run's job name. Shell-safe like a
+#: real id, so that the script quotes the job name the same way.
+DRY_RUN_UID = "dryrun"
 
 
 def new_uid() -> str:
