@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -17,6 +18,7 @@ if TYPE_CHECKING:  # the orchestrator loads only for the commands that act
     from dlhpc.orchestrator.common import SchedulerPool
 
 __all__ = [
+    "auto_backend",
     "check_owner",
     "echo_json",
     "open_store",
@@ -30,6 +32,15 @@ site_option = click.option(
 )
 
 
+def auto_backend(environ: Mapping[str, str]) -> str:
+    """What a site's ``backend: auto`` means here: the scheduler registry's answer
+    (Slurm where ``sbatch`` is on ``PATH``, else local). Config, below the schedulers,
+    gets it from the CLI."""
+    from dlhpc.scheduler.registry import default_registry  # light, but only when asked
+
+    return default_registry().auto(environ)
+
+
 def use_site(cfg: SiteConfig) -> SiteConfig:
     """Apply the site's permission policy (its umask) to this process; returns ``cfg``.
     The CLI calls it once it knows its site, before it creates anything."""
@@ -40,7 +51,7 @@ def use_site(cfg: SiteConfig) -> SiteConfig:
 def open_store(site: str | None = None) -> Store:
     """The store of the user's state folder ($DLHPC_HOME, else the site's state_dir),
     with the site's permission policy applied."""
-    cfg = use_site(load_site(site))
+    cfg = use_site(load_site(site, auto_backend=auto_backend))
     return Store(
         default_home(cfg.state_dir), journal_mode=cfg.journal_mode, permissions=cfg.permissions
     )

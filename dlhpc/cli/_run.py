@@ -14,6 +14,7 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from dlhpc.cli._common import (
+    auto_backend,
     check_owner,
     echo_json,
     open_store,
@@ -53,7 +54,9 @@ def launch(
     experiment: Path, site: str | None, dry_run: bool, follow: bool, as_json: bool, interval: float
 ) -> None:
     """Launch EXPERIMENT (a YAML file) as Slurm job arrays."""
-    cfg = load_experiment(experiment, site=site, partitions=_cluster_partitions(dry_run))
+    cfg = load_experiment(
+        experiment, site=site, partitions=_cluster_partitions(dry_run), auto_backend=auto_backend
+    )
     use_site(cfg.site)
     home = default_home(cfg.site.state_dir)
     problem = default_registry().get(cfg.backend).request_problem(home)

@@ -2,9 +2,12 @@
 
 A site is named (``dev-cluster`` -> ``dev-cluster.yaml`` on the search path)
 or given as a path (the value contains ``/`` or ends in ``.yaml``/``.yml``).
-Without one, ``$DLHPC_SITE`` is used, else ``generic`` when ``sbatch`` is on
-``$PATH`` and ``local`` otherwise (a built-in equivalent when that file is
-not on the search path). Errors in a site file name the site file and line.
+Without one, ``$DLHPC_SITE`` is used, else ``generic`` where ``backend: auto``
+means Slurm (``sbatch`` on ``$PATH``) and ``local`` otherwise (a built-in
+equivalent when that file is not on the search path). What ``auto`` means is
+the scheduler registry's to say (``Registry.auto``): config sits below the
+schedulers, so its callers pass it in as ``auto_backend``. Errors in a site file
+name the site file and line.
 """
 
 from __future__ import annotations
@@ -12,11 +15,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import dlhpc
 from dlhpc.config import _fields as F
@@ -41,6 +43,7 @@ from dlhpc.config.model import BackendName, PartitionInfo, SiteConfig
 from dlhpc.errors import ConfigError, ConfigIssue
 
 __all__ = [
+    "AutoBackend",
     "SiteRef",
     "auto_site_name",
     "list_sites",
@@ -50,6 +53,9 @@ __all__ = [
     "resolve_backend",
     "site_search_path",
 ]
+
+AutoBackend = Callable[[Mapping[str, str]], str]
+"""The backend ``auto`` means in an environment: the scheduler registry's ``Registry.auto``."""
 
 _SITE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 REPO_SITES = Path(dlhpc.__file__).resolve().parent.parent / "site-configs"
@@ -100,19 +106,30 @@ def list_sites(environ: Mapping[str, str] | None = None) -> dict[str, Path]:
     return found
 
 
-def auto_site_name(environ: Mapping[str, str] | None = None) -> str:
-    """``generic`` when ``sbatch`` is on ``$PATH``, else ``local``."""
-    return "generic" if resolve_backend("auto", environ) == "slurm" else "local"
+def auto_site_name(environ: Mapping[str, str] | None, auto_backend: AutoBackend | None) -> str:
+    """``generic`` where ``auto`` means Slurm, else ``local``."""
+    return "generic" if resolve_backend("auto", environ, auto_backend) == "slurm" else "local"
 
 
 def resolve_backend(
-    backend: BackendName | Literal["auto"], environ: Mapping[str, str] | None = None
+    backend: BackendName | Literal["auto"],
+    environ: Mapping[str, str] | None,
+    auto_backend: AutoBackend | None,
 ) -> BackendName:
-    """``auto`` -> ``slurm`` when ``sbatch`` is on the environment's ``PATH``, else ``local``."""
+    """``backend``, with ``auto`` answered by ``auto_backend`` for the environment.
+
+    ValueError when ``auto`` must be resolved and no ``auto_backend`` was given (a
+    caller's mistake), or it names a backend site files cannot name.
+    """
     if backend != "auto":
         return backend
-    path = _env(environ).get("PATH", os.defpath)
-    return "slurm" if shutil.which("sbatch", path=path) else "local"
+    if auto_backend is None:
+        raise ValueError("backend 'auto' needs auto_backend (the scheduler registry's auto)")
+    name = auto_backend(_env(environ))
+    for known in get_args(BackendName):
+        if name == known:
+            return known  # type: ignore[no-any-return]
+    raise ValueError(f"backend 'auto' resolved to {name!r}, which a site cannot name")
 
 
 class SiteRef:
@@ -126,15 +143,18 @@ class SiteRef:
 
 
 def load_site(
-    name_or_path: str | None = None, environ: Mapping[str, str] | None = None
+    name_or_path: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    auto_backend: AutoBackend | None = None,
 ) -> SiteConfig:
-    """Load a site by name or path; ``None``: ``$DLHPC_SITE``, else auto (see module doc)."""
+    """Load a site by name or path; ``None``: ``$DLHPC_SITE``, else auto (see module doc;
+    ``auto_backend`` is needed only then)."""
     env = _env(environ)
     if name_or_path is not None:
         return load_site_ref(name_or_path, SiteRef("site"), Path.cwd(), env)
     if env.get("DLHPC_SITE"):
         return load_site_ref(env["DLHPC_SITE"], SiteRef("$DLHPC_SITE"), Path.cwd(), env)
-    name = auto_site_name(env)
+    name = auto_site_name(env, auto_backend)
     file = list_sites(env).get(name)
     if file is None:  # a built-in equivalent of the shipped file
         backend: BackendName = "slurm" if name == "generic" else "local"

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from dlhpc.config import DataInput, ExperimentConfig, load_experiment
+from dlhpc.config import DataInput, ExperimentConfig
 from dlhpc.config.serde import from_jsonable, to_jsonable
 from dlhpc.errors import ConfigError
 from dlhpc.protocol import TrialSpec
@@ -32,6 +32,7 @@ from dlhpc.repro import (
     trial_record,
 )
 from dlhpc.scheduler.slurm.environment import SlurmJobEnvironment
+from tests._config import load_experiment
 
 GIT = [
     "git",

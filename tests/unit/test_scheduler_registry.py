@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from dlhpc.config import load_site
 from dlhpc.errors import DlhpcError
 from dlhpc.scheduler import LocalScheduler, SlurmScheduler, make_scheduler
 from dlhpc.scheduler.environment import JobEnvironment
@@ -125,3 +126,11 @@ def test_importing_the_registry_inside_a_job_stays_light() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_config_asks_its_caller_what_auto_means(tmp_path: Path) -> None:
+    env = {"HOME": str(tmp_path), "PATH": str(tmp_path)}  # no site named, no sbatch
+    with pytest.raises(ValueError, match="backend 'auto' needs auto_backend"):
+        load_site(None, env)
+    assert load_site(None, env, auto_backend=default_registry().auto).name == "local"
+    assert load_site(None, env, auto_backend=lambda _env: "slurm").name == "generic"
