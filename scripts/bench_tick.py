@@ -62,8 +62,8 @@ def main() -> int:
     from dlhpc.scheduler.registry import default_registry
     from dlhpc.store import Experiment, Store
 
-    auto = default_registry().auto
-    cfg = load_experiment(work / "exp" / "exp.yaml", site=args.site, auto_backend=auto)
+    registry = default_registry()
+    cfg = load_experiment(work / "exp" / "exp.yaml", site=args.site, backends=registry)
     store = Store(Path(os.environ["DLHPC_HOME"]))
     pool = SchedulerPool(local_root=store.home / "local")
     t0 = time.monotonic()

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dlhpc._perms import DB_SIDE_FILES, current_user
-from dlhpc.cli._common import auto_backend, echo_json, site_option, use_site
+from dlhpc.cli._common import backends, echo_json, site_option, use_site
 from dlhpc.cli._console import console
 from dlhpc.config import load_site
 from dlhpc.config._permissions import Permissions
@@ -257,7 +257,7 @@ def _quota_check(scratch: Path) -> Check:
 @click.option("--json", "as_json", is_flag=True)
 def doctor(site: str | None, as_json: bool) -> None:
     """Check that Slurm, accounting, partitions and folders work for this site."""
-    cfg = use_site(load_site(site, auto_backend=auto_backend))
+    cfg = use_site(load_site(site, backends=backends()))
     checks = run_checks(cfg)
     if as_json:
         echo_json({"site": cfg.name, "checks": [c.__dict__ for c in checks]})
@@ -282,7 +282,7 @@ def db() -> None:
 @site_option
 def migrate(site: str | None) -> None:
     """Back up an older state database, then bring it to this dlhpc's schema version."""
-    cfg = use_site(load_site(site, auto_backend=auto_backend))
+    cfg = use_site(load_site(site, backends=backends()))
     db_file = default_home(cfg.state_dir) / "dlhpc.db"
     if not db_file.exists():
         raise UsageError(f"no state database at {db_file}")
@@ -307,7 +307,7 @@ def migrate(site: str | None) -> None:
 @site_option
 def db_path(site: str | None) -> None:
     """Print where the state database is."""
-    click.echo(default_home(load_site(site, auto_backend=auto_backend).state_dir) / "dlhpc.db")
+    click.echo(default_home(load_site(site, backends=backends()).state_dir) / "dlhpc.db")
 
 
 COMMANDS = [doctor, db]

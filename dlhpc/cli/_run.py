@@ -14,7 +14,7 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from dlhpc.cli._common import (
-    auto_backend,
+    backends,
     check_owner,
     echo_json,
     open_store,
@@ -55,7 +55,7 @@ def launch(
 ) -> None:
     """Launch EXPERIMENT (a YAML file) as Slurm job arrays."""
     cfg = load_experiment(
-        experiment, site=site, partitions=_cluster_partitions(dry_run), auto_backend=auto_backend
+        experiment, site=site, partitions=_cluster_partitions(dry_run), backends=backends()
     )
     use_site(cfg.site)
     home = default_home(cfg.site.state_dir)

@@ -19,7 +19,7 @@ SCHEMA_VERSION = 1
 
 HParamType = Literal["const", "int", "double", "log", "categorical"]
 SearcherName = Literal["single", "grid", "random", "bayes", "sha", "asha", "hyperband"]
-BackendName = Literal["slurm", "local"]
+BackendName = str  # a scheduler backend registered in dlhpc.scheduler.registry
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ class SiteConfig:
 
     name: str
     source: Path | None  # the file it came from, None for the built-in default
-    backend: BackendName | Literal["auto"] = "auto"
+    backend: BackendName = "auto"  # or "auto": resolved by the loader's ``backends``
     partition: str | None = None
     account: str | None = None
     qos: str | None = None

@@ -99,7 +99,7 @@ def sim_config(cfg: ExperimentConfig, offset: int, root: Path) -> ExperimentConf
     code.mkdir(parents=True, exist_ok=True)
     return dataclasses.replace(
         cfg,
-        backend="sim",  # type: ignore[arg-type]  # a backend only the simulator knows
+        backend="sim",  # a backend only the simulator registers (see simulate_once)
         workdir=code,
         searcher=dataclasses.replace(cfg.searcher, seed=(cfg.searcher.seed + offset) % 2**31),
         reproducibility=dataclasses.replace(

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from dlhpc.config import load_site
-from dlhpc.errors import DlhpcError
+from dlhpc.errors import ConfigError, DlhpcError
 from dlhpc.scheduler import LocalScheduler, SlurmScheduler, make_scheduler
 from dlhpc.scheduler.environment import JobEnvironment
 from dlhpc.scheduler.local.environment import LocalJobEnvironment
@@ -130,7 +130,16 @@ def test_importing_the_registry_inside_a_job_stays_light() -> None:
 
 def test_config_asks_its_caller_what_auto_means(tmp_path: Path) -> None:
     env = {"HOME": str(tmp_path), "PATH": str(tmp_path)}  # no site named, no sbatch
-    with pytest.raises(ValueError, match="backend 'auto' needs auto_backend"):
+    with pytest.raises(ValueError, match="backend 'auto' needs the scheduler backends"):
         load_site(None, env)
-    assert load_site(None, env, auto_backend=default_registry().auto).name == "local"
-    assert load_site(None, env, auto_backend=lambda _env: "slurm").name == "generic"
+    assert load_site(None, env, backends=default_registry()).name == "local"
+    toy = default_registry().with_backend(
+        Backend("toy", lambda root: LocalScheduler(root), auto_priority=100)
+    )
+    site = load_site(None, env, backends=toy)  # no toy.yaml: a built-in site of that name
+    assert (site.name, site.backend) == ("toy", "toy")
+    site_file = tmp_path / "s.yaml"
+    site_file.write_text("name: s\nbackend: toy\n")
+    assert load_site(str(site_file), env, backends=toy).backend == "toy"
+    with pytest.raises(ConfigError, match="backend: must be one of auto, slurm, local, got 'toy'"):
+        load_site(str(site_file), env, backends=default_registry())
