@@ -20,7 +20,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-import dlhpc
 from dlhpc.config import _fields as F
 from dlhpc.config._paths import absolute, expand_path, home
 from dlhpc.config._permissions import read_permissions
@@ -72,7 +71,8 @@ class Backends(Protocol):
 
 
 _SITE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-REPO_SITES = Path(dlhpc.__file__).resolve().parent.parent / "site-configs"
+# not via ``import dlhpc``: the root package imports the harness, which config is below
+REPO_SITES = Path(__file__).resolve().parents[2] / "site-configs"
 
 _PARTITION_FIELDS = {
     "gpus_per_node": Field(integer(min=0, max=1024), default=0),
