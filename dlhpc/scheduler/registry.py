@@ -27,8 +27,10 @@ light (standard library only): the in-job worker imports them.
 
 In a job, :meth:`Registry.job_environment` picks the backend whose
 :meth:`~dlhpc.scheduler.environment.JobEnvironment.activated` is true, trying
-the built-ins first (``slurm`` before ``local``, so a task started under Slurm
-is Slurm's) and then the third parties by name. ``site.backend: auto`` is
+the added and third-party backends first (their tests are their own: a backend
+running its jobs inside a Slurm allocation or through the local runner is
+still found), then the built-ins, ``slurm`` before ``local`` (a task started
+under Slurm is Slurm's). ``site.backend: auto`` is
 :meth:`Registry.auto`: the available backend with the highest ``auto_priority``
 (Slurm where ``sbatch`` is on ``PATH``, else local).
 """
@@ -220,10 +222,12 @@ class Registry:
         return best[1]
 
     def job_environment(self, environ: Mapping[str, str]) -> JobEnvironment:
-        """This job's environment: the first backend (in :meth:`names` order) whose
-        class is activated by ``environ``; DlhpcError when none is."""
+        """This job's environment: the first backend whose class is activated by
+        ``environ`` (others before the built-ins, see the module docstring);
+        DlhpcError when none is."""
         markers: list[str] = []
-        for name in self._refs:
+        builtins = [n for n in BUILTIN if n in self._refs]
+        for name in [n for n in self._refs if n not in builtins] + builtins:
             cls = self.get(name).environment_class()
             if cls is None:
                 continue

@@ -55,7 +55,7 @@ def test_an_added_backend_builds_schedulers_and_is_found_inside_its_jobs(tmp_pat
     assert isinstance(job, ToyJobEnvironment) and job.job_id == "t-1" and job.rank == 0
     with pytest.raises(ValueError, match="already registered"):
         registry.with_backend(TOY)
-    with pytest.raises(DlhpcError, match="no SLURM_JOB_ID or DLHPC_JOB_ID or TOY_JOB"):
+    with pytest.raises(DlhpcError, match="no TOY_JOB or SLURM_JOB_ID or DLHPC_JOB_ID"):
         registry.job_environment({})
 
 
