@@ -99,11 +99,20 @@ def fake_backend(jobs_file: Path) -> Any:
 
 
 def install_fake(jobs_file: Path) -> None:
-    """Make the ``local`` backend name build the fake (for a whole process)."""
-    from dlhpc.scheduler import BACKENDS
+    """Make the ``local`` backend name build the fake (for this process and its
+    children), through the registry's ``$DLHPC_SCHEDULERS`` hook (see :data:`BACKEND`)."""
+    os.environ["DLHPC_FAKE_JOBS"] = str(jobs_file)
+    os.environ["DLHPC_SCHEDULERS"] = "local=_bench_scale_state:BACKEND"
 
-    cls = fake_backend(jobs_file)
-    BACKENDS["local"] = lambda _root: cls()
+
+def __getattr__(name: str) -> Any:
+    """``BACKEND``: the fake's registry descriptor, answering from ``$DLHPC_FAKE_JOBS``."""
+    if name == "BACKEND":
+        from dlhpc.scheduler.registry import Backend
+
+        jobs_file = Path(os.environ["DLHPC_FAKE_JOBS"])
+        return Backend("local", lambda _root: fake_backend(jobs_file)())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # -- synthetic state -------------------------------------------------------------------

@@ -59,9 +59,11 @@ def main() -> int:
     from dlhpc.config import load_experiment
     from dlhpc.orchestrator import launch, tick
     from dlhpc.orchestrator.common import SchedulerPool
+    from dlhpc.scheduler.registry import default_registry
     from dlhpc.store import Experiment, ExperimentState, Store
 
-    cfg = load_experiment(work / "exp" / "exp.yaml", site=args.site)
+    registry = default_registry()
+    cfg = load_experiment(work / "exp" / "exp.yaml", site=args.site, backends=registry)
     store = Store(Path(os.environ["DLHPC_HOME"]))
     pool = SchedulerPool(local_root=store.home / "local")
     t0 = time.monotonic()

@@ -15,8 +15,10 @@ from dlhpc.store import Checkpoint, Experiment, Store, Trial, default_home
 
 if TYPE_CHECKING:  # the orchestrator loads only for the commands that act
     from dlhpc.orchestrator.common import SchedulerPool
+    from dlhpc.scheduler.registry import Registry
 
 __all__ = [
+    "backends",
     "check_owner",
     "echo_json",
     "open_store",
@@ -30,6 +32,15 @@ site_option = click.option(
 )
 
 
+def backends() -> Registry:
+    """The scheduler registry, for the config loaders (``backends=``): the backend
+    names a site may use and what ``backend: auto`` means here (Slurm where ``sbatch``
+    is on ``PATH``, else local). Config, below the schedulers, gets it from the CLI."""
+    from dlhpc.scheduler.registry import default_registry  # light, but only when asked
+
+    return default_registry()
+
+
 def use_site(cfg: SiteConfig) -> SiteConfig:
     """Apply the site's permission policy (its umask) to this process; returns ``cfg``.
     The CLI calls it once it knows its site, before it creates anything."""
@@ -40,7 +51,7 @@ def use_site(cfg: SiteConfig) -> SiteConfig:
 def open_store(site: str | None = None) -> Store:
     """The store of the user's state folder ($DLHPC_HOME, else the site's state_dir),
     with the site's permission policy applied."""
-    cfg = use_site(load_site(site))
+    cfg = use_site(load_site(site, backends=backends()))
     return Store(
         default_home(cfg.state_dir), journal_mode=cfg.journal_mode, permissions=cfg.permissions
     )

@@ -28,7 +28,7 @@ from pathlib import Path
 import click
 
 from dlhpc.cli import _attention as att
-from dlhpc.cli._common import open_store, site_option
+from dlhpc.cli._common import backends, open_store, site_option
 from dlhpc.config import load_site
 from dlhpc.store import Store, default_home
 
@@ -88,7 +88,7 @@ def cron_line(
     notify: str | None = None,
 ) -> tuple[str, dict[str, str]]:
     """The crontab line, and the environment it fixes (name -> value, unquoted)."""
-    cfg = load_site(site)
+    cfg = load_site(site, backends=backends())
     home = default_home(cfg.state_dir)
     python = os.path.abspath(sys.executable)
     env = {"PATH": _path(python)}

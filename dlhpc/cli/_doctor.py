@@ -5,7 +5,6 @@ from __future__ import annotations
 import grp
 import os
 import re
-import shutil
 import sqlite3
 import stat
 import subprocess
@@ -18,14 +17,14 @@ from rich.table import Table
 from rich.text import Text
 
 from dlhpc._perms import DB_SIDE_FILES, current_user
-from dlhpc.cli._common import echo_json, site_option, use_site
+from dlhpc.cli._common import backends, echo_json, site_option, use_site
 from dlhpc.cli._console import console
 from dlhpc.config import load_site
 from dlhpc.config._permissions import Permissions
 from dlhpc.config.model import SiteConfig
 from dlhpc.errors import DlhpcError, UsageError
 from dlhpc.report.quota import lustre_quota, quota_warning
-from dlhpc.scheduler.slurm._pyslurm import poll_path
+from dlhpc.scheduler.registry import Check, Registry, default_registry
 from dlhpc.store import default_home
 from dlhpc.store._engine import SCHEMA_VERSION, make_engine, read_version
 from dlhpc.store._engine import migrate as run_migrations
@@ -34,13 +33,6 @@ from dlhpc.store.store import DB_NAME
 __all__ = ["COMMANDS"]
 
 _NETWORK_FS = {"nfs", "nfs4", "lustre", "gpfs", "cifs", "smb2", "beegfs", "fuse.sshfs"}
-
-
-@dataclass
-class Check:
-    name: str
-    status: str  # ok, warn, fail, skip
-    detail: str
 
 
 def _run(cmd: list[str]) -> tuple[int, str]:
@@ -69,47 +61,11 @@ def _writable(path: Path) -> tuple[bool, str]:
         return False, f"{path}: {err.strerror}"
 
 
-def _slurm_checks(site: SiteConfig) -> list[Check]:
-    if site.backend == "local":
-        return [Check("slurm", "skip", f"site {site.name} uses the local backend")]
-    if shutil.which("sbatch") is None:
-        status = "fail" if site.backend == "slurm" else "skip"
-        return [Check("slurm", status, "sbatch not on PATH (the local backend runs trials here)")]
-    checks = []
-    code, out = _run(["sinfo", "-h", "-o", "%P"])
-    if code != 0:
-        return [Check("slurm reachable", "fail", out.splitlines()[-1] if out else f"exit {code}")]
-    parts = {p.rstrip("*") for p in out.split()}
-    checks.append(Check("slurm reachable", "ok", f"partitions: {', '.join(sorted(parts))}"))
-    code, out = _run(["sacct", "-n", "-X", "-P", "-S", "now-1hours", "--format=JobID"])
-    if code == 0:
-        checks.append(Check("accounting (sacct)", "ok", "sacct answers"))
-    else:
-        checks.append(
-            Check("accounting (sacct)", "warn", "sacct fails; dlhpc falls back to job exit files")
-        )
-    wanted = set(site.partitions) | ({site.partition} if site.partition else set())
-    missing = sorted(wanted - parts)
-    checks.append(
-        Check(
-            "site partitions",
-            "fail" if missing else "ok",
-            f"missing on this cluster: {', '.join(missing)}" if missing else "all present",
-        )
-    )
-    return checks
-
-
-def pyslurm_check() -> Check:
-    """How ``poll`` reads the queue in this process (pyslurm or squeue), and why."""
-    path = poll_path()
-    return Check("queue polling", "ok", path.reason)
-
-
 def run_checks(site: SiteConfig) -> list[Check]:
-    checks = _slurm_checks(site)
-    if site.backend != "local":
-        checks.append(pyslurm_check())
+    """Every registered backend's own checks (each skips a site that is not its), then
+    the folders, quota, permissions and filesystems."""
+    registry = default_registry()
+    checks = [c for name in registry.names() for c in registry.get(name).doctor_checks(site)]
     home = default_home(site.state_dir)
     for label, path in (("state folder", home), ("checkpoint folder", site.scratch.expanduser())):
         ok, detail = _writable(path)
@@ -118,9 +74,15 @@ def run_checks(site: SiteConfig) -> list[Check]:
     checks += permission_checks(site)
     mounts = read_mounts()
     checks.append(db_filesystem_check(home, site.journal_mode, mounts))
-    slurm = site.backend != "local" and shutil.which("sbatch") is not None
-    checks += shared_folder_checks(site, home, mounts, slurm)
+    checks += shared_folder_checks(site, home, mounts, _jobs_elsewhere(registry, site))
     return checks
+
+
+def _jobs_elsewhere(registry: Registry, site: SiteConfig) -> bool:
+    """Whether the site's backend (``auto`` resolved here) can run jobs on other machines."""
+    name = registry.auto(os.environ) if site.backend == "auto" else site.backend
+    backend = registry.get(name)
+    return not backend.runs_here and backend.available(os.environ)
 
 
 # --- where the DB and the run folders live (shared filesystems) -----------------
@@ -218,8 +180,9 @@ def db_filesystem_check(home: Path, journal_mode: str, mounts: list[Mount]) -> C
 def shared_folder_checks(
     site: SiteConfig, home: Path, mounts: list[Mount], slurm: bool
 ) -> list[Check]:
-    """With Slurm (``slurm``), the run folders (trial.json, event files) and the checkpoint
-    folder must be on a filesystem the compute nodes see: a local one is a warning."""
+    """With jobs on other machines (``slurm``: Slurm, or any backend that is not
+    ``runs_here``), the run folders (trial.json, event files) and the checkpoint folder
+    must be on a filesystem the compute nodes see: a local one is a warning."""
     checks = []
     for label, path, key in (
         ("run folders", home / "runs", "state_dir"),
@@ -294,7 +257,7 @@ def _quota_check(scratch: Path) -> Check:
 @click.option("--json", "as_json", is_flag=True)
 def doctor(site: str | None, as_json: bool) -> None:
     """Check that Slurm, accounting, partitions and folders work for this site."""
-    cfg = use_site(load_site(site))
+    cfg = use_site(load_site(site, backends=backends()))
     checks = run_checks(cfg)
     if as_json:
         echo_json({"site": cfg.name, "checks": [c.__dict__ for c in checks]})
@@ -319,7 +282,7 @@ def db() -> None:
 @site_option
 def migrate(site: str | None) -> None:
     """Back up an older state database, then bring it to this dlhpc's schema version."""
-    cfg = use_site(load_site(site))
+    cfg = use_site(load_site(site, backends=backends()))
     db_file = default_home(cfg.state_dir) / "dlhpc.db"
     if not db_file.exists():
         raise UsageError(f"no state database at {db_file}")
@@ -344,7 +307,7 @@ def migrate(site: str | None) -> None:
 @site_option
 def db_path(site: str | None) -> None:
     """Print where the state database is."""
-    click.echo(default_home(load_site(site).state_dir) / "dlhpc.db")
+    click.echo(default_home(load_site(site, backends=backends()).state_dir) / "dlhpc.db")
 
 
 COMMANDS = [doctor, db]

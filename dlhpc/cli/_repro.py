@@ -28,7 +28,7 @@ def reproduce(
     """Run TRIAL_ID again as a new experiment: its code snapshot, config, hyperparameters
     and seed. Prints first what differs now from its record (packages, modules, GPU, data)."""
     store = open_store(site)
-    plan = plan_reproduce(store, trial_id, from_checkpoint=from_checkpoint)
+    plan = plan_reproduce(store, pool_for(store), trial_id, from_checkpoint=from_checkpoint)
     diffs = [d.as_dict() for d in plan.differences]
     facts = {
         "reproduces": {"trial_id": plan.trial_id, "experiment_id": plan.experiment_id},

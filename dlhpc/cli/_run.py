@@ -13,6 +13,7 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from dlhpc.cli._common import (
+    backends,
     check_owner,
     echo_json,
     open_store,
@@ -31,6 +32,7 @@ from dlhpc.orchestrator import tick as do_tick
 from dlhpc.orchestrator.common import SchedulerPool
 from dlhpc.report.status import status_data
 from dlhpc.scheduler import SlurmScheduler
+from dlhpc.scheduler.registry import default_registry
 from dlhpc.search import expected_trials
 from dlhpc.store import Store, default_home
 from dlhpc.store.states import ExperimentState
@@ -51,16 +53,14 @@ def launch(
     experiment: Path, site: str | None, dry_run: bool, follow: bool, as_json: bool, interval: float
 ) -> None:
     """Launch EXPERIMENT (a YAML file) as Slurm job arrays."""
-    cfg = load_experiment(experiment, site=site, partitions=_cluster_partitions(dry_run))
+    cfg = load_experiment(
+        experiment, site=site, partitions=_cluster_partitions(dry_run), backends=backends()
+    )
     use_site(cfg.site)
     home = default_home(cfg.site.state_dir)
-    if cfg.backend == "slurm" and "%" in str(home):
-        # sbatch reads % in --output/--error as a file-name pattern (%j, %u, ...), so the
-        # job logs would land somewhere other than where dlhpc records them.
-        raise UsageError(
-            f"the state folder {home} contains '%', which Slurm reads as a pattern in log file"
-            " names; set DLHPC_HOME (or the site's state_dir) to a folder without '%'"
-        )
+    problem = default_registry().get(cfg.backend).request_problem(home)
+    if problem is not None:  # e.g. Slurm's: '%' in a log path is a pattern to sbatch
+        raise UsageError(problem)
     if dry_run:
         plan = plan_launch(cfg, home, SchedulerPool(local_root=home / "local"))
         if as_json:

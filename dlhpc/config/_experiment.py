@@ -22,7 +22,14 @@ from dlhpc.config._deepspeed import read_deepspeed
 from dlhpc.config._hparams import read_hyperparameters, read_searcher
 from dlhpc.config._partitions import PartitionLister, check_cluster_partition
 from dlhpc.config._paths import absolute
-from dlhpc.config._site import SiteRef, load_site, load_site_ref, not_listed, resolve_backend
+from dlhpc.config._site import (
+    Backends,
+    SiteRef,
+    load_site,
+    load_site_ref,
+    not_listed,
+    resolve_backend,
+)
 from dlhpc.config._units import format_minutes
 from dlhpc.config._validate import (
     Field,
@@ -163,15 +170,18 @@ def load_experiment(
     site: str | None = None,
     environ: Mapping[str, str] | None = None,
     partitions: PartitionLister | None = None,
+    backends: Backends | None = None,
 ) -> ExperimentConfig:
     """Load, validate and resolve the experiment file ``path``.
 
     The site is ``site`` (a name or path), else the file's ``site:`` key (a
     path relative to the file's folder), else ``$DLHPC_SITE``, else auto.
     ``environ`` (default ``os.environ``) is used for ``~``, ``${VAR}``,
-    ``$DLHPC_*`` and finding ``sbatch``. ``partitions``: the Slurm cluster's
-    partition names, asked (once) only when the backend is Slurm and a
-    partition is set (see :mod:`dlhpc.config._partitions`); its errors propagate.
+    ``$DLHPC_*`` and by ``backends`` (the scheduler registry: the backend names a
+    site may use, and what ``backend: auto`` means there; needed for ``auto``).
+    ``partitions``: the Slurm cluster's partition names, asked (once) only when
+    the backend is Slurm and a partition is set (see :mod:`dlhpc.config._partitions`);
+    its errors propagate.
     """
     env: Mapping[str, str] = os.environ if environ is None else environ
     label = str(path)
@@ -181,12 +191,12 @@ def load_experiment(
     base = source.parent
     issues = Issues(label, doc.lines)
     top = read_section(issues, doc.data, (), _TOP)
-    site_cfg, site_issues = _site(issues, site, top["site"], base, env)
+    site_cfg, site_issues = _site(issues, site, top["site"], base, env, backends)
     site_ok = site_cfg is not None
     cfg_site = site_cfg if site_cfg is not None else SiteConfig("unknown", None)
 
     resources = _resources(issues, top["resources"], cfg_site, site_ok)
-    backend = resolve_backend(cfg_site.backend, env)
+    backend = resolve_backend(site_cfg.backend, env, backends) if site_cfg else None
     if partitions is not None and site_ok and backend == "slurm":
         ours = isinstance(top["resources"], dict) and top["resources"].get("partition")
         if issues.ok(("resources", "partition")):
@@ -225,7 +235,7 @@ def load_experiment(
         issues.issues + site_issues,
         key=lambda i: (i.file != label, i.line is not None, i.line or 0),
     )
-    if problems or site_cfg is None:
+    if problems or site_cfg is None or backend is None:
         raise ConfigError(problems)
     return ExperimentConfig(
         name=top["name"],
@@ -258,23 +268,28 @@ def load_experiment(
 
 
 def _site(
-    issues: Issues, arg: str | None, key: str | None, base: Path, env: Mapping[str, str]
+    issues: Issues,
+    arg: str | None,
+    key: str | None,
+    base: Path,
+    env: Mapping[str, str],
+    backends: Backends | None,
 ) -> tuple[SiteConfig | None, list[ConfigIssue]]:
     """The site (argument > ``site:`` key > ``$DLHPC_SITE`` > auto) and its problems."""
     try:
         if arg is not None:
-            return load_site_ref(arg, SiteRef("site"), Path.cwd(), env), []
+            return load_site_ref(arg, SiteRef("site"), Path.cwd(), env, backends), []
         if key is not None:
             ref = SiteRef(issues.file, issues.line(("site",)), "site")
             try:
-                return load_site_ref(key, ref, base, env), []
+                return load_site_ref(key, ref, base, env, backends), []
             except ConfigError as exc:  # an unreadable site file: point at the key
                 if any(i.file != key or i.line is not None for i in exc.issues):
                     raise
                 return None, [ref.error(f"{key}: {i.message}").issues[0] for i in exc.issues]
         if not issues.ok(("site",)):
             return None, []  # the key's problem is already reported
-        return load_site(None, env), []
+        return load_site(None, env, backends), []
     except ConfigError as exc:
         return None, exc.issues
 

@@ -2,9 +2,12 @@
 
 A site is named (``dev-cluster`` -> ``dev-cluster.yaml`` on the search path)
 or given as a path (the value contains ``/`` or ends in ``.yaml``/``.yml``).
-Without one, ``$DLHPC_SITE`` is used, else ``generic`` when ``sbatch`` is on
-``$PATH`` and ``local`` otherwise (a built-in equivalent when that file is
-not on the search path). Errors in a site file name the site file and line.
+Without one, ``$DLHPC_SITE`` is used, else ``generic`` where ``backend: auto``
+means Slurm (``sbatch`` on ``$PATH``) and ``local`` otherwise (a built-in
+equivalent when that file is not on the search path). What ``auto`` means is
+the scheduler registry's to say, and so are the backend names a site may use:
+config sits below the schedulers, so its callers pass the registry in as
+``backends`` (:class:`Backends`). Errors in a site file name the site file and line.
 """
 
 from __future__ import annotations
@@ -12,11 +15,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Protocol
 
 from dlhpc.config import _fields as F
 from dlhpc.config._paths import absolute, expand_path, home
@@ -40,6 +42,7 @@ from dlhpc.config.model import BackendName, PartitionInfo, SiteConfig
 from dlhpc.errors import ConfigError, ConfigIssue
 
 __all__ = [
+    "Backends",
     "SiteRef",
     "auto_site_name",
     "list_sites",
@@ -49,6 +52,23 @@ __all__ = [
     "resolve_backend",
     "site_search_path",
 ]
+
+
+class Backends(Protocol):
+    """The scheduler backends a site may name (``dlhpc.scheduler.registry.Registry``).
+
+    Without it (``None``), a site's backend name is taken as written (the scheduler
+    layer refuses an unknown one) and ``auto`` cannot be resolved (ValueError).
+    """
+
+    def names(self) -> list[str]:
+        """Every registered backend name."""
+        ...
+
+    def auto(self, environ: Mapping[str, str]) -> str:
+        """The backend ``auto`` means in ``environ``."""
+        ...
+
 
 _SITE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 REPO_SITES = Path(__file__).resolve().parents[2] / "site-configs"
@@ -99,19 +119,23 @@ def list_sites(environ: Mapping[str, str] | None = None) -> dict[str, Path]:
     return found
 
 
-def auto_site_name(environ: Mapping[str, str] | None = None) -> str:
-    """``generic`` when ``sbatch`` is on ``$PATH``, else ``local``."""
-    return "generic" if resolve_backend("auto", environ) == "slurm" else "local"
+def auto_site_name(environ: Mapping[str, str] | None, backends: Backends | None) -> str:
+    """The site used when none is named: ``generic`` where ``auto`` means Slurm, else
+    the backend's name (``local``)."""
+    backend = resolve_backend("auto", environ, backends)
+    return "generic" if backend == "slurm" else backend
 
 
 def resolve_backend(
-    backend: BackendName | Literal["auto"], environ: Mapping[str, str] | None = None
+    backend: BackendName, environ: Mapping[str, str] | None, backends: Backends | None
 ) -> BackendName:
-    """``auto`` -> ``slurm`` when ``sbatch`` is on the environment's ``PATH``, else ``local``."""
+    """``backend``, with ``auto`` answered by ``backends`` for the environment;
+    ValueError for ``auto`` without ``backends`` (a caller's mistake)."""
     if backend != "auto":
         return backend
-    path = _env(environ).get("PATH", os.defpath)
-    return "slurm" if shutil.which("sbatch", path=path) else "local"
+    if backends is None:
+        raise ValueError("backend 'auto' needs the scheduler backends (backends=)")
+    return backends.auto(_env(environ))
 
 
 class SiteRef:
@@ -125,30 +149,39 @@ class SiteRef:
 
 
 def load_site(
-    name_or_path: str | None = None, environ: Mapping[str, str] | None = None
+    name_or_path: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    backends: Backends | None = None,
 ) -> SiteConfig:
-    """Load a site by name or path; ``None``: ``$DLHPC_SITE``, else auto (see module doc)."""
+    """Load a site by name or path; ``None``: ``$DLHPC_SITE``, else auto (see module doc;
+    ``backends`` checks the site's backend name and answers ``auto``)."""
     env = _env(environ)
     if name_or_path is not None:
-        return load_site_ref(name_or_path, SiteRef("site"), Path.cwd(), env)
+        return load_site_ref(name_or_path, SiteRef("site"), Path.cwd(), env, backends)
     if env.get("DLHPC_SITE"):
-        return load_site_ref(env["DLHPC_SITE"], SiteRef("$DLHPC_SITE"), Path.cwd(), env)
-    name = auto_site_name(env)
+        return load_site_ref(env["DLHPC_SITE"], SiteRef("$DLHPC_SITE"), Path.cwd(), env, backends)
+    name = auto_site_name(env, backends)
     file = list_sites(env).get(name)
     if file is None:  # a built-in equivalent of the shipped file
-        backend: BackendName = "slurm" if name == "generic" else "local"
+        backend = "slurm" if name == "generic" else name
         return _finish(SiteConfig(name, None, backend=backend), env)
-    return load_site_file(file, str(file), env)
+    return load_site_file(file, str(file), env, backends)
 
 
-def load_site_ref(spec: str, ref: SiteRef, base: Path, environ: Mapping[str, str]) -> SiteConfig:
+def load_site_ref(
+    spec: str,
+    ref: SiteRef,
+    base: Path,
+    environ: Mapping[str, str],
+    backends: Backends | None = None,
+) -> SiteConfig:
     """Load the site ``spec`` (a name or a path relative to ``base``) chosen at ``ref``."""
     if spec.endswith((".yaml", ".yml")) or "/" in spec:
         try:
             file = expand_path(spec, base, environ)
         except ValueError as exc:
             raise ref.error(str(exc)) from None
-        return load_site_file(file, spec, environ)
+        return load_site_file(file, spec, environ, backends)
     sites = list_sites(environ)
     if not _SITE_NAME.fullmatch(spec) or spec not in sites:
         names = ", ".join(sorted(sites)) or "none"
@@ -157,18 +190,23 @@ def load_site_ref(spec: str, ref: SiteRef, base: Path, environ: Mapping[str, str
             f"unknown site {describe(spec)}; {did_you_mean(spec, sites)}"
             f"(available: {names}; searched {where})"
         )
-    return load_site_file(sites[spec], str(sites[spec]), environ)
+    return load_site_file(sites[spec], str(sites[spec]), environ, backends)
 
 
-def load_site_file(file: Path, label: str, environ: Mapping[str, str]) -> SiteConfig:
-    """Load and validate one site file; ``label`` names it in errors."""
+def load_site_file(
+    file: Path, label: str, environ: Mapping[str, str], backends: Backends | None = None
+) -> SiteConfig:
+    """Load and validate one site file; ``label`` names it in errors. Its backend must
+    be ``auto`` or one of ``backends``' names (any name without ``backends``)."""
     doc = read_yaml_file(file, label)
     base = absolute(file, Path.cwd()).parent
     issues = Issues(label, doc.lines)
     path = F.path(base, environ)
     fields = {
         "name": Field(string(pattern=_SITE_NAME, what="must be a site name"), default=file.stem),
-        "backend": Field(choice("auto", "slurm", "local"), default="auto"),
+        "backend": Field(
+            choice("auto", *backends.names()) if backends is not None else F.TOKEN, default="auto"
+        ),
         "partition": Field(F.TOKEN, nullable=True),
         "account": Field(F.TOKEN, nullable=True),
         "qos": Field(F.TOKEN, nullable=True),

@@ -18,7 +18,7 @@ from dlhpc.config._permissions import Permissions
 SCHEMA_VERSION = 1
 
 HParamType = Literal["const", "int", "double", "log", "categorical"]
-BackendName = Literal["slurm", "local"]
+BackendName = str  # a scheduler backend registered in dlhpc.scheduler.registry
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ class SiteConfig:
 
     name: str
     source: Path | None  # the file it came from, None for the built-in default
-    backend: BackendName | Literal["auto"] = "auto"
+    backend: BackendName = "auto"  # or "auto": resolved by the loader's ``backends``
     partition: str | None = None
     account: str | None = None
     qos: str | None = None

@@ -50,6 +50,7 @@ from dlhpc.protocol import (
 if TYPE_CHECKING:
     from dlhpc.harness.state import TrainState
     from dlhpc.protocol.checkpoint import Checkpoint
+    from dlhpc.scheduler.environment import JobEnvironment
 
 __all__ = ["Saveable", "TrialContext", "init"]
 
@@ -60,11 +61,21 @@ _PROGRESS_EVERY_S = 5.0
 _STOP_FILE_EVERY_S = 2.0  # how often should_stop() looks for the searcher's stop file
 
 
-def _int_env(*names: str, default: int) -> int:
-    for var in names:
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return default
+def _int_env(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else default
+
+
+def _job_environment() -> JobEnvironment:
+    """This process's job environment; outside any backend's job, one process here."""
+    # imported here: importing dlhpc.harness (report reads its telemetry) stays scheduler-free
+    from dlhpc.scheduler.environment import JobEnvironment
+    from dlhpc.scheduler.registry import default_registry
+
+    try:
+        return default_registry().job_environment(os.environ)
+    except DlhpcError:
+        return JobEnvironment(os.environ)
 
 
 class Saveable(Protocol):
@@ -104,9 +115,10 @@ class TrialContext:
     ) -> None:
         self.spec = spec
         self.hparams: dict[str, Any] = dict(hparams)
-        self.rank = _int_env("RANK", "SLURM_PROCID", default=0)
-        self.local_rank = _int_env("LOCAL_RANK", "SLURM_LOCALID", default=0)
-        self.world_size = _int_env("WORLD_SIZE", "SLURM_NTASKS", default=1)
+        job = _job_environment()  # torch's variables win over the scheduler's
+        self.rank = _int_env("RANK", default=job.rank)
+        self.local_rank = _int_env("LOCAL_RANK", default=job.local_rank)
+        self.world_size = _int_env("WORLD_SIZE", default=job.world_size)
         self.flush_every = max(1, flush_every)
         self.flush_interval_s = flush_interval_s
         self.attempt_dir = attempt_dir

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dlhpc.errors import DlhpcError
-from dlhpc.harness.distributed import RANK_VARS, single_process_env, slurm_rank_env
+from dlhpc.harness.distributed import RANK_VARS, rank_env, single_process_env
 from dlhpc.harness.ds_checkpoint import ENGINE_TAG, EngineState, WorldSizeMismatch
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ def ensure_rank_env() -> dict[str, str]:
     Slurm's inside an srun task, else rank 0 of 1 on this host. Returns what it set."""
     if all(os.environ.get(k) for k in RANK_VARS):
         return {}
-    derived = slurm_rank_env(os.environ) or single_process_env(os.environ)
+    derived = rank_env(os.environ) or single_process_env(os.environ)
     added = {k: v for k, v in derived.items() if not os.environ.get(k)}
     os.environ.update(added)
     return added

@@ -129,16 +129,16 @@ class GpuSampler(threading.Thread):
 
 
 def start_gpu_sampler(
-    attempt_dir: Path, environ: Mapping[str, str], interval_s: float = INTERVAL_S
+    attempt_dir: Path, environ: Mapping[str, str], node_id: int = 0, interval_s: float = INTERVAL_S
 ) -> GpuSampler | None:
-    """A started sampler on this node, or None (printing one info line) without NVML
-    or without GPUs. Call it from local rank 0 only."""
+    """A started sampler on this node (``node_id``: its index among the job's nodes,
+    from the job environment), or None (printing one info line) without NVML or
+    without GPUs. Call it from local rank 0 only."""
     nvml, why = load_nvml()
     if nvml is None:
         print(f"[dlhpc info] GPU telemetry off: NVML unavailable ({why})", file=sys.stderr)
         return None
     try:
-        node_id = int(environ.get("SLURM_NODEID") or 0)
         sampler = GpuSampler(nvml, attempt_dir, node_id, environ=environ, interval_s=interval_s)
     except Exception as err:
         print(f"[dlhpc info] GPU telemetry off: {type(err).__name__}: {err}", file=sys.stderr)

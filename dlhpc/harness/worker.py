@@ -8,13 +8,18 @@ and runs ``entry.sh`` (site modules, ``environment.setup``, the entrypoint) in
 the code snapshot, with the trial's facts in ``DLHPC_*`` variables.
 Hyperparameters reach the script only through ``trial.json``.
 
+The job's identity, ranks and nodes come from its backend's job environment
+(:class:`~dlhpc.scheduler.environment.JobEnvironment`, found through the
+registry), never from a scheduler's variables directly.
+
 Signals. Slurm signals every process of the job (preemption: TERM, then KILL
 after the grace time; time limit: USR2 ``lead_time`` seconds before). The
 worker forwards what it receives to the entrypoint's process group (so the
 local backend's cancel works the same), notes the first signal, and when the
-script exits with :data:`~dlhpc.protocol.REQUEUE_EXIT_CODE` after a USR2 it asks
-Slurm to requeue this array task (``scontrol requeue``). After a TERM Slurm
-requeues preempted jobs itself; anything else is for the reconciler.
+script exits with :data:`~dlhpc.protocol.REQUEUE_EXIT_CODE` after the backend's
+time-limit signal (Slurm: USR2) it asks the backend to requeue this task
+(Slurm: ``scontrol requeue``). After a TERM Slurm requeues preempted jobs
+itself; anything else is for the reconciler.
 """
 
 from __future__ import annotations
@@ -28,12 +33,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 
 from dlhpc.errors import DlhpcError
 from dlhpc.harness.context import ENV_ATTEMPT_DIR, ENV_TRIAL_DIR
-from dlhpc.harness.distributed import slurm_rank_env
+from dlhpc.harness.distributed import rank_env
 from dlhpc.harness.telemetry import start_gpu_sampler
 from dlhpc.protocol import (
     HEARTBEAT_FILE,
@@ -49,6 +55,8 @@ from dlhpc.protocol import (
     trial_file,
 )
 from dlhpc.repro import attempt_record, deterministic_env
+from dlhpc.scheduler.environment import JobEnvironment
+from dlhpc.scheduler.registry import default_registry
 
 __all__ = ["TrialFailed", "job_identity", "run_trial"]
 
@@ -59,42 +67,44 @@ class TrialFailed(DlhpcError):
     """The entrypoint exited non-zero (raised so that Slurm marks the job FAILED)."""
 
 
-def job_identity(environ: dict[str, str] | os._Environ[str]) -> tuple[str, int, int]:
-    """(job id, restart count, rank) of this process, from Slurm's or dlhpc's variables."""
-    if environ.get("SLURM_ARRAY_JOB_ID") and environ.get("SLURM_ARRAY_TASK_ID"):
-        job_id = f"{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}"
-    elif environ.get("SLURM_JOB_ID"):
-        job_id = environ["SLURM_JOB_ID"]
-    elif environ.get("DLHPC_JOB_ID"):
-        job_id = environ["DLHPC_JOB_ID"]
-    else:
-        raise DlhpcError("worker: no SLURM_JOB_ID or DLHPC_JOB_ID; not started by a scheduler")
-    restart = int(environ.get("SLURM_RESTART_COUNT") or environ.get("DLHPC_RESTART") or 0)
-    rank = int(environ.get("SLURM_PROCID") or 0)
-    return job_id, restart, rank
+def job_identity(environ: Mapping[str, str]) -> tuple[str, int, int]:
+    """(job id, restart count, rank) of this process, from its backend's job environment."""
+    job = _job(environ)
+    return job.job_id, job.restart, job.rank
+
+
+def _job(environ: Mapping[str, str]) -> JobEnvironment:
+    try:
+        return default_registry().job_environment(environ)
+    except DlhpcError as err:
+        raise DlhpcError(f"worker: {err}") from None
 
 
 def _child_env(spec: TrialSpec, trial_dir: Path, attempt_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
+    try:
+        cpus = _job(env).cpus_per_task
+    except DlhpcError:  # not in a scheduler's job (a direct call): no CPU count given
+        cpus = None
     env.update(spec.env)
     # `python` in the entrypoint means the interpreter that has dlhpc, unless the
     # user's environment.setup activates another environment (it runs later).
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env.setdefault("OMP_NUM_THREADS", env.get("SLURM_CPUS_PER_TASK", "1"))
+    env.setdefault("OMP_NUM_THREADS", cpus or "1")
     env["PYTHONUNBUFFERED"] = "1"
     env[ENV_TRIAL_DIR] = str(trial_dir)
     env[ENV_ATTEMPT_DIR] = str(attempt_dir)
     env["DLHPC_EXPERIMENT_ID"] = str(spec.experiment_id)
     env["DLHPC_TRIAL_ID"] = str(spec.trial_id)
-    # torch.distributed's RANK, WORLD_SIZE, ..., MASTER_PORT for this srun task. They
+    # torch.distributed's RANK, WORLD_SIZE, ..., MASTER_PORT for this task. They
     # replace inherited values (sbatch exports the submitter's environment, which may
     # hold stale ones); the experiment's or site's env (spec.env) wins over them.
     try:
-        rank_env = slurm_rank_env(env)
+        ranks = rank_env(env)
     except DlhpcError as err:
         print(f"dlhpc worker: {err}; rank variables not set", file=sys.stderr, flush=True)
-        rank_env = {}
-    env.update({k: v for k, v in rank_env.items() if k not in spec.env})
+        ranks = {}
+    env.update({k: v for k, v in ranks.items() if k not in spec.env})
     if spec.deterministic:  # before the interpreter starts; the experiment's env wins
         env.update({k: v for k, v in deterministic_env(spec.seed).items() if k not in spec.env})
     return env
@@ -119,27 +129,17 @@ class _Heartbeat(threading.Thread):
             self.beat()
 
 
-def _requeue_self(job_id: str) -> str:
-    """Ask Slurm to requeue this array task; returns "" or the error."""
-    try:
-        proc = subprocess.run(
-            ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return str(err)
-    return "" if proc.returncode == 0 else (proc.stderr or proc.stdout).strip()
-
-
 def run_entrypoint(trial_dir: Path) -> int:
     """Run the trial once; returns the entrypoint's exit code (signals as 128+n)."""
     spec = TrialSpec.read(trial_file(trial_dir))
     if spec.umask is not None:  # the site's policy, before this job creates anything
         os.umask(spec.umask)
-    job_id, restart, rank = job_identity(os.environ)
+    job = _job(os.environ)
+    job_id, restart, rank = job.job_id, job.restart, job.rank
     attempt_dir = attempts_dir(trial_dir) / attempt_key(job_id, restart)
     events = EventWriter(attempt_dir, f"worker-r{rank}")
     child_env = _child_env(spec, trial_dir, attempt_dir)
-    local_rank = int(os.environ.get("SLURM_LOCALID") or 0)
+    local_rank = job.local_rank
     events.add(
         "start",
         host=socket.gethostname(),
@@ -147,11 +147,18 @@ def run_entrypoint(trial_dir: Path) -> int:
         job_id=job_id,
         restart=restart,
         rank=rank,
-        nodes=os.environ.get("SLURM_JOB_NODELIST", socket.gethostname()),
+        nodes=job.node_list or socket.gethostname(),
     )
     if local_rank == 0:  # one record per node; the data fingerprint once, on rank 0
         data = spec.data if rank == 0 else []
-        record = attempt_record(child_env, rank=rank, data=data, declared=list(spec.env))
+        record = attempt_record(
+            child_env,
+            rank=rank,
+            data=data,
+            declared=list(spec.env),
+            nodes=job.node_list,
+            scheduler_vars=job.record_vars,
+        )
         events.add("env", rank=rank, record=record)
     events.flush()
     heartbeat = _Heartbeat(attempt_dir / HEARTBEAT_FILE, HEARTBEAT_INTERVAL_S)
@@ -159,7 +166,7 @@ def run_entrypoint(trial_dir: Path) -> int:
         heartbeat.beat()
         heartbeat.start()
     # GPU telemetry: one sampler per node (a no-op with one info line without NVML)
-    sampler = start_gpu_sampler(attempt_dir, os.environ) if local_rank == 0 else None
+    sampler = start_gpu_sampler(attempt_dir, os.environ, job.node_id) if local_rank == 0 else None
 
     # Its own process group, so that forwarding reaches the training process and
     # not just the shell running entry.sh.
@@ -207,10 +214,10 @@ def run_entrypoint(trial_dir: Path) -> int:
         checkpoint_step=progress.get("checkpoint_step"),
     )
     events.flush()
-    if rank == 0 and reason == "requeue" and first == "USR2" and "SLURM_JOB_ID" in os.environ:
-        error = _requeue_self(job_id)  # Slurm kills this run and queues the task again
+    if rank == 0 and reason == "requeue" and first and first == job.time_limit_signal:
+        error = job.requeue_self()  # the scheduler kills this run and queues the task again
         if error:
-            events.add("log", level="warning", message=f"scontrol requeue {job_id}: {error}")
+            events.add("log", level="warning", message=error)
             events.flush()
     return code
 

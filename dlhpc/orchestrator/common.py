@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
-import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -18,9 +16,11 @@ from dlhpc.config.model import ExperimentConfig
 from dlhpc.config.serde import from_jsonable
 from dlhpc.errors import SchedulerError
 from dlhpc.orchestrator.clock import SYSTEM_CLOCK, Clock
+from dlhpc.orchestrator.request import job_request, new_uid
 from dlhpc.orchestrator.runfiles import trial_spec, write_trial_specs
-from dlhpc.protocol import jobs_dir, trial_dir
-from dlhpc.scheduler import BaseScheduler, JobRequest, SubmittedTask, make_scheduler
+from dlhpc.protocol import trial_dir
+from dlhpc.scheduler import BaseScheduler, SubmittedTask, make_scheduler
+from dlhpc.scheduler.registry import Registry, default_registry
 from dlhpc.search import BaseSearcher, Create, make_searcher
 from dlhpc.store import Attempt, Decision, Event, Experiment, Store, Submission, Trial, utcnow
 from dlhpc.store.ingest import new_attempt
@@ -41,14 +41,19 @@ __all__ = [
 
 @dataclass
 class SchedulerPool:
-    """One scheduler instance per backend for the life of a command."""
+    """One scheduler instance per backend for the life of a command, built from
+    ``registry`` (default: the installed backends; the simulator passes one with
+    its cluster added through :meth:`Registry.with_backend`)."""
 
     local_root: Path
-    _by_name: dict[str, BaseScheduler] = field(default_factory=dict)
+    registry: Registry = field(default_factory=default_registry)
+    _by_name: dict[str, BaseScheduler] = field(default_factory=dict, init=False)
 
     def get(self, backend: str) -> BaseScheduler:
         if backend not in self._by_name:
-            self._by_name[backend] = make_scheduler(backend, local_root=self.local_root)
+            self._by_name[backend] = make_scheduler(
+                backend, local_root=self.local_root, registry=self.registry
+            )
         return self._by_name[backend]
 
     def calls(self) -> Counter[str]:
@@ -167,12 +172,14 @@ def submit_pending(
         trials = _unsubmitted(session, exp_id)
         if not trials:
             return []
+        dirs = [trial_dir(store.runs_root, exp_id, t.id) for t in trials]  # as specs write them
+        request = job_request(cfg, exp_id, Path(exp.run_dir), dirs, new_uid())
         sub = Submission(
             experiment_id=exp_id,
-            name=f"dlhpc-e{exp_id}-{uuid.uuid4().hex[:8]}",
+            name=request.name,
             state=SubmissionState.SUBMITTING.value,
             trial_ids_json=json.dumps([t.id for t in trials]),
-            folder=str(jobs_dir(Path(exp.run_dir))),
+            folder=str(request.folder),
             created_at=clock.now(),
         )
         session.add(sub)
@@ -182,18 +189,7 @@ def submit_pending(
             )
             for t in trials
         ]
-    dirs = write_trial_specs(specs, store.runs_root)
-    request = JobRequest(
-        experiment_id=exp_id,
-        name=sub.name,
-        folder=Path(sub.folder),
-        trial_dirs=dirs,
-        resources=cfg.resources,
-        preemption=cfg.preemption,
-        site=cfg.site,
-        max_concurrent=cfg.searcher.max_concurrent_trials,
-        python=sys.executable,
-    )
+    write_trial_specs(specs, store.runs_root)
     scheduler = pool.get(cfg.backend)
     try:
         tasks = scheduler.submit(request)

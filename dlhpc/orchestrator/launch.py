@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,10 +21,10 @@ from dlhpc.orchestrator.common import (
     searcher_of,
     submit_pending,
 )
+from dlhpc.orchestrator.request import DRY_RUN_UID, job_request
 from dlhpc.orchestrator.runfiles import publish_staging, stage_run_folder
-from dlhpc.protocol import checkpoint_experiment_dir, experiment_dir, jobs_dir, trial_dir
+from dlhpc.protocol import checkpoint_experiment_dir, experiment_dir, trial_dir
 from dlhpc.repro import collect_launch_record
-from dlhpc.scheduler import JobRequest
 from dlhpc.search import Create
 from dlhpc.store import Experiment, Store, utcnow
 from dlhpc.store.states import ExperimentState
@@ -82,18 +81,8 @@ def plan_launch(cfg: ExperimentConfig, home: Path, pool: SchedulerPool) -> DryRu
         exp_id = store.next_experiment_id()
         store.close()
     runs_root = home / "runs"
-    exp_dir = experiment_dir(runs_root, exp_id)
-    request = JobRequest(
-        experiment_id=exp_id,
-        name=f"dlhpc-e{exp_id}-<uid>",
-        folder=jobs_dir(exp_dir),
-        trial_dirs=[trial_dir(runs_root, exp_id, i + 1) for i in range(len(creates))],
-        resources=cfg.resources,
-        preemption=cfg.preemption,
-        site=cfg.site,
-        max_concurrent=cfg.searcher.max_concurrent_trials,
-        python=sys.executable,
-    )
+    dirs = [trial_dir(runs_root, exp_id, i + 1) for i in range(len(creates))]
+    request = job_request(cfg, exp_id, experiment_dir(runs_root, exp_id), dirs, DRY_RUN_UID)
     return DryRun(exp_id, creates, pool.get(cfg.backend).render(request))
 
 
@@ -124,7 +113,8 @@ def launch(
     staging = stage_run_folder(cfg, store.runs_root, code_from)
     try:
         if record is None:
-            record = collect_launch_record(cfg, skip=store.runs_root)
+            version = pool.get(cfg.backend).version_record()
+            record = collect_launch_record(cfg, skip=store.runs_root, scheduler_version=version)
         with store.hold_lease():
             now = utcnow()
             with store.write() as session:

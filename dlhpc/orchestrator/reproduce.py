@@ -46,6 +46,7 @@ from dlhpc.repro import (
     fingerprint_data,
     trial_record,
 )
+from dlhpc.scheduler.registry import Registry, default_registry
 from dlhpc.store import Attempt, Store, Trial
 
 __all__ = [
@@ -113,10 +114,22 @@ def trial_record_of(session: Session, trial_id: int) -> dict[str, Any]:
     )
 
 
+def volatile_env(registry: Registry) -> frozenset[str]:
+    """Every registered backend's variables that differ between attempts by construction."""
+    found: set[str] = set()
+    for name in registry.names():
+        cls = registry.get(name).environment_class()
+        found |= cls.volatile_vars if cls is not None else set()
+    return frozenset(found)
+
+
 def diff_trials(store: Store, a: int, b: int) -> list[Difference]:
     """The differences between trials ``a`` and ``b``'s records."""
+    volatile = volatile_env(default_registry())
     with store.read() as session:
-        return diff_records(trial_record_of(session, a), trial_record_of(session, b))
+        return diff_records(
+            trial_record_of(session, a), trial_record_of(session, b), volatile=volatile
+        )
 
 
 def _reproduction_config(
@@ -141,8 +154,11 @@ def _reproduction_config(
     )
 
 
-def plan_reproduce(store: Store, trial_id: int, from_checkpoint: bool = False) -> ReproducePlan:
-    """The reproduction of trial ``trial_id`` (see the module docstring); writes nothing.
+def plan_reproduce(
+    store: Store, pool: SchedulerPool, trial_id: int, from_checkpoint: bool = False
+) -> ReproducePlan:
+    """The reproduction of trial ``trial_id`` (see the module docstring); writes nothing
+    (``pool``'s backend is asked for its version).
 
     Raises NotFoundError for an unknown trial and UsageError when the original's
     code snapshot is gone or (``from_checkpoint``) it has no verified checkpoint.
@@ -175,14 +191,15 @@ def plan_reproduce(store: Store, trial_id: int, from_checkpoint: bool = False) -
     if not code:
         notes.append(f"experiment {exp_id} has no launch record; code identified by its snapshot")
         code = code_record(code_dir)
-    record = collect_launch_record(cfg, code=code)
+    version = pool.get(cfg.backend).version_record()
+    record = collect_launch_record(cfg, code=code, scheduler_version=version)
     record["config"]["yaml_sha256"] = hashlib.sha256(yaml_text.encode()).hexdigest()
     record["reproduces"] = {
         "trial_id": trial_id,
         "experiment_id": exp_id,
         "checkpoint": str(checkpoint) if checkpoint else None,
     }
-    local = cfg.backend == "local"
+    local = pool.registry.get(cfg.backend).runs_here
     now_attempt: dict[str, Any] = {"data": fingerprint_data(record["data"])}
     if local:  # this machine runs the job: its CPU and GPUs are the job's
         now_attempt.update(
@@ -196,7 +213,8 @@ def plan_reproduce(store: Store, trial_id: int, from_checkpoint: bool = False) -
     if not original["attempt"]:
         notes.append(f"trial {trial_id} has no attempt record: its GPU and data are not compared")
     now = trial_record(record, to_jsonable(cfg), hp, seed, length, now_attempt)
-    diffs = diff_records(original, now, LOCAL_NOW_SECTIONS if local else NOW_SECTIONS)
+    sections = LOCAL_NOW_SECTIONS if local else NOW_SECTIONS
+    diffs = diff_records(original, now, sections, volatile_env(pool.registry))
     return ReproducePlan(
         trial_id, exp_id, cfg, hp, seed, length, code_dir, yaml_text, record, checkpoint,
         diffs, notes,

@@ -4,7 +4,7 @@ Contract of :func:`attempt_record`: standard library only (NVML through
 ``pynvml`` when it is installed; torch is never imported), never raises (a part
 that fails says why under ``error``), returns a JSON-able dict::
 
-    {"version": 1, "host", "rank", "nodes",            # SLURM_JOB_NODELIST, else the host
+    {"version": 1, "host", "rank", "nodes",            # the job's node list, else the host
      "cpu": {"model", "logical_cpus", "allowed_cpus"},
      "gpu": {"driver", "cuda_driver", "nvml", "devices": [{"index", "name", "uuid",
              "memory_total"}]} | {"devices": [], "unavailable": "why"},
@@ -25,7 +25,7 @@ import platform
 import re
 import socket
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from dlhpc.repro._files import fingerprint_data
@@ -43,26 +43,21 @@ __all__ = [
 
 REDACTED = "<redacted>"
 _SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL|AUTH", re.IGNORECASE)
+# Plus the scheduler's own: its job environment's record_vars, which the caller passes.
 ENV_ALLOWED = frozenset(
     {
         "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
         "PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "PYTHONPATH", "VIRTUAL_ENV",
         "CONDA_PREFIX", "LD_LIBRARY_PATH", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE",
-        "RANK", "LOCAL_RANK", "SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID",
-        "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE",
-        "SLURM_CPUS_PER_TASK", "SLURM_JOB_PARTITION", "SLURM_JOB_ACCOUNT", "SLURM_JOB_QOS",
-        "SLURM_CLUSTER_NAME", "SLURM_RESTART_COUNT", "SLURM_PROCID", "SLURM_LOCALID",
-        "SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "DLHPC_EXPERIMENT_ID",
-        "DLHPC_TRIAL_ID", "DLHPC_JOB_ID", "DLHPC_RESTART",
+        "RANK", "LOCAL_RANK", "DLHPC_EXPERIMENT_ID", "DLHPC_TRIAL_ID",
     }
 )  # fmt: skip
 ENV_PREFIXES = ("NCCL_", "CUDA_", "CUDNN_", "TORCH_", "PYTORCH_", "HF_", "TRANSFORMERS_", "XLA_")
-# Differ between any two attempts by construction; kept in the record, not compared.
+# Differ between any two attempts by construction; kept in the record, not compared
+# (with the schedulers' own, which diff_records' caller passes).
 VOLATILE_ENV = frozenset(
     {
-        "SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_JOB_NODELIST",
-        "SLURM_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT", "DLHPC_EXPERIMENT_ID",
-        "DLHPC_TRIAL_ID", "DLHPC_JOB_ID", "DLHPC_RESTART", "PYTHONHASHSEED",
+        "MASTER_ADDR", "MASTER_PORT", "DLHPC_EXPERIMENT_ID", "DLHPC_TRIAL_ID", "PYTHONHASHSEED",
     }
 )  # fmt: skip
 
@@ -77,12 +72,22 @@ def is_secret_name(name: str) -> bool:
     return _SECRET.search(name) is not None
 
 
-def redacted_env(environ: Mapping[str, str], declared: Sequence[str] = ()) -> dict[str, str]:
-    """The variables that matter (the allowlist, the prefixes, and ``declared``: the
-    experiment's and site's own), with any whose name looks secret redacted."""
+def redacted_env(
+    environ: Mapping[str, str],
+    declared: Sequence[str] = (),
+    scheduler_vars: Collection[str] = (),
+) -> dict[str, str]:
+    """The variables that matter (the allowlist, the prefixes, ``declared``: the
+    experiment's and site's own, and ``scheduler_vars``: the backend's, from its job
+    environment), with any whose name looks secret redacted."""
     out = {}
     for name in sorted(environ):
-        if name in ENV_ALLOWED or name.startswith(ENV_PREFIXES) or name in declared:
+        if (
+            name in ENV_ALLOWED
+            or name.startswith(ENV_PREFIXES)
+            or name in declared
+            or name in scheduler_vars
+        ):
             out[name] = REDACTED if _SECRET.search(name) else environ[name]
     return out
 
@@ -159,19 +164,23 @@ def attempt_record(
     rank: int = 0,
     data: Sequence[Mapping[str, Any]] = (),
     declared: Sequence[str] = (),
+    nodes: str | None = None,
+    scheduler_vars: Collection[str] = (),
     nvml_loader: Callable[[], tuple[Any, str]] | None = None,
 ) -> dict[str, Any]:
     """This node's record for the attempt (see the module docstring). ``environ`` is
     the environment the training process gets; ``data`` is fingerprinted only when
-    given (the worker passes it on rank 0)."""
+    given (the worker passes it on rank 0). ``nodes`` (the job's node list) and
+    ``scheduler_vars`` (the variables of its backend worth keeping) come from the
+    backend's job environment; this module knows no scheduler."""
     host = socket.gethostname()
     record: dict[str, Any] = {"version": 1, "host": host, "rank": rank}
     parts: dict[str, Callable[[], Any]] = {
-        "nodes": lambda: environ.get("SLURM_JOB_NODELIST") or host,
+        "nodes": lambda: nodes or host,
         "cpu": _cpu,
         "gpu": lambda: _gpu(environ, nvml_loader),
         "python": lambda: {"version": platform.python_version(), "executable": sys.executable},
-        "env": lambda: redacted_env(environ, declared),
+        "env": lambda: redacted_env(environ, declared, scheduler_vars),
         "data": lambda: fingerprint_data(data),
     }
     for name, part in parts.items():

@@ -169,10 +169,16 @@ def _data(a: Iterable[Any], b: Iterable[Any]) -> list[Difference]:
 
 
 def diff_records(
-    a: Mapping[str, Any], b: Mapping[str, Any], sections: Collection[str] | None = None
+    a: Mapping[str, Any],
+    b: Mapping[str, Any],
+    sections: Collection[str] | None = None,
+    volatile: Collection[str] = (),
 ) -> list[Difference]:
     """The differences between trial records ``a`` and ``b`` (only ``sections``
-    when given), in :data:`SECTIONS` order."""
+    when given), in :data:`SECTIONS` order. Environment variables in
+    ``volatile`` (the schedulers' job ids, node lists, ...) or in
+    :data:`~dlhpc.repro._attempt.VOLATILE_ENV` are not compared."""
+    skip_env = VOLATILE_ENV | set(volatile)
     want = set(SECTIONS if sections is None else sections)
     ea, eb = _dict(a.get("experiment")), _dict(b.get("experiment"))
     aa, ab = _dict(a.get("attempt")), _dict(b.get("attempt"))
@@ -218,8 +224,8 @@ def diff_records(
         "gpu": lambda: _gpu(_dict(aa.get("gpu")), _dict(ab.get("gpu"))),
         "env": lambda: _map(
             "env",
-            {k: v for k, v in _dict(aa.get("env")).items() if k not in VOLATILE_ENV},
-            {k: v for k, v in _dict(ab.get("env")).items() if k not in VOLATILE_ENV},
+            {k: v for k, v in _dict(aa.get("env")).items() if k not in skip_env},
+            {k: v for k, v in _dict(ab.get("env")).items() if k not in skip_env},
         ),
         "data": lambda: _data(aa.get("data") or [], ab.get("data") or []),
     }

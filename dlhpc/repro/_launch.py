@@ -16,7 +16,8 @@ dict (``RECORD_VERSION``)::
      "packages": {"source": "pip freeze" | "importlib.metadata", "items": {name: version}},
      "conda": {"prefix", "source": "conda-meta", "items": {...}} | None,
      "modules": {"loaded": [...], "files": [...]},
-     "slurm": {"version"} | None, "site": {"name", "source", "backend"},
+     "slurm": {"version"} | None,                    # the scheduler's version (any backend)
+     "site": {"name", "source", "backend"},
      "data": [{"path", "hash"}]}
 
 ``pip freeze`` is started first and runs while git is asked (it costs about a
@@ -312,16 +313,6 @@ def _conda(environ: Mapping[str, str]) -> dict[str, Any] | None:
     return {"prefix": prefix, "source": "conda-meta", "items": items}
 
 
-def _slurm_version() -> dict[str, Any] | None:
-    for tool in ("sinfo", "scontrol"):
-        if shutil.which(tool) is not None:
-            try:
-                return {"version": _run([tool, "--version"], timeout=10).decode().strip()}
-            except RuntimeError as err:
-                return {"error": str(err)}
-    return None
-
-
 def _sha_text(path: Path) -> str | None:
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()
@@ -335,12 +326,15 @@ def collect_launch_record(
     skip: Path | None = None,
     code: dict[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
+    scheduler_version: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The launch record of ``cfg`` (see the module docstring).
 
     ``skip``: a folder inside the workdir to leave out of the code record (the
     state folder). ``code``: use this code record instead of reading the workdir
-    (``dlhpc reproduce`` runs the original's snapshot).
+    (``dlhpc reproduce`` runs the original's snapshot). ``scheduler_version``:
+    the backend's version record (``BaseScheduler.version_record``), kept under
+    the record's ``slurm`` key (its name in older records).
     """
     from dlhpc.config.serde import to_jsonable  # the job side never needs the config package
 
@@ -368,7 +362,7 @@ def collect_launch_record(
             "files": [f for f in files.split(":") if f],
             "site_lines": list(cfg.site.modules),
         },
-        "slurm": _slurm_version() if cfg.backend == "slurm" else None,
+        "slurm": scheduler_version,
         "site": {
             "name": cfg.site.name,
             "source": str(cfg.site.source) if cfg.site.source else None,

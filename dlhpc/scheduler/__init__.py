@@ -1,19 +1,32 @@
 """Scheduler backends behind one contract (:mod:`dlhpc.scheduler.base`).
 
-:func:`make_scheduler` picks a backend by name (``"slurm"`` or ``"local"``).
+One backend is one subpackage (``scheduler/slurm``, ``scheduler/local``, or a
+third-party package registered through entry points): see
+:mod:`dlhpc.scheduler.registry`. :func:`make_scheduler` builds one by name.
+
+Importing this package is cheap (the in-job worker imports the registry): the
+names below load their modules on first access.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from dlhpc.scheduler.base import BaseScheduler, JobRequest, JobState, JobStatus, SubmittedTask
-from dlhpc.scheduler.local import LocalScheduler
-from dlhpc.scheduler.slurm import SlurmScheduler
+if TYPE_CHECKING:
+    from dlhpc.scheduler.base import (
+        BaseScheduler,
+        JobRequest,
+        JobState,
+        JobStatus,
+        SubmittedTask,
+    )
+    from dlhpc.scheduler.local.scheduler import LocalScheduler
+    from dlhpc.scheduler.registry import Registry
+    from dlhpc.scheduler.slurm.scheduler import SlurmScheduler
 
 __all__ = [
-    "BACKENDS",
     "BaseScheduler",
     "JobRequest",
     "JobState",
@@ -24,20 +37,32 @@ __all__ = [
     "make_scheduler",
 ]
 
-#: Backend name -> factory taking the local backend's root folder.
-BACKENDS: dict[str, Callable[[Path], BaseScheduler]] = {
-    "local": lambda root: LocalScheduler(root),
-    "slurm": lambda _root: SlurmScheduler(),
+_LAZY = {
+    "BaseScheduler": "dlhpc.scheduler.base",
+    "JobRequest": "dlhpc.scheduler.base",
+    "JobState": "dlhpc.scheduler.base",
+    "JobStatus": "dlhpc.scheduler.base",
+    "SubmittedTask": "dlhpc.scheduler.base",
+    "LocalScheduler": "dlhpc.scheduler.local.scheduler",
+    "SlurmScheduler": "dlhpc.scheduler.slurm.scheduler",
 }
 
 
-def make_scheduler(backend: str, *, local_root: Path) -> BaseScheduler:
-    """The backend named ``backend``; ``local_root`` is where local batches are indexed
-    (pass the same folder every time). ValueError for an unknown name."""
-    try:
-        factory = BACKENDS[backend]
-    except KeyError:
-        raise ValueError(
-            f"unknown scheduler backend {backend!r}; valid: {', '.join(sorted(BACKENDS))}"
-        ) from None
-    return factory(local_root)
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def make_scheduler(
+    backend: str, *, local_root: Path, registry: Registry | None = None
+) -> BaseScheduler:
+    """The backend named ``backend`` (from ``registry``, default: the installed ones);
+    ``local_root`` is where a backend may keep its own files (the local backend's
+    batch index: pass the same folder every time). ValueError for an unknown name."""
+    from dlhpc.scheduler.registry import default_registry
+
+    scheduler: BaseScheduler = (
+        (registry or default_registry()).get(backend).make_scheduler(local_root)
+    )
+    return scheduler

@@ -28,6 +28,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from dlhpc.config.model import PreemptionConfig, Resources, SiteConfig
 
@@ -129,3 +130,8 @@ class BaseScheduler(ABC):
     def max_array_size(self) -> int:
         """Largest array (number of tasks) one submission may hold."""
         return 1_000_000
+
+    def version_record(self) -> dict[str, Any] | None:
+        """The scheduler's version for the reproducibility record (its ``slurm`` key,
+        named so for older records), or None when there is nothing to record."""
+        return None

@@ -39,6 +39,7 @@ from dlhpc.orchestrator import launch, tick
 from dlhpc.orchestrator.common import SchedulerPool
 from dlhpc.orchestrator.decide import STOP_GRACE
 from dlhpc.orchestrator.recovery import EXIT_RECORD_GRACE
+from dlhpc.scheduler.registry import Backend, default_registry
 from dlhpc.simulate._clock import VirtualClock
 from dlhpc.simulate._cluster import SimCluster
 from dlhpc.simulate._curves import BestReference, CurveSource
@@ -98,7 +99,7 @@ def sim_config(cfg: ExperimentConfig, offset: int, root: Path) -> ExperimentConf
     code.mkdir(parents=True, exist_ok=True)
     return dataclasses.replace(
         cfg,
-        backend="sim",  # type: ignore[arg-type]  # a backend only the simulator knows
+        backend="sim",  # a backend only the simulator registers (see simulate_once)
         workdir=code,
         searcher=dataclasses.replace(cfg.searcher, seed=(cfg.searcher.seed + offset) % 2**31),
         reproducibility=dataclasses.replace(
@@ -144,7 +145,8 @@ def simulate_once(
         cluster = SimCluster(clock, source, spec)
         store = Store(root / "home")
         try:
-            pool = SchedulerPool(local_root=root / "home" / "local", _by_name={"sim": cluster})
+            registry = default_registry().with_backend(Backend("sim", lambda _root: cluster))
+            pool = SchedulerPool(local_root=root / "home" / "local", registry=registry)
             exp_id = launch(run_cfg, store, pool).experiment_id
             state, ticks = _drive(store, pool, cluster, clock, settings, exp_id)
             cluster.finalize()

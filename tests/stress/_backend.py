@@ -21,6 +21,7 @@ from dlhpc.orchestrator.common import SchedulerPool
 from dlhpc.orchestrator.launch import launch
 from dlhpc.protocol import TrialSpec
 from dlhpc.scheduler import BaseScheduler, JobRequest, JobState, JobStatus, SubmittedTask
+from dlhpc.scheduler.registry import Backend, default_registry
 from dlhpc.store import Attempt, Store, Trial
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,8 +56,14 @@ class StressBackend(BaseScheduler):
         return [folder / f"{job_id}.out"]
 
 
+#: The registry descriptor (``$DLHPC_SCHEDULERS=stress=tests.stress._backend:BACKEND``).
+BACKEND = Backend("stress", lambda _root: StressBackend())
+
+
 def stress_pool(home: Path) -> SchedulerPool:
-    return SchedulerPool(local_root=home / "local", _by_name={"stress": StressBackend()})
+    return SchedulerPool(
+        local_root=home / "local", registry=default_registry().with_backend(BACKEND)
+    )
 
 
 def write_experiment(folder: Path, trials: int, backend_hint: str = "") -> Path:

@@ -14,11 +14,9 @@ import sys
 from pathlib import Path
 
 from dlhpc.cli.main import cli
-from dlhpc.scheduler import BACKENDS
-from tests.stress._backend import StressBackend
 
 if __name__ == "__main__":
-    BACKENDS["stress"] = lambda _root: StressBackend()
+    os.environ["DLHPC_SCHEDULERS"] = "stress=tests.stress._backend:BACKEND"
     if os.environ.get("STRESS_READY_DIR"):
         (Path(os.environ["STRESS_READY_DIR"]) / str(os.getpid())).touch()
     if os.environ.get("STRESS_GATE_FD"):

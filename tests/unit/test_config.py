@@ -11,12 +11,12 @@ import pytest
 from dlhpc.config import (
     ExperimentConfig,
     HParam,
-    load_experiment,
     parse_duration_s,
     parse_slurm_time,
 )
 from dlhpc.config.serde import from_jsonable, to_jsonable
 from dlhpc.errors import ConfigError
+from tests._config import load_experiment
 
 HEAD = "name: t\nentrypoint: python t.py\n"  # two lines: fragments start at line 3
 
@@ -271,7 +271,8 @@ def test_dlhpc_home_wins_and_scratch_follows_state_dir(tmp_path: Path, env: dict
 
 
 def test_site_search_path_order(tmp_path: Path, env: dict[str, str]) -> None:
-    from dlhpc.config import list_sites, load_site, site_search_path
+    from dlhpc.config import list_sites, site_search_path
+    from tests._config import load_site
 
     user = Path(env["HOME"]) / ".config/dlhpc/sites"
     write(user / "dev-cluster.yaml", "name: mine\nbackend: local\n")
@@ -293,7 +294,7 @@ def test_unknown_site_lists_available_names(env: dict[str, str]) -> None:
         "exp.yaml:3: site: unknown site 'dev-clustr'; did you mean 'dev-cluster'? (available: "
     )
     assert "generic" in line and "local" in line
-    from dlhpc.config import load_site
+    from tests._config import load_site
 
     with pytest.raises(ConfigError, match=r"^site: unknown site 'nope'; \(available: "):
         load_site("nope", env)

@@ -28,10 +28,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dlhpc.config import ExperimentConfig, load_experiment, load_site
+from dlhpc.config import ExperimentConfig
 from dlhpc.config.serde import from_jsonable, to_jsonable
 from dlhpc.errors import ConfigError, UsageError
 from dlhpc.search import make_searcher
+from tests._config import load_experiment, load_site
 from tests.conftest import REPO
 
 EXAMPLES = 100

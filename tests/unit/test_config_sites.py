@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from dlhpc.config import list_sites, load_experiment, load_site
+from dlhpc.config import list_sites
 from dlhpc.config._site import REPO_SITES
+from tests._config import load_experiment, load_site
 
 SHIPPED = sorted(REPO_SITES.glob("*.yaml"))
 ENV = {"HOME": "/home/alice", "USER": "alice", "PATH": "/nonexistent"}

@@ -11,6 +11,7 @@ from dlhpc.errors import DlhpcError
 from dlhpc.harness import distributed as d
 from dlhpc.harness.worker import _child_env
 from dlhpc.protocol import TrialSpec
+from dlhpc.scheduler.slurm import hostlist
 from tests.unit._spec import make_spec
 
 
@@ -27,23 +28,23 @@ from tests.unit._spec import make_spec
     ],
 )
 def test_hostlists_expand_like_scontrol_show_hostnames(text: str, hosts: list[str]) -> None:
-    assert d.expand_hostlist(text) == hosts
-    assert d.first_host(text) == hosts[0]
+    assert hostlist.expand_hostlist(text) == hosts
+    assert hostlist.first_host(text) == hosts[0]
 
 
 @pytest.mark.parametrize("bad", ["node[1-2", "node1-2]", "node[2-1]", "node[a-b]", "", ","])
 def test_malformed_hostlists_raise(bad: str) -> None:
     with pytest.raises(ValueError):
-        d.first_host(bad)
+        hostlist.first_host(bad)
 
 
 def test_tasks_per_node_gives_each_node_its_local_world_size() -> None:
-    assert [d.local_world_size("2(x3),1", n) for n in range(4)] == [2, 2, 2, 1]
-    assert d.local_world_size("4", 0) == 4
+    assert [hostlist.local_world_size("2(x3),1", n) for n in range(4)] == [2, 2, 2, 1]
+    assert hostlist.local_world_size("4", 0) == 4
     with pytest.raises(ValueError):
-        d.local_world_size("2(x2)", 2)
+        hostlist.local_world_size("2(x2)", 2)
     with pytest.raises(ValueError):
-        d.local_world_size("two", 0)
+        hostlist.local_world_size("two", 0)
 
 
 def test_master_port_differs_between_array_tasks_and_can_be_overridden() -> None:
@@ -70,7 +71,7 @@ def _slurm(**extra: str) -> dict[str, str]:
 
 
 def test_slurm_task_variables_become_torch_distributed_ones() -> None:
-    assert d.slurm_rank_env(_slurm()) == {
+    assert d.rank_env(_slurm()) == {
         "RANK": "3",
         "WORLD_SIZE": "4",
         "LOCAL_RANK": "1",
@@ -78,16 +79,16 @@ def test_slurm_task_variables_become_torch_distributed_ones() -> None:
         "MASTER_ADDR": socket.gethostbyname("localhost"),
         "MASTER_PORT": "24242",
     }
-    step = d.slurm_rank_env(_slurm(SLURM_STEP_NODELIST="localhost", SLURM_STEP_NUM_TASKS="4"))
+    step = d.rank_env(_slurm(SLURM_STEP_NODELIST="localhost", SLURM_STEP_NUM_TASKS="4"))
     assert step["MASTER_ADDR"] == socket.gethostbyname("localhost")
 
 
 def test_outside_an_srun_task_nothing_is_derived_and_contradictions_raise() -> None:
-    assert d.slurm_rank_env({"SLURM_JOB_ID": "1"}) == {}
+    assert d.rank_env({"SLURM_JOB_ID": "1"}) == {}
     with pytest.raises(DlhpcError, match="inconsistent"):
-        d.slurm_rank_env(_slurm(SLURM_PROCID="4"))
+        d.rank_env(_slurm(SLURM_PROCID="4"))
     with pytest.raises(DlhpcError, match="host list"):
-        d.slurm_rank_env(_slurm(SLURM_JOB_NODELIST="node[1-"))
+        d.rank_env(_slurm(SLURM_JOB_NODELIST="node[1-"))
 
 
 def test_an_unresolvable_host_is_passed_on_by_name() -> None:

@@ -199,7 +199,7 @@ def test_pyslurm_failure_mid_tick_is_an_error_not_a_fallback(
 
 
 def test_doctor_shows_the_choice_and_its_reason() -> None:
-    from dlhpc.cli._doctor import pyslurm_check
+    from dlhpc.scheduler.slurm.checks import pyslurm_check
 
     check = pyslurm_check()
     assert check.name == "queue polling" and check.detail == poll_path().reason

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from dlhpc.config import DataInput, ExperimentConfig, load_experiment
+from dlhpc.config import DataInput, ExperimentConfig
 from dlhpc.config.serde import from_jsonable, to_jsonable
 from dlhpc.errors import ConfigError
 from dlhpc.protocol import TrialSpec
@@ -31,6 +31,8 @@ from dlhpc.repro import (
     redacted_env,
     trial_record,
 )
+from dlhpc.scheduler.slurm.environment import SlurmJobEnvironment
+from tests._config import load_experiment
 
 GIT = [
     "git",
@@ -186,7 +188,11 @@ def test_env_allowlist_and_redaction() -> None:
         "PATH": "/bin",
         "GITHUB_TOKEN": "g",
     }
-    got = redacted_env(env, declared=["WANDB_API_KEY", "MY_PASSWORD", "DB_CREDENTIALS"])
+    got = redacted_env(
+        env,
+        declared=["WANDB_API_KEY", "MY_PASSWORD", "DB_CREDENTIALS"],
+        scheduler_vars=SlurmJobEnvironment.record_vars,
+    )
     assert got == {
         "CUDA_VISIBLE_DEVICES": "0,1",
         "NCCL_SOCKET_IFNAME": "ib0",
@@ -243,6 +249,8 @@ def test_attempt_record_reads_nvml_cpu_env_and_data(tmp_path: Path) -> None:
         rank=0,
         data=[{"path": str(tmp_path / "d.bin"), "hash": True}],
         declared=["API_TOKEN"],
+        nodes=SlurmJobEnvironment(env).node_list,
+        scheduler_vars=SlurmJobEnvironment.record_vars,
         nvml_loader=lambda: (_FakeNvml(), ""),
     )
     assert rec["nodes"] == "n[1-2]" and rec["cpu"]["model"] and rec["cpu"]["logical_cpus"]
@@ -336,7 +344,8 @@ def test_diff_of_two_records() -> None:
         config__resources={"mem": "8G"},
         config__searcher={"name": "single"},  # search settings are not compared
     )  # fmt: skip
-    got = {(d.section, d.item): (d.a, d.b) for d in diff_records(a, b)}
+    volatile = SlurmJobEnvironment.volatile_vars  # the backend's job ids are not compared
+    got = {(d.section, d.item): (d.a, d.b) for d in diff_records(a, b, volatile=volatile)}
     assert got == {
         ("code", "commit"): ("abc", "abd"),
         ("code", "digest"): ("x", "y"),

@@ -32,6 +32,7 @@ from dlhpc.orchestrator.common import SchedulerPool, searcher_of
 from dlhpc.orchestrator.runfiles import write_trial_specs
 from dlhpc.protocol import trial_dir
 from dlhpc.report.status import status_data
+from dlhpc.scheduler.registry import Backend, Registry
 from dlhpc.search import Create
 from dlhpc.store import Attempt, IngestedFile, Metric, Store, Trial, models, utcnow
 from tests.unit._spec import make_spec
@@ -211,7 +212,9 @@ def _run(tmp_path: Path, total: int) -> dict[str, Any]:
     home = tmp_path / f"home-{total}"
     store = _build(home, total)
     fake = _bench_state().fake_backend(home / "jobs.json")()
-    pool = SchedulerPool(local_root=home / "local", _by_name={"local": fake})
+    pool = SchedulerPool(
+        local_root=home / "local", registry=Registry({"local": Backend("local", lambda _r: fake)})
+    )
     with _statements() as tick_sql:
         report = tick(store, pool)
     with _statements() as status_sql, store.read() as s:

@@ -84,7 +84,7 @@ def test_with_nvml_the_worker_helper_starts_a_sampler(
 ) -> None:
     fake = FakeNvml()
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    sampler = telemetry.start_gpu_sampler(tmp_path, {"SLURM_NODEID": "3"}, interval_s=0.01)
+    sampler = telemetry.start_gpu_sampler(tmp_path, {}, 3, interval_s=0.01)
     assert sampler is not None and len(sampler.handles) == 4
     sampler.stop()
     assert {p.name.split("-0")[0] for p in tmp_path.iterdir()} == {"gpu-n3"}

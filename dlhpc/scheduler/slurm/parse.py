@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from datetime import datetime
 
 from dlhpc.scheduler.base import JobState, JobStatus
@@ -149,6 +150,59 @@ def _value(raw: str) -> str:
     return "" if raw in _NO_VALUE else raw
 
 
+_Facts = tuple[datetime | None, datetime | None, int | None]  # start, end, exit code
+_SQUEUE_FIELDS = ("id", "state", "reason", "nodes", "start", "end")  # SQUEUE_FORMAT
+_SACCT_FIELDS = ("id", "state", "exit", "nodes", "start", "end", "reason")  # SACCT_FORMAT
+
+
+def _parse_rows(
+    text: str,
+    command: str,
+    names: tuple[str, ...],
+    facts: Callable[[JobState, dict[str, str]], _Facts],
+) -> dict[str, JobStatus]:
+    """Statuses by task id from ``|``-separated rows of the fields ``names``; a row
+    of another width is logged and skipped. ``facts`` gives the row's start, end
+    and exit code, which the two commands report differently."""
+    out: dict[str, JobStatus] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = line.split("|")
+        if len(fields) != len(names):
+            log.warning("unexpected %s line %r: ignored", command, line)
+            continue
+        row = dict(zip(names, fields, strict=True))
+        state, word, extra = map_state(row["state"])
+        start, end, exit_code = facts(state, row)
+        for jid in expand_job_id(row["id"]):
+            out[jid] = JobStatus(
+                job_id=jid,
+                state=state,
+                raw_state=word,
+                node_list=_value(row["nodes"]),
+                start=start,
+                end=end,
+                exit_code=exit_code,
+                reason=_value(row["reason"]) or (row["state"].strip() if extra else ""),
+            )
+    return out
+
+
+def _squeue_facts(state: JobState, row: dict[str, str]) -> _Facts:
+    running = state not in (JobState.PENDING, JobState.REQUEUED, JobState.UNKNOWN)
+    return (
+        parse_time(row["start"]) if running else None,
+        parse_time(row["end"]) if state.is_terminal else None,
+        0 if state is JobState.COMPLETED else None,
+    )
+
+
+def _sacct_facts(state: JobState, row: dict[str, str]) -> _Facts:
+    exit_code = parse_exit_code(row["exit"]) if state.is_terminal else None
+    return parse_time(row["start"]), parse_time(row["end"]), exit_code
+
+
 def parse_squeue(text: str) -> dict[str, JobStatus]:
     """Statuses by task id from ``squeue --noheader --array --format=SQUEUE_FORMAT``.
 
@@ -156,55 +210,12 @@ def parse_squeue(text: str) -> dict[str, JobStatus]:
     terminal); squeue's expected times are dropped. squeue shows no exit code:
     it is 0 for COMPLETED (Slurm's meaning of the word) and None otherwise.
     """
-    out: dict[str, JobStatus] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        fields = line.split("|")
-        if len(fields) != 6:
-            log.warning("unexpected squeue line %r: ignored", line)
-            continue
-        raw_id, raw_state, reason, nodes, start, end = fields
-        state, word, extra = map_state(raw_state)
-        running = state not in (JobState.PENDING, JobState.REQUEUED, JobState.UNKNOWN)
-        for jid in expand_job_id(raw_id):
-            out[jid] = JobStatus(
-                job_id=jid,
-                state=state,
-                raw_state=word,
-                node_list=_value(nodes),
-                start=parse_time(start) if running else None,
-                end=parse_time(end) if state.is_terminal else None,
-                exit_code=0 if state is JobState.COMPLETED else None,
-                reason=_value(reason) or (raw_state.strip() if extra else ""),
-            )
-    return out
+    return _parse_rows(text, "squeue", _SQUEUE_FIELDS, _squeue_facts)
 
 
 def parse_sacct(text: str) -> dict[str, JobStatus]:
     """Statuses by task id from ``sacct -X --noheader --parsable2 --format=SACCT_FORMAT``."""
-    out: dict[str, JobStatus] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        fields = line.split("|")
-        if len(fields) != 7:
-            log.warning("unexpected sacct line %r: ignored", line)
-            continue
-        raw_id, raw_state, exit_code, nodes, start, end, reason = fields
-        state, word, extra = map_state(raw_state)
-        for jid in expand_job_id(raw_id):
-            out[jid] = JobStatus(
-                job_id=jid,
-                state=state,
-                raw_state=word,
-                node_list=_value(nodes),
-                start=parse_time(start),
-                end=parse_time(end),
-                exit_code=parse_exit_code(exit_code) if state.is_terminal else None,
-                reason=_value(reason) or (raw_state.strip() if extra else ""),
-            )
-    return out
+    return _parse_rows(text, "sacct", _SACCT_FIELDS, _sacct_facts)
 
 
 def parse_max_array_size(text: str) -> int | None:

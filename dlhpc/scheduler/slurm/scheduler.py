@@ -32,11 +32,13 @@ import re
 import subprocess
 from collections.abc import Callable, Collection
 from pathlib import Path
+from typing import Any
 
 from submitit.core.utils import JobPaths
 
 from dlhpc.errors import SchedulerError
 from dlhpc.scheduler.base import BaseScheduler, JobRequest, JobState, JobStatus, SubmittedTask
+from dlhpc.scheduler.slurm import checks
 from dlhpc.scheduler.slurm._pyslurm import PollPath, poll_path, queue_via_pyslurm
 from dlhpc.scheduler.slurm.parse import (
     SACCT_FORMAT,
@@ -49,7 +51,7 @@ from dlhpc.scheduler.slurm.parse import (
 )
 from dlhpc.scheduler.slurm.sbatch import make_executor
 
-__all__ = ["SlurmScheduler", "DEFAULT_MAX_ARRAY_SIZE"]
+__all__ = ["SlurmScheduler", "DEFAULT_MAX_ARRAY_SIZE", "new_scheduler"]
 
 log = logging.getLogger(__name__)
 
@@ -357,7 +359,16 @@ class SlurmScheduler(BaseScheduler):
 
         return sorted(found, key=order)
 
+    def version_record(self) -> dict[str, Any] | None:
+        """``sinfo --version`` (see :func:`dlhpc.scheduler.slurm.checks.version_record`)."""
+        return checks.version_record()
+
     def log_paths(self, folder: Path, job_id: str) -> list[Path]:
         """submitit's ``<id>_0_log.out`` and ``<id>_0_log.err`` in ``folder``."""
         paths = JobPaths(folder, job_id=job_id, task_id=0)
         return [paths.stdout, paths.stderr]
+
+
+def new_scheduler(_root: Path) -> SlurmScheduler:
+    """The registry's factory: Slurm keeps no files of its own under the state folder."""
+    return SlurmScheduler()

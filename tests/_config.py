@@ -1,0 +1,33 @@
+"""The config loaders as the CLI calls them, for tests: with the scheduler registry as
+``backends`` (the backend names a site may use; ``backend: auto`` is Slurm where
+``sbatch`` is on the environment's ``PATH``, else local).
+
+Config sits below the schedulers, so it takes the registry from its caller; the
+CLI passes ``dlhpc.cli._common.backends()``, these pass the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from dlhpc import config
+from dlhpc.config._partitions import PartitionLister
+from dlhpc.scheduler.registry import default_registry
+
+__all__ = ["load_experiment", "load_site"]
+
+
+def load_experiment(
+    path: str | Path,
+    site: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    partitions: PartitionLister | None = None,
+) -> config.ExperimentConfig:
+    return config.load_experiment(path, site, environ, partitions, backends=default_registry())
+
+
+def load_site(
+    name_or_path: str | None = None, environ: Mapping[str, str] | None = None
+) -> config.SiteConfig:
+    return config.load_site(name_or_path, environ, backends=default_registry())

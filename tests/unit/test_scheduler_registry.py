@@ -1,0 +1,145 @@
+"""The scheduler registry: built-ins, entry points, in-process additions, job environments."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Mapping
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dlhpc.config import load_site
+from dlhpc.errors import ConfigError, DlhpcError
+from dlhpc.scheduler import LocalScheduler, SlurmScheduler, make_scheduler
+from dlhpc.scheduler.environment import JobEnvironment
+from dlhpc.scheduler.local.environment import LocalJobEnvironment
+from dlhpc.scheduler.registry import GROUP, Backend, Registry, default_registry
+from dlhpc.scheduler.slurm.checks import state_dir_problem
+from dlhpc.scheduler.slurm.environment import SlurmJobEnvironment
+
+
+class ToyJobEnvironment(JobEnvironment):
+    """A test-only backend's job: ``TOY_JOB`` names it."""
+
+    name = "toy"
+    marker = "TOY_JOB"
+
+    @classmethod
+    def activated(cls, environ: Mapping[str, str]) -> bool:
+        return "TOY_JOB" in environ
+
+    @property
+    def job_id(self) -> str:
+        return self.environ["TOY_JOB"]
+
+
+TOY = Backend("toy", lambda root: LocalScheduler(root), environment=ToyJobEnvironment)
+
+
+def test_builtins_come_first_and_an_unknown_name_lists_the_valid_ones() -> None:
+    registry = default_registry()
+    assert registry.names()[:2] == ["slurm", "local"]
+    with pytest.raises(ValueError, match=r"unknown scheduler backend 'pbs'; valid: local, slurm"):
+        registry.get("pbs")
+    assert isinstance(make_scheduler("slurm", local_root=Path("/x")), SlurmScheduler)
+
+
+def test_an_added_backend_builds_schedulers_and_is_found_inside_its_jobs(tmp_path: Path) -> None:
+    registry = default_registry().with_backend(TOY)
+    assert registry.names()[-1] == "toy"
+    assert isinstance(make_scheduler("toy", local_root=tmp_path, registry=registry), LocalScheduler)
+    job = registry.job_environment({"TOY_JOB": "t-1"})
+    assert isinstance(job, ToyJobEnvironment) and job.job_id == "t-1" and job.rank == 0
+    with pytest.raises(ValueError, match="already registered"):
+        registry.with_backend(TOY)
+    with pytest.raises(DlhpcError, match="no TOY_JOB or SLURM_JOB_ID or DLHPC_JOB_ID"):
+        registry.job_environment({})
+
+
+def test_slurm_wins_over_local_inside_a_slurm_job() -> None:
+    env = {"SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "2", "DLHPC_JOB_ID": "local-a_0"}
+    job = default_registry().job_environment({**env, "SLURM_JOB_ID": "9"})
+    assert isinstance(job, SlurmJobEnvironment) and job.job_id == "7_2"
+    local = default_registry().job_environment({"DLHPC_JOB_ID": "local-a_0", "DLHPC_RESTART": "2"})
+    assert isinstance(local, LocalJobEnvironment) and (local.job_id, local.restart) == (
+        "local-a_0",
+        2,
+    )
+    assert local.requeue_self() is None  # nothing requeues a local task
+
+
+def test_auto_is_slurm_where_sbatch_is_on_path_else_local(tmp_path: Path) -> None:
+    registry = default_registry()
+    assert registry.auto({"PATH": str(tmp_path)}) == "local"
+    sbatch = tmp_path / "sbatch"
+    sbatch.write_text("#!/bin/sh\n")
+    sbatch.chmod(0o755)
+    assert registry.auto({"PATH": str(tmp_path)}) == "slurm"
+
+
+def test_entry_points_register_third_parties_and_may_not_take_a_builtin_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def points(name: str, value: str) -> Any:
+        def entry_points(*, group: str) -> list[metadata.EntryPoint]:
+            assert group == GROUP
+            return [metadata.EntryPoint(name, value, group)]
+
+        return entry_points
+
+    monkeypatch.setattr(metadata, "entry_points", points("toy", f"{__name__}:TOY"))
+    registry = Registry()
+    assert registry.names() == ["slurm", "local", "toy"] and registry.get("toy") is TOY
+    monkeypatch.setattr(metadata, "entry_points", points("broken", "no_such_module:X"))
+    with pytest.raises(DlhpcError, match="cannot load backend 'broken'"):
+        Registry().get("broken")
+    monkeypatch.setattr(metadata, "entry_points", points("slurm", f"{__name__}:TOY"))
+    with pytest.raises(DlhpcError, match="reuses the built-in backend name 'slurm'"):
+        Registry()
+
+
+def test_the_environment_hook_adds_or_replaces_a_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DLHPC_SCHEDULERS", f"toy={__name__}:TOY")
+    assert default_registry().get("toy") is TOY
+    monkeypatch.setenv("DLHPC_SCHEDULERS", "toy")
+    with pytest.raises(DlhpcError, match="not name=module:attribute"):
+        default_registry()
+
+
+def test_slurm_request_check_refuses_a_percent_in_the_state_folder() -> None:
+    assert state_dir_problem(Path("/home/a/.dlhpc")) is None
+    assert "contains '%'" in (state_dir_problem(Path("/home/a%u/.dlhpc")) or "")
+    assert default_registry().get("local").request_problem(Path("/a%b")) is None
+
+
+def test_importing_the_registry_inside_a_job_stays_light() -> None:
+    code = (
+        "import sys\n"
+        "from dlhpc.scheduler.registry import default_registry\n"
+        "default_registry().job_environment({'SLURM_JOB_ID': '1'})\n"
+        "heavy = ('submitit', 'sqlalchemy', 'dlhpc.config', 'dlhpc.scheduler.base',"
+        " 'dlhpc.scheduler.slurm.scheduler', 'dlhpc.scheduler.local.scheduler')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_config_asks_its_caller_what_auto_means(tmp_path: Path) -> None:
+    env = {"HOME": str(tmp_path), "PATH": str(tmp_path)}  # no site named, no sbatch
+    with pytest.raises(ValueError, match="backend 'auto' needs the scheduler backends"):
+        load_site(None, env)
+    assert load_site(None, env, backends=default_registry()).name == "local"
+    toy = default_registry().with_backend(
+        Backend("toy", lambda root: LocalScheduler(root), auto_priority=100)
+    )
+    site = load_site(None, env, backends=toy)  # no toy.yaml: a built-in site of that name
+    assert (site.name, site.backend) == ("toy", "toy")
+    site_file = tmp_path / "s.yaml"
+    site_file.write_text("name: s\nbackend: toy\n")
+    assert load_site(str(site_file), env, backends=toy).backend == "toy"
+    with pytest.raises(ConfigError, match="backend: must be one of auto, slurm, local, got 'toy'"):
+        load_site(str(site_file), env, backends=default_registry())
