@@ -169,7 +169,7 @@ class TrialContext:
     def make_deterministic(self) -> None:
         """PyTorch's deterministic algorithms on, cuDNN benchmark and TF32 off
         (imports torch; see :mod:`dlhpc.repro._determinism`)."""
-        from dlhpc.repro import set_torch_deterministic
+        from dlhpc.repro.job import set_torch_deterministic
 
         set_torch_deterministic(import_torch=True)
 
@@ -178,13 +178,13 @@ class TrialContext:
     # A plain function (not a bound method), so spawned workers can pickle it.
     @staticmethod
     def seed_worker(worker_id: int) -> None:
-        from dlhpc.repro import seed_worker
+        from dlhpc.repro.job import seed_worker
 
         seed_worker(worker_id)
 
     def dataloader_generator(self, offset: int = 0) -> Any:
         """A ``torch.Generator`` seeded with ``seed + offset`` (imports torch)."""
-        from dlhpc.repro import dataloader_generator
+        from dlhpc.repro.job import dataloader_generator
 
         return dataloader_generator(self.seed + offset)
 
@@ -350,7 +350,7 @@ def init(
     spec = TrialSpec.read(trial_file(Path(trial_dir)))
     attempt = os.environ.get(ENV_ATTEMPT_DIR)
     if spec.deterministic:  # never imports torch for a script that does not use it
-        from dlhpc.repro import set_torch_deterministic
+        from dlhpc.repro.job import set_torch_deterministic
 
         set_torch_deterministic(import_torch=False)
     return TrialContext(

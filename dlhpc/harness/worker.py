@@ -54,7 +54,7 @@ from dlhpc.protocol import (
     read_small_json,
     trial_file,
 )
-from dlhpc.repro import attempt_record, deterministic_env
+from dlhpc.repro.job import attempt_record, deterministic_env
 from dlhpc.scheduler.environment import JobEnvironment
 from dlhpc.scheduler.registry import default_registry
 
