@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from dlhpc.cli._run import _expected_trials
-from dlhpc.config import HParam, SearcherConfig, load_experiment
+from dlhpc.config import HParam, SearcherConfig
 from dlhpc.config.searchers import Report
 from dlhpc.errors import ConfigError
 from dlhpc.report._model import rungs_of
@@ -35,6 +35,7 @@ from dlhpc.search import (
     searcher_names,
 )
 from dlhpc.simulate._compare import searcher_problem
+from tests._config import load_experiment
 
 BUILTINS = ("single", "grid", "random", "bayes", "sha", "asha", "hyperband")
 
