@@ -17,6 +17,7 @@ from sqlalchemy import Select, case, func, or_, select
 from sqlalchemy.orm import Session
 
 from dlhpc.harness.telemetry import IDLE_BELOW_PCT, IDLE_WINDOW_S, idle_since
+from dlhpc.report.status_model import GpuUse, IdleGpu
 from dlhpc.store import Attempt, GpuSample, Trial
 from dlhpc.store.models import GpuSummary
 
@@ -28,8 +29,6 @@ __all__ = [
     "gpu_summary",
     "idle_of",
     "idle_gpus",
-    "iso",
-    "iso_epoch",
     "live_gpu_rows",
 ]
 
@@ -48,15 +47,13 @@ ATTEMPT_COLS = (
     Attempt.started_at,
     Attempt.ended_at,
     Attempt.terminal_seen_at,
+    Attempt.exit_reason,
 )
 
 
-def iso(value: datetime | None) -> str | None:
-    return value.isoformat() + "Z" if value else None
-
-
-def iso_epoch(value: float) -> str | None:
-    return iso(datetime.fromtimestamp(value, tz=timezone.utc).replace(tzinfo=None))
+def _utc(value: float) -> datetime:
+    """An epoch time as the DB's naive UTC."""
+    return datetime.fromtimestamp(value, tz=timezone.utc).replace(tzinfo=None)
 
 
 def gpu_rows(
@@ -113,7 +110,7 @@ def idle_gpus(
     *,
     idle_below_pct: float = IDLE_BELOW_PCT,
     idle_window_s: float = IDLE_WINDOW_S,
-) -> list[dict[str, Any]]:
+) -> list[IdleGpu]:
     """The experiment's ``idle_gpus`` of :func:`status_data`, reading only its live
     attempts (two queries, whatever the number of trials)."""
     live = (
@@ -136,21 +133,18 @@ def idle_gpus(
     ]
 
 
-def gpu_summary(rows: list[Row]) -> dict[str, Any] | None:
+def gpu_summary(rows: list[Row]) -> GpuUse | None:
+    """An attempt's GPU use from its per-GPU digests (None without samples)."""
     if not rows:
         return None
     n = sum(r.n_util for r in rows)
     total = sum(r.sum_util or 0 for r in rows)
-    return {
-        "gpus": len(rows),
-        "util_mean": round(total / n, 1) if n else None,
-        "last_sample_at": iso_epoch(max(r.newest for r in rows)),
-    }
+    return GpuUse(len(rows), round(total / n, 1) if n else None, _utc(max(r.newest for r in rows)))
 
 
 def idle_of(
     trial_id: int, a: Row, rows: list[Row], below_pct: float, window_s: float
-) -> list[dict[str, Any]]:
+) -> list[IdleGpu]:
     """The idle GPUs of a live attempt, judged at its newest sample (none once it ended)."""
     if a.state != "RUNNING" or a.ended_at is not None or not rows:
         return []
@@ -159,15 +153,10 @@ def idle_of(
     for r in sorted(rows, key=lambda r: (r.host, r.gpu_index)):
         since = idle_since(r.first, r.newest, r.last_busy, now, window_s)
         if since is not None:
+            minutes = round((now - since) / 60.0, 1)
             out.append(
-                {
-                    "trial_id": trial_id,
-                    "attempt_key": a.attempt_key,
-                    "host": r.host,
-                    "gpu_index": r.gpu_index,
-                    "idle_minutes": round((now - since) / 60.0, 1),
-                    "idle_since": iso_epoch(since),
-                    "below_pct": below_pct,
-                }
+                IdleGpu(
+                    trial_id, a.attempt_key, r.host, r.gpu_index, minutes, _utc(since), below_pct
+                )
             )
     return out

@@ -15,6 +15,7 @@ from sqlalchemy import and_, case, func, or_, select
 from sqlalchemy.orm import Session
 
 from dlhpc.report._status_gpu import Row
+from dlhpc.report.status_model import DecisionStats, DiskUse, Latency
 from dlhpc.store import Attempt, Checkpoint, Decision, Experiment, Trial
 
 __all__ = [
@@ -139,11 +140,11 @@ def candidates(
     return trials_of, counts
 
 
-def decision_stats(session: Session, exp_ids: list[int]) -> dict[int, dict[str, Any]]:
+def decision_stats(session: Session, exp_ids: list[int]) -> dict[int, DecisionStats]:
     """Per experiment: promotions and stops acted on, and their latency (from the
     newest result the searcher had seen to the decision acted on), in seconds.
     Counted and subtracted in SQL: a long search has a decision per trial."""
-    out: dict[int, dict[str, Any]] = {}
+    counts: dict[int, list[int]] = {}  # [promotions, stops, pending]
     for exp_id, kind, n, pending in session.execute(
         select(
             Decision.experiment_id,
@@ -154,9 +155,9 @@ def decision_stats(session: Session, exp_ids: list[int]) -> dict[int, dict[str, 
         .where(Decision.experiment_id.in_(exp_ids))
         .group_by(Decision.experiment_id, Decision.kind)
     ):
-        d = out.setdefault(exp_id, {"promotions": 0, "stops": 0, "pending": 0})
-        d["promotions" if kind == "promote" else "stops"] += n
-        d["pending"] += pending
+        c = counts.setdefault(exp_id, [0, 0, 0])
+        c[0 if kind == "promote" else 1] += n
+        c[2] += pending
     seconds = (func.julianday(Decision.acted_at) - func.julianday(Decision.result_time)) * 86400.0
     lat: dict[int, list[float]] = defaultdict(list)
     for exp_id, value in session.execute(
@@ -167,17 +168,17 @@ def decision_stats(session: Session, exp_ids: list[int]) -> dict[int, dict[str, 
         )
     ):
         lat[exp_id].append(value)
-    for exp_id, d in out.items():
+    out: dict[int, DecisionStats] = {}
+    for exp_id, (promotions, stops, pending) in counts.items():
         values = sorted(lat.get(exp_id, []))
-        d["latency_s"] = (
-            {"n": len(values), "median": round(median(values), 3), "max": round(values[-1], 3)}
-            if values
-            else None
+        latency = (
+            Latency(len(values), round(median(values), 3), round(values[-1], 3)) if values else None
         )
+        out[exp_id] = DecisionStats(promotions, stops, pending, latency)
     return out
 
 
-def disk_usage(session: Session, exps: list[Experiment]) -> dict[int, dict[str, Any]]:
+def disk_usage(session: Session, exps: list[Experiment]) -> dict[int, DiskUse]:
     """Per experiment, from the checkpoint rows (no disk scan): ACTIVE checkpoints and
     their bytes (manifest sizes), those the GC deleted and the bytes it freed, and the
     experiment's checkpoint folder (``checkpoint.dir/exp-<id>``)."""
@@ -187,21 +188,18 @@ def disk_usage(session: Session, exps: list[Experiment]) -> dict[int, dict[str, 
         .where(Trial.experiment_id.in_([e.id for e in exps]))
         .group_by(Trial.experiment_id, Checkpoint.state)
     ).all()
-    out: dict[int, dict[str, Any]] = {}
+    sums: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # as DiskUse's first four
+    for exp_id, state, n, size in rows:
+        at = 0 if state == "ACTIVE" else 2
+        sums[exp_id][at] += n
+        sums[exp_id][at + 1] += int(size or 0)
+    out: dict[int, DiskUse] = {}
     for e in exps:
         try:
             ck_dir = (json.loads(e.config_json or "{}").get("checkpoint") or {}).get("dir")
         except (ValueError, AttributeError):
             ck_dir = None
-        out[e.id] = {
-            "checkpoints": 0,
-            "checkpoint_bytes": 0,
-            "deleted_checkpoints": 0,
-            "freed_bytes": 0,
-            "checkpoint_root": f"{ck_dir}/exp-{e.id:06d}" if ck_dir else None,
-        }
-    for exp_id, state, n, size in rows:
-        active = state == "ACTIVE"
-        out[exp_id]["checkpoints" if active else "deleted_checkpoints"] += n
-        out[exp_id]["checkpoint_bytes" if active else "freed_bytes"] += int(size or 0)
+        root = f"{ck_dir}/exp-{e.id:06d}" if ck_dir else None
+        n, size, deleted, freed = sums[e.id]
+        out[e.id] = DiskUse(n, size, deleted, freed, root)
     return out

@@ -80,7 +80,8 @@ def _store(tmp_path: Path, config: dict[str, object]) -> Store:
 def test_gpu_and_cpu_hours_and_progress_targets(tmp_path: Path) -> None:
     store = _store(tmp_path, CONFIG)
     with store.read() as s:
-        (exp,) = status_data(s)["experiments"]
+        data = status_data(s)
+    (exp,) = data.to_json()["experiments"]
     paused, running_, stopped = exp["trials"]
     assert [a["gpu_hours"] for a in paused["attempts"]] == pytest.approx([12.0, 4.0], abs=0.01)
     assert paused["gpu_hours"] == pytest.approx(16.0, abs=0.01)  # 2 h x 2 nodes x 4 GPUs
@@ -93,7 +94,7 @@ def test_gpu_and_cpu_hours_and_progress_targets(tmp_path: Path) -> None:
     assert [t["max_length"] for t in exp["trials"]] == [3, 9, 1]  # unchanged (compatible)
 
     console = Console(width=200, record=True)
-    console.print(experiments_table({"experiments": [exp]}), experiment_view(exp))
+    console.print(experiments_table(data), experiment_view(data.experiments[0]))
     text = console.export_text()
     assert "GPU-h" in text and "18.00" in text and "16.00" in text
     assert "3/27" in text and "4/9" in text and "1/27" in text
@@ -103,7 +104,7 @@ def test_gpu_and_cpu_hours_and_progress_targets(tmp_path: Path) -> None:
 def test_totals_count_the_trials_a_limited_listing_leaves_out(tmp_path: Path) -> None:
     store = _store(tmp_path, CONFIG)
     with store.read() as s:
-        (exp,) = status_data(s, limit=1)["experiments"]
+        (exp,) = status_data(s, limit=1).to_json()["experiments"]
     # listed: the paused trial (live first); the stopped one's ended attempt is summed in SQL
     assert [t["id"] for t in exp["trials"]] == [1] and exp["trials_total"] == 3
     assert exp["gpu_hours"] == pytest.approx(18.0, abs=0.01)
@@ -113,11 +114,12 @@ def test_totals_count_the_trials_a_limited_listing_leaves_out(tmp_path: Path) ->
 def test_cpu_only_runs_count_cpu_hours(tmp_path: Path) -> None:
     store = _store(tmp_path, {"resources": {"cpus_per_task": 2}})  # no searcher length: grant
     with store.read() as s:
-        (exp,) = status_data(s)["experiments"]
+        data = status_data(s)
+    (exp,) = data.to_json()["experiments"]
     assert exp["gpu_hours"] == 0.0 and exp["cpu_hours"] == pytest.approx(4.5, abs=0.01)
     assert [t["target_length"] for t in exp["trials"]] == [3, 9, 1]
     console = Console(width=200, record=True)
-    console.print(experiment_view(exp))
+    console.print(experiment_view(data.experiments[0]))
     assert "CPU-h" in console.export_text() and "GPU-h" not in console.export_text()
 
 
@@ -216,9 +218,9 @@ def test_a_limited_listing_picks_from_sql_what_a_pick_over_every_trial_would(
                         )
                     )
     with store.read() as s:
-        every = {e["id"]: e for e in status_data(s)["experiments"]}
+        every = {e["id"]: e for e in status_data(s).to_json()["experiments"]}
         for limit in (1, 3, 10, 100):
-            for e in status_data(s, limit=limit)["experiments"]:
+            for e in status_data(s, limit=limit).to_json()["experiments"]:
                 full = every[e["id"]]
                 picks = [(t["id"], t["state"], t["best_metric"]) for t in full["trials"]]
                 want = pick_trials(picks, e["smaller_is_better"], limit)
