@@ -14,7 +14,6 @@ from typing import Any
 import click
 from rich.table import Table
 from rich.text import Text
-from sqlalchemy import select
 
 from dlhpc._perms import may_modify
 from dlhpc.cli._common import check_owner, echo_json, open_store, site_option
@@ -23,7 +22,8 @@ from dlhpc.cli._views import human_bytes
 from dlhpc.errors import NotFoundError
 from dlhpc.orchestrator.checkpoints import GcReport, experiment_plan, gc, set_pinned
 from dlhpc.orchestrator.export import export_trial
-from dlhpc.store import Checkpoint, Experiment, Store, Trial
+from dlhpc.store import Experiment, Store
+from dlhpc.store.queries import experiment_checkpoints, experiment_owners
 
 __all__ = ["COMMANDS", "checkpoint_rows"]
 
@@ -42,14 +42,6 @@ def checkpoint_rows(
         if exp is None:
             raise NotFoundError(f"no experiment {experiment_id}")
         _, plan = experiment_plan(s, exp)
-        query = (
-            s.query(Checkpoint)
-            .join(Trial, Trial.id == Checkpoint.trial_id)
-            .filter(Trial.experiment_id == experiment_id)
-            .order_by(Checkpoint.trial_id, Checkpoint.step, Checkpoint.id)
-        )
-        if not include_deleted:
-            query = query.filter(Checkpoint.state == "ACTIVE")
         return [
             {
                 "id": c.id,
@@ -64,7 +56,7 @@ def checkpoint_rows(
                 "created_at": _iso(c.created_at),
                 "deleted_at": _iso(c.deleted_at),
             }
-            for c in query
+            for c in experiment_checkpoints(s, experiment_id, include_deleted)
         ]
 
 
@@ -137,8 +129,7 @@ def gc_command(experiment_id: int | None, site: str | None, dry_run: bool, as_js
     skipped: list[int] = []
     if experiment_id is None:  # every experiment this user may change; others' are skipped
         with store.read() as s:
-            rows = s.execute(select(Experiment.id, Experiment.user).order_by(Experiment.id))
-            owners: dict[int, str] = {eid: user for eid, user in rows}
+            owners = experiment_owners(s)
         ids = [i for i, user in owners.items() if may_modify(user, store.permissions)]
         skipped = sorted(set(owners) - set(ids))
     else:

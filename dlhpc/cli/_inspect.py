@@ -14,11 +14,10 @@ from rich.live import Live
 from dlhpc.cli._common import open_store, site_option
 from dlhpc.cli._console import console
 from dlhpc.cli._views import ROW_LIMIT, experiment_view, experiments_table
-from dlhpc.errors import NotFoundError
 from dlhpc.report.quota import quota_warning
 from dlhpc.report.status import status_data
 from dlhpc.report.status_model import ExperimentStatus, write_json
-from dlhpc.store import Attempt, Submission, Trial
+from dlhpc.store.queries import latest_attempt
 
 __all__ = ["COMMANDS"]
 
@@ -89,21 +88,7 @@ def logs(trial_id: int, site: str | None, follow: bool, use_err: bool) -> None:
     """Print the log of TRIAL_ID's latest attempt."""
     store = open_store(site)
     with store.read() as s:
-        trial = s.get(Trial, trial_id)
-        if trial is None:
-            raise NotFoundError(f"no trial {trial_id}")
-        attempt = (
-            s.query(Attempt)
-            .filter(Attempt.trial_id == trial_id)
-            .order_by(Attempt.id.desc())
-            .first()
-        )
-        if attempt is None:
-            raise NotFoundError(f"trial {trial_id} has not been submitted yet")
-        folder = None
-        if attempt.submission_id is not None:
-            sub = s.get(Submission, attempt.submission_id)
-            folder = Path(sub.folder) if sub else None
+        attempt, folder = latest_attempt(s, trial_id)
     path = Path(attempt.log_path)
     if use_err:
         path = path.with_name(path.name.replace(".out", ".err"))
