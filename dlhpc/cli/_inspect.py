@@ -15,7 +15,7 @@ from dlhpc.cli._common import open_store, site_option
 from dlhpc.cli._console import console
 from dlhpc.cli._views import ROW_LIMIT, experiment_view, experiments_table
 from dlhpc.report.quota import quota_warning
-from dlhpc.report.status import status_data
+from dlhpc.report.status import iter_status, status_data
 from dlhpc.report.status_model import ExperimentStatus, write_json
 from dlhpc.store.queries import latest_attempt
 
@@ -66,9 +66,9 @@ def status(
         return Group(experiments_table(data), experiment_view(shown, limit=limit))
 
     if as_json:
-        with store.read() as s:
-            data = status_data(s, experiment_id)
-        write_json((with_quota(e) for e in data.experiments), sys.stdout)
+        with store.read() as s:  # streamed: 100,000s of trials are never held at once
+            pieces = iter_status(s, experiment_id)
+            write_json(((with_quota(e), trials) for e, trials in pieces), sys.stdout)
         return
     if not watch:
         console.print(render())

@@ -19,16 +19,15 @@ from sqlalchemy.orm import Session
 from dlhpc.harness.telemetry import IDLE_BELOW_PCT, IDLE_WINDOW_S, idle_since
 from dlhpc.report.status_model import GpuUse, IdleGpu
 from dlhpc.store import Attempt, GpuSample, Trial
-from dlhpc.store.models import GpuSummary
 
 __all__ = [
     "ATTEMPT_COLS",
     "GpuRows",
     "Row",
-    "gpu_rows",
     "gpu_summary",
     "idle_of",
     "idle_gpus",
+    "live_idle",
     "live_gpu_rows",
 ]
 
@@ -56,31 +55,6 @@ def _utc(value: float) -> datetime:
     return datetime.fromtimestamp(value, tz=timezone.utc).replace(tzinfo=None)
 
 
-def gpu_rows(
-    session: Session, exp_ids: list[int], below_pct: float, trial_ids: list[int] | None = None
-) -> GpuRows:
-    """The per-GPU digests of the attempts shown: summaries of the ended attempts (of
-    ``trial_ids`` only, when given: the trials a listing shows) and an aggregate of
-    every live one's samples (two queries)."""
-    shown = select(Attempt.id).join(Trial).where(Trial.experiment_id.in_(exp_ids))
-    live = shown.where(Attempt.state == "RUNNING", Attempt.ended_at.is_(None))
-    if trial_ids is not None:
-        shown = select(Attempt.id).where(Attempt.trial_id.in_(trial_ids))
-    out: GpuRows = defaultdict(list)
-    ended = select(
-        GpuSummary.attempt_id,
-        GpuSummary.host,
-        GpuSummary.gpu_index,
-        GpuSummary.n_util,
-        GpuSummary.sum_util,
-        GpuSummary.newest,
-    ).where(GpuSummary.attempt_id.in_(shown), GpuSummary.attempt_id.not_in(live))
-    for row in session.connection().execute(ended):
-        out[row.attempt_id].append(row)
-    out.update(live_gpu_rows(session, live, below_pct))
-    return out
-
-
 def live_gpu_rows(session: Session, live: Select[Any], below_pct: float) -> GpuRows:
     """The per-GPU digests of the ``live`` attempts (ids), from their own samples."""
     out: GpuRows = defaultdict(list)
@@ -104,6 +78,29 @@ def live_gpu_rows(session: Session, live: Select[Any], below_pct: float) -> GpuR
     return out
 
 
+def live_idle(
+    session: Session, exp_ids: list[int], below_pct: float, window_s: float
+) -> tuple[GpuRows, dict[int, list[IdleGpu]]]:
+    """The live attempts' per-GPU digests (by attempt id) and the idle GPUs they show
+    (by trial id, in attempt order): two queries, whatever the number of trials."""
+    live = (
+        select(Attempt.id)
+        .join(Trial)
+        .where(
+            Trial.experiment_id.in_(exp_ids),
+            Attempt.state == "RUNNING",
+            Attempt.ended_at.is_(None),
+        )
+    )
+    gpu = live_gpu_rows(session, live, below_pct)
+    idle: dict[int, list[IdleGpu]] = defaultdict(list)
+    for a in session.connection().execute(
+        select(*ATTEMPT_COLS).where(Attempt.id.in_(live)).order_by(Attempt.trial_id, Attempt.id)
+    ):
+        idle[a.trial_id].extend(idle_of(a.trial_id, a, gpu.get(a.id, []), below_pct, window_s))
+    return gpu, idle
+
+
 def idle_gpus(
     session: Session,
     experiment_id: int,
@@ -113,24 +110,8 @@ def idle_gpus(
 ) -> list[IdleGpu]:
     """The experiment's ``idle_gpus`` of :func:`status_data`, reading only its live
     attempts (two queries, whatever the number of trials)."""
-    live = (
-        select(Attempt.id)
-        .join(Trial)
-        .where(
-            Trial.experiment_id == experiment_id,
-            Attempt.state == "RUNNING",
-            Attempt.ended_at.is_(None),
-        )
-    )
-    attempts = session.connection().execute(
-        select(*ATTEMPT_COLS).where(Attempt.id.in_(live)).order_by(Attempt.trial_id, Attempt.id)
-    )
-    gpu = live_gpu_rows(session, live, idle_below_pct)
-    return [
-        g
-        for a in attempts
-        for g in idle_of(a.trial_id, a, gpu.get(a.id, []), idle_below_pct, idle_window_s)
-    ]
+    _, idle = live_idle(session, [experiment_id], idle_below_pct, idle_window_s)
+    return [g for tid in sorted(idle) for g in idle[tid]]
 
 
 def gpu_summary(rows: list[Row]) -> GpuUse | None:

@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict, namedtuple
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
+from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import String, and_, or_, select, type_coerce
+from sqlalchemy import String, and_, func, or_, select, type_coerce
 from sqlalchemy.orm import Session
 
 from dlhpc.errors import NotFoundError
@@ -37,10 +40,9 @@ from dlhpc.report._status_gpu import (
     ATTEMPT_COLS,
     GpuRows,
     Row,
-    gpu_rows,
     gpu_summary,
     idle_gpus,
-    idle_of,
+    live_idle,
 )
 from dlhpc.report._status_sql import (
     LIVE_ATTEMPT_STATES,
@@ -57,13 +59,21 @@ from dlhpc.report.status_model import (
     DecisionStats,
     DiskUse,
     ExperimentStatus,
+    GpuUse,
     IdleGpu,
     Status,
     TrialStatus,
 )
 from dlhpc.store import Attempt, Experiment, Trial
+from dlhpc.store.models import GpuSummary
 
-__all__ = ["TERMINAL_TRIAL_STATES", "idle_gpus", "pick_trials", "status_data"]
+__all__ = [
+    "TERMINAL_TRIAL_STATES",
+    "idle_gpus",
+    "iter_status",
+    "pick_trials",
+    "status_data",
+]
 
 _TRIAL_COLS = (
     Trial.id,
@@ -117,83 +127,97 @@ def _when(text: str | None) -> datetime | None:
 
 _TIMES = {"started_at", "ended_at", "terminal_seen_at"}
 _RAW_ATTEMPT_COLS = tuple(_raw(c) if c.key in _TIMES else c for c in ATTEMPT_COLS)
-_AttemptRow = namedtuple("_AttemptRow", [c.key for c in ATTEMPT_COLS])  # type: ignore[misc]
-_TIME_AT = [i for i, c in enumerate(ATTEMPT_COLS) if c.key in _TIMES]
+_TrialRow = namedtuple("_TrialRow", [c.key for c in _TRIAL_COLS])  # type: ignore[misc]
+# per attempt, its ended GPU telemetry summed over its GPUs (gpu_summaries)
+_GPU_COLS = (
+    func.count(GpuSummary.attempt_id),
+    func.sum(GpuSummary.n_util),
+    func.sum(GpuSummary.sum_util),
+    func.max(GpuSummary.newest),
+)
+_NT = len(_TRIAL_COLS)
+# where each attempt column sits in a row of _listing (after the trial's columns)
+_AT = {c.key: _NT + i for i, c in enumerate(ATTEMPT_COLS)}
+_GPU_AT = _NT + len(ATTEMPT_COLS)
 
 
-def _attempt(row: Row) -> Row:
-    values = list(row)
-    for i in _TIME_AT:
-        values[i] = _when(values[i])
-    return _AttemptRow._make(values)
-
-
-def _run_hours(a: Row, now: datetime) -> float:
-    """Hours the attempt held its allocation (to ``now`` while it still runs)."""
-    if a.started_at is None:
+def _run_hours(
+    state: str,
+    started: datetime | None,
+    ended: datetime | None,
+    seen: datetime | None,
+    now: datetime,
+) -> float:
+    """Hours an attempt held its allocation, from its start to its end (its recorded
+    end, else ``now`` while it is live, else when its end was seen)."""
+    if started is None:
         return 0.0
-    end = a.ended_at
+    end = ended
     if end is None:
-        end = now if a.state in LIVE_ATTEMPT_STATES else a.terminal_seen_at
+        end = now if state in LIVE_ATTEMPT_STATES else seen
     if end is None:
         return 0.0
-    return float(max(0.0, (end - a.started_at).total_seconds())) / 3600.0
+    return float(max(0.0, (end - started).total_seconds())) / 3600.0
 
 
 @dataclass(frozen=True)
 class _Ctx:
     """What every trial of an experiment is judged with."""
 
-    gpu: GpuRows
-    below_pct: float
-    window_s: float
+    live_gpu: GpuRows  # live attempt id -> its per-GPU digests (from its samples)
+    idle: dict[int, list[IdleGpu]]  # trial id -> its idle GPUs
     shape: _Shape
     now: datetime
 
 
-@dataclass(frozen=True, slots=True)
-class _Usage:
-    """What an unlisted trial adds to its experiment's totals."""
+def _ended_gpu(row: Any) -> GpuUse | None:
+    """An ended attempt's GPU use from its GPUs' summed summaries (as :func:`gpu_summary`)."""
+    gpus, n_util, sum_util, newest = row[_GPU_AT : _GPU_AT + 4]
+    if not gpus or newest is None:
+        return None
+    mean = round((sum_util or 0) / n_util, 1) if n_util else None
+    return GpuUse(gpus, mean, datetime.fromtimestamp(newest, tz=timezone.utc).replace(tzinfo=None))
 
-    gpu_hours: float
-    cpu_hours: float
-    idle_gpus: tuple[IdleGpu, ...]
 
-
-def _attempt_status(a: Row, rows: list[Row], c: _Ctx) -> AttemptStatus:
-    hours = _run_hours(a, c.now)
-    return AttemptStatus(
-        key=a.attempt_key,
-        job_id=a.job_id,
-        state=a.state,
-        cause=a.cause,
-        exit_code=a.exit_code,
-        lost_steps=a.lost_steps,
-        node_list=a.node_list,
-        started_at=a.started_at,
-        ended_at=a.ended_at,
-        gpu=gpu_summary(rows),
-        gpu_hours=round(hours * c.shape.gpus, 4),
-        cpu_hours=round(hours * c.shape.cpus, 4),
-        exit_reason=a.exit_reason,
-        terminal_seen_at=a.terminal_seen_at,
+def _attempt_status(row: Any, c: _Ctx) -> tuple[AttemptStatus, float]:
+    """An attempt (a row of :func:`_listing`) and its hours."""
+    state = row[_AT["state"]]
+    started = _when(row[_AT["started_at"]])
+    ended = _when(row[_AT["ended_at"]])
+    seen = _when(row[_AT["terminal_seen_at"]])
+    hours = _run_hours(state, started, ended, seen, c.now)
+    live = c.live_gpu.get(row[_AT["id"]])
+    attempt = AttemptStatus(
+        row[_AT["attempt_key"]],
+        row[_AT["job_id"]],
+        state,
+        row[_AT["cause"]],
+        row[_AT["exit_code"]],
+        row[_AT["lost_steps"]],
+        row[_AT["node_list"]],
+        started,
+        ended,
+        gpu_summary(live) if live is not None else _ended_gpu(row),
+        round(hours * c.shape.gpus, 4),
+        round(hours * c.shape.cpus, 4),
+        row[_AT["exit_reason"]],
+        seen,
     )
+    return attempt, hours
 
 
-def _trial(t: Row, t_attempts: list[Row], c: _Ctx) -> TrialStatus:
+def _trial(t: Row, rows: list[Any], c: _Ctx) -> TrialStatus:
+    """A listed trial from its joined rows (one per attempt: trial, attempt, GPU sums)."""
     attempts = []
     latest_gpu = None
-    idle: list[IdleGpu] = []
-    gpu_h = cpu_h = 0.0
-    for a in t_attempts:
-        hours = _run_hours(a, c.now)
-        gpu_h += hours * c.shape.gpus
-        cpu_h += hours * c.shape.cpus
-        rows = c.gpu.get(a.id, [])
-        attempt = _attempt_status(a, rows, c)
+    hours = 0.0
+    for row in rows:
+        if row[_NT] is None:  # no attempt yet (the outer join's row)
+            continue
+        attempt, h = _attempt_status(row, c)
+        hours += h
         if attempt.gpu is not None:
-            latest_gpu = (a.attempt_key, attempt.gpu)
-        idle.extend(idle_of(t.id, a, rows, c.below_pct, c.window_s))
+            latest_gpu = (attempt.key, attempt.gpu)
         attempts.append(attempt)
     target = t.max_length
     if t.state in _RUNG_STATES and c.shape.max_length:
@@ -209,88 +233,97 @@ def _trial(t: Row, t_attempts: list[Row], c: _Ctx) -> TrialStatus:
         latest_metric=t.latest_metric,
         restarts=t.restarts,
         crashes=t.crashes,
-        slurm_job_ids=tuple(dict.fromkeys(a.job_id for a in t_attempts)),
+        slurm_job_ids=tuple(dict.fromkeys(a.job_id for a in attempts)),
         error=t.error,
         gpu=latest_gpu,
-        idle_gpus=tuple(idle),
-        gpu_hours=round(gpu_h, 4),
-        cpu_hours=round(cpu_h, 4),
+        idle_gpus=tuple(c.idle.get(t.id, ())),
+        gpu_hours=round(hours * c.shape.gpus, 4),
+        cpu_hours=round(hours * c.shape.cpus, 4),
         attempts=tuple(attempts),
         run_dir=t.run_dir,
     )
 
 
-def _usage(t: Row, t_attempts: list[Row], c: _Ctx) -> _Usage:
-    """What an unlisted trial adds to its experiment's totals (as :func:`_trial`)."""
-    hours = sum(_run_hours(a, c.now) for a in t_attempts)
-    idle = [
-        g
-        for a in t_attempts
-        for g in idle_of(t.id, a, c.gpu.get(a.id, []), c.below_pct, c.window_s)
-    ]
-    return _Usage(round(hours * c.shape.gpus, 4), round(hours * c.shape.cpus, 4), tuple(idle))
-
-
 @dataclass
-class _Rows:
-    """The rows one status read fetched (see :func:`_read_rows`)."""
+class _Plan:
+    """What a status read lists and what it sums (see :func:`_plan`)."""
 
-    candidates: dict[int, list[Row]]  # experiment -> trials pick_trials may list (PICK_COLS)
     counts: dict[int, dict[str, int]]  # experiment -> trials by state
-    shown: dict[int, set[int]]  # experiment -> listed trial ids
-    full: dict[int, Row]  # trial id -> its _TRIAL_COLS row (the listed trials, or all)
-    attempts: dict[int, list[Row]]  # trial id -> its attempts' rows
+    shown: dict[int, set[int]] | None  # experiment -> listed trial ids (None: every trial)
+    hours: dict[int, dict[int, float]]  # experiment -> trial -> hours of the attempts read
     unlisted_hours: dict[int, float]  # experiment -> its unlisted trials' ended hours
-    partial: bool  # some trials are not listed
+    live: GpuRows  # live attempt id -> per-GPU digests
+    idle: dict[int, list[IdleGpu]]  # trial id -> idle GPUs
 
 
-def _read_rows(conn: Any, exps: list[Experiment], limit: int | None) -> _Rows:
-    """The trials and attempts of ``exps`` a status reads: the candidates and counts
-    (:func:`candidates`), the listed trials' full rows, and their attempts (of unlisted
-    trials only the live ones: the ended ones' hours are summed in SQL)."""
+def _counts(conn: Any, ids: list[int]) -> dict[int, dict[str, int]]:
+    counts: dict[int, dict[str, int]] = defaultdict(dict)
+    for exp_id, state, n in conn.execute(
+        select(Trial.experiment_id, Trial.state, func.count())
+        .where(Trial.experiment_id.in_(ids))
+        .group_by(Trial.experiment_id, Trial.state)
+    ):
+        counts[exp_id][state] = n
+    return counts
+
+
+def _plan(
+    session: Session,
+    exps: list[Experiment],
+    limit: int | None,
+    now: datetime,
+    idle_rule: tuple[float, float],
+) -> _Plan:
+    """Counts, the listed trials (:func:`pick_trials` over :func:`candidates`; every
+    trial without a ``limit``), each trial's hours from its attempts (of unlisted trials
+    only the live ones: the ended ones' hours are summed in SQL), and the idle GPUs."""
+    conn = session.connection()  # plain rows: no ORM row processing for 10,000s of rows
     ids = [e.id for e in exps]
-    trials_of, counts = candidates(conn, exps, limit)
-    shown = {
-        e.id: pick_trials(
-            [(t.id, t.state, t.best_metric) for t in trials_of[e.id]], e.smaller_is_better, limit
-        )
-        for e in exps
-    }
-    listed = [tid for tids in shown.values() for tid in tids]
-    total = sum(sum(c.values()) for c in counts.values())
-    full_rows = select(*_TRIAL_COLS).where(Trial.experiment_id.in_(ids))
-    if len(listed) <= _FULL_ROWS_MAX and len(listed) < total:
-        full_rows = full_rows.where(Trial.id.in_(listed))
-    full = {t.id: t for t in conn.execute(full_rows)}
-    attempts = select(*_RAW_ATTEMPT_COLS).join(
+    shown: dict[int, set[int]] | None = None
+    unlisted: dict[int, float] = {}
+    raw_times = (_raw(getattr(Attempt, k)) for k in ("started_at", "ended_at", "terminal_seen_at"))
+    attempts = select(Trial.experiment_id, Attempt.trial_id, Attempt.state, *raw_times).join(
         Trial, and_(Trial.id == Attempt.trial_id, Trial.experiment_id.in_(ids))
     )
-    partial = len(full) < total
-    unlisted_hours: dict[int, float] = {}
-    if partial:
-        attempts = attempts.where(or_(Attempt.trial_id.in_(list(full)), live_attempt()))
-        unlisted_hours = ended_hours(conn, ids, list(full))
-    attempts_of: dict[int, list[Row]] = defaultdict(list)
-    for a in conn.execute(attempts.order_by(Attempt.id)):
-        attempts_of[a.trial_id].append(_attempt(a))
-    return _Rows(trials_of, counts, shown, full, attempts_of, unlisted_hours, partial)
-
-
-def _experiment(
-    e: Experiment, rows: _Rows, ctx: _Ctx, decisions: DecisionStats | None, disk: DiskUse | None
-) -> ExperimentStatus:
-    trials: list[TrialStatus] = []
-    usage: list[_Usage | TrialStatus] = []
-    for t in rows.candidates[e.id]:
-        if t.id in rows.shown[e.id]:
-            trial = _trial(rows.full[t.id], rows.attempts.get(t.id, []), ctx)
-            trials.append(trial)
-            usage.append(trial)
+    if limit is None:
+        counts = _counts(conn, ids)
+    else:
+        trials_of, counts = candidates(conn, exps, limit)
+        shown = {
+            e.id: pick_trials(
+                [(t.id, t.state, t.best_metric) for t in trials_of[e.id]],
+                e.smaller_is_better,
+                limit,
+            )
+            for e in exps
+        }
+        listed = [tid for tids in shown.values() for tid in tids]
+        if len(listed) < sum(sum(c.values()) for c in counts.values()):
+            attempts = attempts.where(or_(Attempt.trial_id.in_(listed), live_attempt()))
+            unlisted = ended_hours(conn, ids, listed)
         else:
-            usage.append(_usage(t, rows.attempts.get(t.id, []), ctx))
-    hours = rows.unlisted_hours.get(e.id, 0.0)
-    shape = ctx.shape
-    counts = rows.counts.get(e.id, {})
+            shown = None
+    hours: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    for exp_id, trial_id, state, started, ended, seen in conn.execute(attempts):
+        h = _run_hours(state, _when(started), _when(ended), _when(seen), now)
+        hours[exp_id][trial_id] += h
+    live, idle = live_idle(session, ids, *idle_rule)
+    return _Plan(counts, shown, hours, unlisted, live, idle)
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)  # the DB's naive UTC
+
+
+def _head(
+    e: Experiment, plan: _Plan, shape: _Shape, decisions: DecisionStats | None, disk: DiskUse | None
+) -> ExperimentStatus:
+    """The experiment and its totals over every trial (``trials`` left empty)."""
+    hours = plan.hours.get(e.id, {})
+    unlisted = plan.unlisted_hours.get(e.id, 0.0)
+    gpu_h = sum(round(h * shape.gpus, 4) for h in hours.values()) + unlisted * shape.gpus
+    cpu_h = sum(round(h * shape.cpus, 4) for h in hours.values()) + unlisted * shape.cpus
+    counts = plan.counts.get(e.id, {})
     return ExperimentStatus(
         id=e.id,
         name=e.name,
@@ -305,15 +338,81 @@ def _experiment(
         max_length=shape.max_length,
         gpus_per_job=shape.gpus,
         cpus_per_job=shape.cpus,
-        gpu_hours=round(sum(u.gpu_hours for u in usage) + hours * shape.gpus, 4),
-        cpu_hours=round(sum(u.cpu_hours for u in usage) + hours * shape.cpus, 4),
-        idle_gpus=tuple(g for u in usage for g in u.idle_gpus),
+        gpu_hours=round(gpu_h, 4),
+        cpu_hours=round(cpu_h, 4),
+        idle_gpus=tuple(g for tid in sorted(hours) for g in plan.idle.get(tid, ())),
         trials_total=sum(counts.values()),
         trial_counts=dict(sorted(counts.items())),
         decisions=decisions,
         disk=disk,
-        trials=tuple(trials),
+        trials=(),
     )
+
+
+def _listing(ids: list[int], shown: dict[int, set[int]] | None) -> Any:
+    """The listed trials joined with their attempts and each attempt's summed GPU
+    summaries: one row per attempt (one per trial without any), by experiment (newest
+    first), trial and attempt."""
+    query = (
+        select(*_TRIAL_COLS, *_RAW_ATTEMPT_COLS, *_GPU_COLS)
+        .select_from(Trial)
+        .outerjoin(Attempt, Attempt.trial_id == Trial.id)
+        .outerjoin(GpuSummary, GpuSummary.attempt_id == Attempt.id)
+        .where(Trial.experiment_id.in_(ids))
+        .group_by(Trial.id, Attempt.id)
+        .order_by(Trial.experiment_id.desc(), Trial.id, Attempt.id)
+    )
+    listed = [tid for tids in (shown or {}).values() for tid in tids]
+    if shown is not None and len(listed) <= _FULL_ROWS_MAX:
+        query = query.where(Trial.id.in_(listed))
+    return query
+
+
+def _trials(rows: Iterator[Any], keep: set[int] | None, ctx: _Ctx) -> Iterator[TrialStatus]:
+    for tid, trial_rows in groupby(rows, key=itemgetter(0)):
+        if keep is None or tid in keep:
+            block = list(trial_rows)
+            yield _trial(_TrialRow._make(block[0][:_NT]), block, ctx)
+
+
+def iter_status(
+    session: Session,
+    experiment_id: int | None = None,
+    *,
+    idle_below_pct: float = IDLE_BELOW_PCT,
+    idle_window_s: float = IDLE_WINDOW_S,
+    limit: int | None = None,
+) -> Iterator[tuple[ExperimentStatus, Iterator[TrialStatus]]]:
+    """:func:`status_data` one piece at a time: per experiment (newest first), its
+    status with empty ``trials`` and an iterator of its listed trials, read from the DB
+    as it is consumed (exhaust it, inside ``session``, before the next experiment). Its
+    totals are read first: two passes over the attempts, so that 100,000s of trials are
+    never held at once. Raises :class:`~dlhpc.errors.NotFoundError` for an unknown id."""
+    query = select(Experiment).order_by(Experiment.id.desc())
+    if experiment_id is not None:
+        query = query.where(Experiment.id == experiment_id)
+    exps = list(session.scalars(query).all())
+    if experiment_id is not None and not exps:
+        raise NotFoundError(f"no experiment {experiment_id}")
+    if not exps:
+        return
+    ids = [e.id for e in exps]
+    now = _now()
+    plan = _plan(session, exps, limit, now, (idle_below_pct, idle_window_s))
+    decisions = decision_stats(session, ids)
+    disk = disk_usage(session, exps)
+    groups = groupby(session.connection().execute(_listing(ids, plan.shown)), key=itemgetter(1))
+    pending = next(groups, None)
+    for e in exps:
+        shape = _Shape.of(e.config_json)
+        head = _head(e, plan, shape, decisions.get(e.id), disk.get(e.id))
+        ctx = _Ctx(plan.live, plan.idle, shape, now)
+        if pending is None or pending[0] != e.id:
+            yield head, iter(())
+            continue
+        keep = None if plan.shown is None else plan.shown[e.id]
+        yield head, _trials(pending[1], keep, ctx)
+        pending = next(groups, None)
 
 
 def status_data(
@@ -330,24 +429,11 @@ def status_data(
     ``limit``: each experiment's ``trials`` holds at most that many (see
     :func:`pick_trials`); its totals, ``trial_counts`` (by state) and
     ``trials_total`` still cover every trial."""
-    query = select(Experiment).order_by(Experiment.id.desc())
-    if experiment_id is not None:
-        query = query.where(Experiment.id == experiment_id)
-    exps = list(session.scalars(query).all())
-    if experiment_id is not None and not exps:
-        raise NotFoundError(f"no experiment {experiment_id}")
-    if not exps:
-        return Status(())
-    ids = [e.id for e in exps]
-    conn = session.connection()  # plain rows: no ORM row processing for 10,000s of rows
-    rows = _read_rows(conn, exps, limit)
-    # unlisted trials' ended attempts need no GPU digest (their hours come from SQL)
-    gpu = gpu_rows(session, ids, idle_below_pct, list(rows.full) if rows.partial else None)
-    decisions = decision_stats(session, ids)
-    disk = disk_usage(session, exps)
-    now = datetime.now(timezone.utc).replace(tzinfo=None)  # the DB's naive UTC
-    out = []
-    for e in exps:
-        ctx = _Ctx(gpu, idle_below_pct, idle_window_s, _Shape.of(e.config_json), now)
-        out.append(_experiment(e, rows, ctx, decisions.get(e.id), disk.get(e.id)))
-    return Status(tuple(out))
+    pieces = iter_status(
+        session,
+        experiment_id,
+        idle_below_pct=idle_below_pct,
+        idle_window_s=idle_window_s,
+        limit=limit,
+    )
+    return Status(tuple(replace(head, trials=tuple(trials)) for head, trials in pieces))

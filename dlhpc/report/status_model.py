@@ -6,8 +6,9 @@ the keys and their order are those the README documents. :func:`write_json` writ
 the document experiment by experiment and trial by trial (one line per trial), so
 that 100,000 trials never become one dict or one string. Fields that ``to_json``
 leaves out (an attempt's ``exit_reason``, ``terminal_seen_at``, a trial's
-``run_dir``) are for the report page.
-"""
+``run_dir``) are for the report page. The per-trial classes are slotted but not
+frozen (100,000s are built per ``status --json``, and a frozen one costs five times
+as much to build): treat them as read-only all the same."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def iso(value: datetime | None) -> str | None:
     return value.isoformat() + "Z" if value else None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GpuUse:
     """An attempt's GPU telemetry: GPUs seen, mean utilization, newest sample."""
 
@@ -53,7 +54,7 @@ class GpuUse:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class IdleGpu:
     """A GPU of a live attempt idle (below ``below_pct``) since ``idle_since``."""
 
@@ -77,7 +78,7 @@ class IdleGpu:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AttemptStatus:
     key: str
     job_id: str
@@ -111,7 +112,7 @@ class AttemptStatus:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TrialStatus:
     id: int
     state: str
@@ -276,17 +277,22 @@ class Status:
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, default=str)
+    return json.dumps(value)
 
 
-def write_json(experiments: Iterable[ExperimentStatus], out: TextIO) -> None:
+def write_json(
+    experiments: Iterable[tuple[ExperimentStatus, Iterable[TrialStatus]]], out: TextIO
+) -> None:
     """Write ``{"experiments": [...]}`` (:meth:`Status.to_json`) to ``out`` piece by
-    piece: an experiment's keys, then its trials one line each."""
+    piece: each experiment's keys (its ``trials`` taken from the pair's second item, not
+    from the status), then its trials one line each."""
     out.write('{"experiments": [')
-    for i, e in enumerate(experiments):
+    for i, (e, trials) in enumerate(experiments):
         head = _dumps(e.head_json())
         out.write(("," if i else "") + "\n  " + head[:-1] + ', "trials": [')
-        for j, t in enumerate(e.trials):
-            out.write(("," if j else "") + "\n    " + _dumps(t.to_json()))
-        out.write("\n  ]}" if e.trials else "]}")
+        any_trial = False
+        for t in trials:
+            out.write(("," if any_trial else "") + "\n    " + _dumps(t.to_json()))
+            any_trial = True
+        out.write("\n  ]}" if any_trial else "]}")
     out.write("\n]}\n")
