@@ -53,6 +53,7 @@ from dlhpc.report._status_sql import (
     ended_hours,
     live_attempt,
     pick_trials,
+    trial_counts,
 )
 from dlhpc.report.status_model import (
     AttemptStatus,
@@ -256,17 +257,6 @@ class _Plan:
     idle: dict[int, list[IdleGpu]]  # trial id -> idle GPUs
 
 
-def _counts(conn: Any, ids: list[int]) -> dict[int, dict[str, int]]:
-    counts: dict[int, dict[str, int]] = defaultdict(dict)
-    for exp_id, state, n in conn.execute(
-        select(Trial.experiment_id, Trial.state, func.count())
-        .where(Trial.experiment_id.in_(ids))
-        .group_by(Trial.experiment_id, Trial.state)
-    ):
-        counts[exp_id][state] = n
-    return counts
-
-
 def _plan(
     session: Session,
     exps: list[Experiment],
@@ -285,10 +275,9 @@ def _plan(
     attempts = select(Trial.experiment_id, Attempt.trial_id, Attempt.state, *raw_times).join(
         Trial, and_(Trial.id == Attempt.trial_id, Trial.experiment_id.in_(ids))
     )
-    if limit is None:
-        counts = _counts(conn, ids)
-    else:
-        trials_of, counts = candidates(conn, exps, limit)
+    counts = trial_counts(conn, ids)
+    if limit is not None:
+        trials_of = candidates(conn, exps, limit)
         shown = {
             e.id: pick_trials(
                 [(t.id, t.state, t.best_metric) for t in trials_of[e.id]],
