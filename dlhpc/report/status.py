@@ -226,7 +226,7 @@ def _trial(t: Row, rows: list[Any], c: _Ctx) -> TrialStatus:
     return TrialStatus(
         id=t.id,
         state=t.state,
-        hparams=json.loads(t.hparams_json),
+        hparams_json=t.hparams_json,
         steps_completed=t.steps_completed,
         max_length=t.max_length,
         target_length=target,

@@ -116,7 +116,7 @@ class AttemptStatus:
 class TrialStatus:
     id: int
     state: str
-    hparams: dict[str, Any]
+    hparams_json: str  # as stored (json.dumps, sorted keys): see ``hparams``
     steps_completed: int
     max_length: int
     target_length: int  # what progress counts toward (see report.status)
@@ -133,12 +133,28 @@ class TrialStatus:
     attempts: tuple[AttemptStatus, ...]
     run_dir: str = ""  # the page's, not in the JSON
 
+    @property
+    def hparams(self) -> dict[str, Any]:
+        """The trial's hyperparameters (parsed on each access)."""
+        value: dict[str, Any] = json.loads(self.hparams_json)
+        return value
+
     def to_json(self) -> dict[str, Any]:
+        return self._json(self.hparams)
+
+    def json_text(self) -> str:
+        """``json.dumps(self.to_json())``, with the stored hyperparameter text put in as
+        it is rather than parsed and written again (the same text: it was written by
+        ``json.dumps``)."""
+        text = json.dumps(self._json(0))
+        return text.replace('"hparams": 0', '"hparams": ' + self.hparams_json, 1)
+
+    def _json(self, hparams: Any) -> dict[str, Any]:
         gpu = None if self.gpu is None else {"attempt_key": self.gpu[0], **self.gpu[1].to_json()}
         return {
             "id": self.id,
             "state": self.state,
-            "hparams": self.hparams,
+            "hparams": hparams,
             "steps_completed": self.steps_completed,
             "max_length": self.max_length,
             "target_length": self.target_length,
@@ -292,7 +308,7 @@ def write_json(
         out.write(("," if i else "") + "\n  " + head[:-1] + ', "trials": [')
         any_trial = False
         for t in trials:
-            out.write(("," if any_trial else "") + "\n    " + _dumps(t.to_json()))
+            out.write(("," if any_trial else "") + "\n    " + t.json_text())
             any_trial = True
         out.write("\n  ]}" if any_trial else "]}")
     out.write("\n]}\n")
