@@ -55,7 +55,7 @@ def _utc(value: float) -> datetime:
     return datetime.fromtimestamp(value, tz=timezone.utc).replace(tzinfo=None)
 
 
-def live_gpu_rows(session: Session, live: Select[Any], below_pct: float) -> GpuRows:
+def live_gpu_rows(session: Session, live: Select[Any] | list[int], below_pct: float) -> GpuRows:
     """The per-GPU digests of the ``live`` attempts (ids), from their own samples."""
     out: GpuRows = defaultdict(list)
     busy = or_(GpuSample.util.is_(None), GpuSample.util >= below_pct)  # telemetry.is_busy
@@ -92,11 +92,16 @@ def live_idle(
             Attempt.ended_at.is_(None),
         )
     )
-    gpu = live_gpu_rows(session, live, below_pct)
+    attempts = (
+        session.connection()
+        .execute(
+            select(*ATTEMPT_COLS).where(Attempt.id.in_(live)).order_by(Attempt.trial_id, Attempt.id)
+        )
+        .all()
+    )
+    gpu = live_gpu_rows(session, [a.id for a in attempts], below_pct)  # by id: no second scan
     idle: dict[int, list[IdleGpu]] = defaultdict(list)
-    for a in session.connection().execute(
-        select(*ATTEMPT_COLS).where(Attempt.id.in_(live)).order_by(Attempt.trial_id, Attempt.id)
-    ):
+    for a in attempts:
         idle[a.trial_id].extend(idle_of(a.trial_id, a, gpu.get(a.id, []), below_pct, window_s))
     return gpu, idle
 

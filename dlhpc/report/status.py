@@ -128,7 +128,11 @@ def _plan(
         }
         listed = [tid for tids in shown.values() for tid in tids]
         if len(listed) < sum(sum(c.values()) for c in counts.values()):
-            attempts = attempts.where(or_(Attempt.trial_id.in_(listed), live_attempt()))
+            # the candidates hold every trial with a live attempt: an indexed IN, no scan
+            maybe = [t.id for rows in trials_of.values() for t in rows]
+            attempts = attempts.where(
+                Attempt.trial_id.in_(maybe), or_(Attempt.trial_id.in_(listed), live_attempt())
+            )
             unlisted = ended_hours(conn, ids, listed)
         else:
             shown = None
