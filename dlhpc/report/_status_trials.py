@@ -92,8 +92,6 @@ _GPU_COLS = (
     func.max(GpuSummary.newest),
 )
 _NT = len(TRIAL_COLS)
-# where each attempt column sits in a row of _listing (after the trial's columns)
-_AT = {c.key: _NT + i for i, c in enumerate(ATTEMPT_COLS)}
 _GPU_AT = _NT + len(ATTEMPT_COLS)
 
 
@@ -135,30 +133,39 @@ def _ended_gpu(row: Any) -> GpuUse | None:
     return GpuUse(gpus, mean, datetime.fromtimestamp(newest, tz=timezone.utc).replace(tzinfo=None))
 
 
+_ATTEMPT_ORDER = (
+    "id",
+    "trial_id",
+    "attempt_key",
+    "job_id",
+    "state",
+    "cause",
+    "exit_code",
+    "lost_steps",
+    "node_list",
+    "started_at",
+    "ended_at",
+    "terminal_seen_at",
+    "exit_reason",
+)
+if tuple(c.key for c in ATTEMPT_COLS) != _ATTEMPT_ORDER:  # _attempt_status unpacks them so
+    raise ImportError("report._status_gpu.ATTEMPT_COLS changed: update _ATTEMPT_ORDER")
+
+
 def _attempt_status(row: Any, c: Ctx) -> tuple[AttemptStatus, float]:
-    """An attempt (a row of :func:`_listing`) and its hours."""
-    state = row[_AT["state"]]
-    started = when(row[_AT["started_at"]])
-    ended = when(row[_AT["ended_at"]])
-    seen = when(row[_AT["terminal_seen_at"]])
+    """An attempt (a row of :func:`listing_columns`) and its hours."""
+    aid, _, key, job, state, cause, code, lost, nodes, started, ended, seen, reason = row[
+        _NT:_GPU_AT
+    ]
+    started, ended, seen = when(started), when(ended), when(seen)
     hours = run_hours(state, started, ended, seen, c.now)
-    live = c.live_gpu.get(row[_AT["id"]])
+    live = c.live_gpu.get(aid)
+    gpu = gpu_summary(live) if live is not None else _ended_gpu(row)
+    gpus, cpus = c.shape.gpus, c.shape.cpus
     attempt = AttemptStatus(
-        row[_AT["attempt_key"]],
-        row[_AT["job_id"]],
-        state,
-        row[_AT["cause"]],
-        row[_AT["exit_code"]],
-        row[_AT["lost_steps"]],
-        row[_AT["node_list"]],
-        started,
-        ended,
-        gpu_summary(live) if live is not None else _ended_gpu(row),
-        round(hours * c.shape.gpus, 4),
-        round(hours * c.shape.cpus, 4),
-        row[_AT["exit_reason"]],
-        seen,
-    )
+        key, job, state, cause, code, lost, nodes, started, ended, gpu,
+        round(hours * gpus, 4), round(hours * cpus, 4), reason, seen,
+    )  # fmt: skip
     return attempt, hours
 
 
