@@ -218,9 +218,11 @@ def iter_status(
 ) -> Iterator[tuple[ExperimentStatus, Iterator[TrialStatus]]]:
     """:func:`status_data` one piece at a time: per experiment (newest first), its
     status with empty ``trials`` and an iterator of its listed trials, read from the DB
-    as it is consumed (exhaust it, inside ``session``, before the next experiment). Its
-    totals are read first: two passes over the attempts, so that 100,000s of trials are
-    never held at once. Raises :class:`~dlhpc.errors.NotFoundError` for an unknown id."""
+    as it is consumed (exhaust it, inside ``session``, before the next experiment). The
+    totals are read here, before the first piece: two passes over the attempts, so that
+    100,000s of trials are never held at once. Raises
+    :class:`~dlhpc.errors.NotFoundError` for an unknown id (here, not when iterated:
+    nothing is written before it)."""
     query = select(Experiment).order_by(Experiment.id.desc())
     if experiment_id is not None:
         query = query.where(Experiment.id == experiment_id)
@@ -228,22 +230,36 @@ def iter_status(
     if experiment_id is not None and not exps:
         raise NotFoundError(f"no experiment {experiment_id}")
     if not exps:
-        return
+        return iter(())
     ids = [e.id for e in exps]
     now = _now()
     plan = _plan(session, exps, limit, now, (idle_below_pct, idle_window_s))
-    decisions = decision_stats(session, ids)
-    disk = disk_usage(session, exps)
-    groups = groupby(session.connection().execute(_listing(ids, plan.shown)), key=itemgetter(1))
+    heads = [
+        _head(e, plan, Shape.of(e.config_json), stats, disk)
+        for e, stats, disk in zip(
+            exps,
+            map(decision_stats(session, ids).get, ids),
+            map(disk_usage(session, exps).get, ids),
+            strict=True,
+        )
+    ]
+    rows = session.connection().execute(_listing(ids, plan.shown))
+    return _pieces(heads, plan, rows, now)
+
+
+def _pieces(
+    heads: list[ExperimentStatus], plan: _Plan, rows: Iterator[Any], now: datetime
+) -> Iterator[tuple[ExperimentStatus, Iterator[TrialStatus]]]:
+    """Each experiment's status and its listed trials, from the listing ``rows``."""
+    groups = groupby(rows, key=itemgetter(1))
     pending = next(groups, None)
-    for e in exps:
-        shape = Shape.of(e.config_json)
-        head = _head(e, plan, shape, decisions.get(e.id), disk.get(e.id))
-        ctx = Ctx(plan.live, plan.idle, shape, now)
-        if pending is None or pending[0] != e.id:
+    for head in heads:
+        if pending is None or pending[0] != head.id:
             yield head, iter(())
             continue
-        keep = None if plan.shown is None else plan.shown[e.id]
+        shape = Shape(head.gpus_per_job, head.cpus_per_job, head.max_length)
+        ctx = Ctx(plan.live, plan.idle, shape, now)
+        keep = None if plan.shown is None else plan.shown[head.id]
         yield head, _trials(pending[1], keep, ctx)
         pending = next(groups, None)
 
