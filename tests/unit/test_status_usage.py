@@ -4,6 +4,7 @@ of ``tick -q`` and ``dlhpc digest`` say an idle GPU once."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -18,7 +19,9 @@ from rich.console import Console
 from dlhpc.cli import _attention
 from dlhpc.cli._views import experiment_view, experiments_table
 from dlhpc.cli.main import cli
-from dlhpc.report.status import pick_trials, status_data
+from dlhpc.errors import NotFoundError
+from dlhpc.report.status import iter_status, pick_trials, status_data
+from dlhpc.report.status_model import write_json
 from dlhpc.store import Attempt, Store, utcnow
 from tests.unit._db import add_experiment, add_trial
 from tests.unit.test_gpu_status import _ingest, running  # noqa: F401 (fixture)
@@ -109,6 +112,28 @@ def test_totals_count_the_trials_a_limited_listing_leaves_out(tmp_path: Path) ->
     assert [t["id"] for t in exp["trials"]] == [1] and exp["trials_total"] == 3
     assert exp["gpu_hours"] == pytest.approx(18.0, abs=0.01)
     assert exp["cpu_hours"] == pytest.approx(144.0, abs=0.1)
+
+
+def test_streamed_json_is_the_models_json(tmp_path: Path) -> None:
+    """``status --json`` is written piece by piece (iter_status, write_json): the same
+    document as ``status_data(...).to_json()``; an unknown id raises before anything."""
+    store = _store(tmp_path, CONFIG)
+    with store.write() as s:  # newest first, and with no trials: an empty list
+        add_experiment(s, tmp_path, name="second", created_at=utcnow())
+    out = io.StringIO()
+    with store.read() as s:
+        want = status_data(s).to_json()
+        write_json(iter_status(s), out)
+        with pytest.raises(NotFoundError):
+            iter_status(s, 99)
+    got = json.loads(out.getvalue())
+    for e in [*got["experiments"], *want["experiments"]]:  # live attempts: hours to "now"
+        e.pop("gpu_hours"), e.pop("cpu_hours")
+        for t in e["trials"]:
+            for row in (t, *t["attempts"]):
+                row.pop("gpu_hours"), row.pop("cpu_hours")
+    assert got == want and [len(e["trials"]) for e in got["experiments"]] == [0, 3]
+    assert len(out.getvalue().splitlines()) == 1 + 2 + 3 + 2  # a line per trial
 
 
 def test_cpu_only_runs_count_cpu_hours(tmp_path: Path) -> None:
