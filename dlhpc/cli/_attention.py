@@ -12,12 +12,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
 from dlhpc.protocol import atomic_write_text
-from dlhpc.report.status import idle_gpus, status_data
-from dlhpc.store import Attempt, Experiment, GpuSample, Store, Trial, utcnow
+from dlhpc.report.attention import failed_trials, finished_experiments, idle_now
+from dlhpc.store import Store, utcnow
 
 __all__ = [
     "Attention",
@@ -60,74 +57,13 @@ class Attention:
         return bool(self.finished or self.failed or self.idle)
 
 
-def _finished(s: Session, since: datetime, until: datetime) -> list[dict[str, Any]]:
-    exps = s.scalars(
-        select(Experiment)
-        .where(Experiment.ended_at >= since, Experiment.ended_at < until)
-        .order_by(Experiment.ended_at)
-    ).all()
-    out = []
-    for e in exps:
-        data = status_data(s, e.id)["experiments"][0]
-        scored = [t for t in data["trials"] if t["best_metric"] is not None]
-        pick = min if e.smaller_is_better else max
-        best = pick(scored, key=lambda t: t["best_metric"]) if scored else None
-        out.append(
-            {
-                "id": e.id,
-                "name": e.name,
-                "state": e.state,
-                "trials": len(data["trials"]),
-                "failed_trials": sum(t["state"] == "FAILED" for t in data["trials"]),
-                "metric": e.metric,
-                "best": None if best is None else best["best_metric"],
-                "best_trial": None if best is None else best["id"],
-                "gpu_hours": data["gpu_hours"],
-                "cpu_hours": data["cpu_hours"],
-            }
-        )
-    return out
-
-
-def _failed(s: Session, since: datetime, until: datetime) -> list[dict[str, Any]]:
-    rows = s.execute(
-        select(Trial.id, Trial.experiment_id, Experiment.name, Trial.error)
-        .join(Experiment, Experiment.id == Trial.experiment_id)
-        .where(Trial.state == "FAILED", Trial.ended_at >= since, Trial.ended_at < until)
-        .order_by(Trial.id)
-    ).all()
-    return [
-        {"trial_id": tid, "experiment_id": eid, "experiment": name, "error": err or ""}
-        for tid, eid, name, err in rows
-    ]
-
-
-def _idle_now(s: Session) -> list[dict[str, Any]]:
-    """Idle GPUs of the live attempts of active experiments (none without telemetry)."""
-    live = (
-        select(Attempt.id)
-        .join(Trial, Trial.id == Attempt.trial_id)
-        .join(Experiment, Experiment.id == Trial.experiment_id)
-        .where(Experiment.state == "ACTIVE", Attempt.state == "RUNNING", Attempt.ended_at.is_(None))
-    )
-    sampled = s.scalars(
-        select(Trial.experiment_id)
-        .join(Attempt, Attempt.trial_id == Trial.id)
-        .join(GpuSample, GpuSample.attempt_id == Attempt.id)
-        .where(Attempt.id.in_(live))
-        .distinct()
-    ).all()
-    out: list[dict[str, Any]] = []
-    for exp_id in sorted(sampled):
-        out.extend({"experiment_id": exp_id, **g} for g in idle_gpus(s, exp_id))
-    return out
-
-
 def collect(store: Store, since: datetime, until: datetime, idle: bool = True) -> Attention:
     """Experiments ended and trials failed in ``[since, until)``, and the idle GPUs now."""
     with store.read() as s:
         return Attention(
-            _finished(s, since, until), _failed(s, since, until), _idle_now(s) if idle else []
+            finished_experiments(s, since, until),
+            failed_trials(s, since, until),
+            idle_now(s) if idle else [],
         )
 
 

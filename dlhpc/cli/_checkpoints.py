@@ -14,7 +14,6 @@ from typing import Any
 import click
 from rich.table import Table
 from rich.text import Text
-from sqlalchemy import select
 
 from dlhpc._perms import may_modify
 from dlhpc.cli._common import check_owner, echo_json, open_store, site_option
@@ -23,7 +22,9 @@ from dlhpc.cli._views import human_bytes
 from dlhpc.errors import NotFoundError
 from dlhpc.orchestrator.checkpoints import GcReport, experiment_plan, gc, set_pinned
 from dlhpc.orchestrator.export import export_trial
-from dlhpc.store import Checkpoint, Experiment, Store, Trial
+from dlhpc.store import Experiment, Store
+from dlhpc.store.queries import experiment_checkpoints, experiment_owners
+from dlhpc.store.states import CheckpointState
 
 __all__ = ["COMMANDS", "checkpoint_rows"]
 
@@ -42,14 +43,6 @@ def checkpoint_rows(
         if exp is None:
             raise NotFoundError(f"no experiment {experiment_id}")
         _, plan = experiment_plan(s, exp)
-        query = (
-            s.query(Checkpoint)
-            .join(Trial, Trial.id == Checkpoint.trial_id)
-            .filter(Trial.experiment_id == experiment_id)
-            .order_by(Checkpoint.trial_id, Checkpoint.step, Checkpoint.id)
-        )
-        if not include_deleted:
-            query = query.filter(Checkpoint.state == "ACTIVE")
         return [
             {
                 "id": c.id,
@@ -59,12 +52,14 @@ def checkpoint_rows(
                 "size_bytes": c.size_bytes,
                 "state": c.state,
                 "pinned": c.pinned,
-                "kept_because": list(plan.keep.get(c.id, ())) if c.state == "ACTIVE" else [],
+                "kept_because": list(plan.keep.get(c.id, ()))
+                if c.state == CheckpointState.ACTIVE.value
+                else [],
                 "path": c.path,
                 "created_at": _iso(c.created_at),
                 "deleted_at": _iso(c.deleted_at),
             }
-            for c in query
+            for c in experiment_checkpoints(s, experiment_id, include_deleted)
         ]
 
 
@@ -83,7 +78,7 @@ def checkpoints(experiment_id: int, site: str | None, include_deleted: bool, as_
     for col in ("id", "trial", "step", "metric", "size", "state", "pinned", "kept because"):
         table.add_column(col, no_wrap=True, justify="right" if col == "size" else "left")
     for r in rows:
-        if r["state"] != "ACTIVE":
+        if r["state"] != CheckpointState.ACTIVE.value:
             why = Text(f"deleted {(r['deleted_at'] or '')[:16].replace('T', ' ')}", style="dim")
         elif r["kept_because"]:
             why = Text(", ".join(r["kept_because"]))
@@ -100,7 +95,7 @@ def checkpoints(experiment_id: int, site: str | None, include_deleted: bool, as_
             why,
         )
     console.print(table)
-    active = [r for r in rows if r["state"] == "ACTIVE"]
+    active = [r for r in rows if r["state"] == CheckpointState.ACTIVE.value]
     click.echo(f"{len(active)} active, {human_bytes(sum(r['size_bytes'] for r in active))}")
 
 
@@ -137,8 +132,7 @@ def gc_command(experiment_id: int | None, site: str | None, dry_run: bool, as_js
     skipped: list[int] = []
     if experiment_id is None:  # every experiment this user may change; others' are skipped
         with store.read() as s:
-            rows = s.execute(select(Experiment.id, Experiment.user).order_by(Experiment.id))
-            owners: dict[int, str] = {eid: user for eid, user in rows}
+            owners = experiment_owners(s)
         ids = [i for i, user in owners.items() if may_modify(user, store.permissions)]
         skipped = sorted(set(owners) - set(ids))
     else:

@@ -6,12 +6,12 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import click
-from sqlalchemy import select
 
 from dlhpc import _perms
 from dlhpc._perms import apply_umask
 from dlhpc.config import SiteConfig, load_site
-from dlhpc.store import Checkpoint, Experiment, Store, Trial, default_home
+from dlhpc.store import Store, default_home
+from dlhpc.store.queries import experiment_owner
 
 if TYPE_CHECKING:  # the orchestrator loads only for the commands that act
     from dlhpc.orchestrator.common import SchedulerPool
@@ -67,17 +67,12 @@ def check_owner(
     """Refuse (:class:`~dlhpc.errors.NotPermittedError`, exit 2) to change another user's
     experiment unless the site allows it (``permissions.others_experiments: write``).
     An unknown id passes: the command itself reports it."""
-    query = select(Experiment.id, Experiment.user)
-    if checkpoint_id is not None:
-        query = query.join(Trial).join(Checkpoint).where(Checkpoint.id == checkpoint_id)
-    elif trial_id is not None:
-        query = query.join(Trial).where(Trial.id == trial_id)
-    else:
-        query = query.where(Experiment.id == experiment_id)
     with store.read() as s:
-        row = s.execute(query).first()
+        row = experiment_owner(
+            s, experiment_id=experiment_id, trial_id=trial_id, checkpoint_id=checkpoint_id
+        )
     if row is not None:
-        _perms.check_may_modify(row.user, f"experiment {row.id}", store.permissions)
+        _perms.check_may_modify(row[1], f"experiment {row[0]}", store.permissions)
 
 
 def pool_for(store: Store) -> SchedulerPool:

@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
+import sys
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import click
 from rich.console import Group
 from rich.live import Live
 
-from dlhpc.cli._common import echo_json, open_store, site_option
+from dlhpc.cli._common import open_store, site_option
 from dlhpc.cli._console import console
 from dlhpc.cli._views import ROW_LIMIT, experiment_view, experiments_table
-from dlhpc.errors import NotFoundError
 from dlhpc.report.quota import quota_warning
-from dlhpc.report.status import status_data
-from dlhpc.store import Attempt, Submission, Trial
+from dlhpc.report.status import iter_status, status_data
+from dlhpc.report.status_model import ExperimentStatus, write_json
+from dlhpc.store.queries import latest_attempt
 
 __all__ = ["COMMANDS"]
 
@@ -42,31 +43,32 @@ def status(
     store = open_store(site)
     warnings: dict[Path, str | None] = {}  # one `lfs quota` per checkpoint.dir per command
 
-    def with_quota(data: dict[str, Any]) -> dict[str, Any]:
-        for e in data["experiments"]:
-            root = (e.get("disk") or {}).get("checkpoint_root")
-            if root:
-                ck_dir = Path(root).parent
-                if ck_dir not in warnings:
-                    warnings[ck_dir] = quota_warning(ck_dir)
-                e["disk"]["quota_warning"] = warnings[ck_dir]
-        return data
+    def with_quota(e: ExperimentStatus) -> ExperimentStatus:
+        root = e.disk.checkpoint_root if e.disk else None
+        if e.disk is None or not root:
+            return e
+        ck_dir = Path(root).parent
+        if ck_dir not in warnings:
+            warnings[ck_dir] = quota_warning(ck_dir)
+        disk = replace(e.disk, quota_warning=warnings[ck_dir], quota_checked=True)
+        return replace(e, disk=disk)
 
     def render() -> Group:
         limit = None if show_all else ROW_LIMIT
         with store.read() as s:
             data = status_data(s, experiment_id, limit=limit)
-        with_quota({"experiments": data["experiments"][:1]})  # the one whose trials show
-        if experiment_id is not None:
-            return Group(experiment_view(data["experiments"][0], limit=limit))
-        if not data["experiments"]:
+        if not data.experiments:
             return Group("no experiments yet: dlhpc launch EXPERIMENT.yaml")
+        shown = with_quota(data.experiments[0])  # the one whose trials show
+        if experiment_id is not None:
+            return Group(experiment_view(shown, limit=limit))
         # the list, then the newest experiment's trials (what one usually wants to see)
-        return Group(experiments_table(data), experiment_view(data["experiments"][0], limit=limit))
+        return Group(experiments_table(data), experiment_view(shown, limit=limit))
 
     if as_json:
-        with store.read() as s:
-            echo_json(with_quota(status_data(s, experiment_id)))
+        with store.read() as s:  # streamed: 100,000s of trials are never held at once
+            pieces = iter_status(s, experiment_id)
+            write_json(((with_quota(e), trials) for e, trials in pieces), sys.stdout)
         return
     if not watch:
         console.print(render())
@@ -86,21 +88,7 @@ def logs(trial_id: int, site: str | None, follow: bool, use_err: bool) -> None:
     """Print the log of TRIAL_ID's latest attempt."""
     store = open_store(site)
     with store.read() as s:
-        trial = s.get(Trial, trial_id)
-        if trial is None:
-            raise NotFoundError(f"no trial {trial_id}")
-        attempt = (
-            s.query(Attempt)
-            .filter(Attempt.trial_id == trial_id)
-            .order_by(Attempt.id.desc())
-            .first()
-        )
-        if attempt is None:
-            raise NotFoundError(f"trial {trial_id} has not been submitted yet")
-        folder = None
-        if attempt.submission_id is not None:
-            sub = s.get(Submission, attempt.submission_id)
-            folder = Path(sub.folder) if sub else None
+        attempt, folder = latest_attempt(s, trial_id)
     path = Path(attempt.log_path)
     if use_err:
         path = path.with_name(path.name.replace(".out", ".err"))

@@ -120,9 +120,9 @@ def _follow(store: Store, exp_id: int, interval: float) -> None:
         while True:
             report = do_tick(store, pool)
             with store.read() as s:
-                data = status_data(s, exp_id)["experiments"][0]
+                data = status_data(s, exp_id).experiments[0]
             live.update(experiment_view(data, note=tick_line(report)))
-            if ExperimentState(data["state"]).is_terminal:
+            if ExperimentState(data.state).is_terminal:
                 return
             time.sleep(interval)
 

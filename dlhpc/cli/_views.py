@@ -10,8 +10,9 @@ from rich.table import Table
 from rich.text import Text
 
 from dlhpc.report.status import pick_trials
+from dlhpc.report.status_model import ExperimentStatus, Status, TrialStatus
 
-__all__ = ["experiment_view", "experiments_table", "human_bytes", "idle_gpu_lines"]
+__all__ = ["best_trial", "experiment_view", "experiments_table", "human_bytes", "idle_gpu_lines"]
 
 _STATE_STYLE = {
     "COMPLETED": "green",
@@ -37,13 +38,13 @@ def _hparams(hp: dict[str, Any]) -> Text:
     return Text(" ".join(f"{k}={json.dumps(v)}" for k, v in sorted(hp.items())))
 
 
-def _restarts(t: dict[str, Any]) -> str:
-    causes = [a["cause"] for a in t["attempts"][:-1] if a["cause"]]
-    lost = sum(a["lost_steps"] or 0 for a in t["attempts"][:-1])
-    if not t["restarts"]:
+def _restarts(t: TrialStatus) -> str:
+    causes = [a.cause for a in t.attempts[:-1] if a.cause]
+    lost = sum(a.lost_steps or 0 for a in t.attempts[:-1])
+    if not t.restarts:
         return "0"
     detail = ", ".join(f"{c} x{causes.count(c)}" for c in dict.fromkeys(causes))
-    return f"{t['restarts']} ({detail}; {lost} steps lost)" if detail else str(t["restarts"])
+    return f"{t.restarts} ({detail}; {lost} steps lost)" if detail else str(t.restarts)
 
 
 def _bar(done: int, total: int, width: int = 8) -> str:
@@ -52,10 +53,10 @@ def _bar(done: int, total: int, width: int = 8) -> str:
     return f"{'█' * filled}{'░' * (width - filled)} {done}/{total}"
 
 
-def _progress(t: dict[str, Any]) -> str:
+def _progress(t: TrialStatus) -> str:
     """Steps toward the trial's target: the searcher's final length for a paused or
     stopped trial, the current grant (its rung) otherwise."""
-    return _bar(t["steps_completed"], t.get("target_length") or t["max_length"])
+    return _bar(t.steps_completed, t.target_length or t.max_length)
 
 
 def _hours(h: float | None) -> str:
@@ -64,26 +65,26 @@ def _hours(h: float | None) -> str:
     return "<0.01" if h < 0.01 else f"{h:.2f}" if h < 100 else f"{h:.0f}"
 
 
-def _uses_gpus(e: dict[str, Any]) -> bool:
-    return bool(e.get("gpus_per_job")) or bool(e.get("gpu_hours"))
+def _uses_gpus(e: ExperimentStatus) -> bool:
+    return bool(e.gpus_per_job) or bool(e.gpu_hours)
 
 
-def _gpu(t: dict[str, Any]) -> Text:
+def _gpu(t: TrialStatus) -> Text:
     """Mean utilization over the newest attempt with GPU samples, and how many GPUs."""
-    g = t.get("gpu")
-    if not g:
+    if t.gpu is None:
         return Text("-")
-    util = "-" if g["util_mean"] is None else f"{g['util_mean']:.0f}%"
-    return Text(f"{util} x{g['gpus']}", style="bold yellow" if t.get("idle_gpus") else "")
+    g = t.gpu[1]
+    util = "-" if g.util_mean is None else f"{g.util_mean:.0f}%"
+    return Text(f"{util} x{g.gpus}", style="bold yellow" if t.idle_gpus else "")
 
 
-def idle_gpu_lines(exp: dict[str, Any], limit: int = 20) -> list[Text]:
+def idle_gpu_lines(exp: ExperimentStatus, limit: int = 20) -> list[Text]:
     """One warning line per idle GPU of the experiment's live attempts."""
-    idle = exp.get("idle_gpus") or []
+    idle = exp.idle_gpus
     lines = [
         Text(
-            f"GPU idle: trial {g['trial_id']} on {g['host']} GPU {g['gpu_index']} "
-            f"below {g['below_pct']:g}% for {g['idle_minutes']:.0f} min",
+            f"GPU idle: trial {g.trial_id} on {g.host} GPU {g.gpu_index} "
+            f"below {g.below_pct:g}% for {g.idle_minutes:.0f} min",
             style="bold yellow",
         )
         for g in idle[:limit]
@@ -93,54 +94,55 @@ def idle_gpu_lines(exp: dict[str, Any], limit: int = 20) -> list[Text]:
     return lines
 
 
-def _best(exp: dict[str, Any]) -> dict[str, Any] | None:
-    scored = [t for t in exp["trials"] if t["best_metric"] is not None]
+def best_trial(exp: ExperimentStatus) -> TrialStatus | None:
+    """The listed trial with the best ``best_metric`` (None: no trial has one)."""
+    scored = [t for t in exp.trials if t.best_metric is not None]
     if not scored:
         return None
-    pick = min if exp["smaller_is_better"] else max
-    best: dict[str, Any] = pick(scored, key=lambda t: t["best_metric"])
-    return best
+    pick = min if exp.smaller_is_better else max
+    return pick(scored, key=_best_metric)
 
 
-def experiments_table(data: dict[str, Any]) -> Table:
+def _best_metric(t: TrialStatus) -> float:
+    return t.best_metric if t.best_metric is not None else float("nan")
+
+
+def experiments_table(data: Status) -> Table:
     table = Table(title="experiments", title_justify="left")
     for col in ("id", "name", "state", "searcher", "trials", "best", "GPU-h", "created (UTC)"):
         table.add_column(col, no_wrap=col != "name", justify="right" if col == "GPU-h" else "left")
-    for e in data["experiments"]:
-        counts = e.get("trial_counts") or {}
-        done, total = counts.get("COMPLETED", 0), e.get("trials_total", 0)
-        best = _best(e)
+    for e in data.experiments:
+        done, total = e.trial_counts.get("COMPLETED", 0), e.trials_total
+        best = best_trial(e)
         table.add_row(
-            str(e["id"]),
-            Text(e["name"]),
-            _state(e["state"]),
-            e["searcher"],
+            str(e.id),
+            Text(e.name),
+            _state(e.state),
+            e.searcher,
             f"{done}/{total} done",
-            f"{e['metric']}={_metric(best['best_metric'])}" if best else "-",
-            _hours(e.get("gpu_hours")),
-            e["created_at"][:16].replace("T", " "),
+            f"{e.metric}={_metric(best.best_metric)}" if best else "-",
+            _hours(e.gpu_hours),
+            e.created_at.isoformat(sep=" ")[:16],
         )
     return table
 
 
-def _decision_line(exp: dict[str, Any]) -> list[Text]:
-    d = exp.get("decisions")
+def _decision_line(exp: ExperimentStatus) -> list[Text]:
+    d = exp.decisions
     if not d:
         return []
-    text = f"searcher decisions: {d['promotions']} promoted, {d['stops']} stopped early"
-    if d["pending"]:
-        text += f", {d['pending']} waiting for a job"
-    lat = d.get("latency_s")
+    text = f"searcher decisions: {d.promotions} promoted, {d.stops} stopped early"
+    if d.pending:
+        text += f", {d.pending} waiting for a job"
+    lat = d.latency_s
     if lat:
-        text += f"; decision latency median {lat['median']:.1f} s, max {lat['max']:.1f} s"
+        text += f"; decision latency median {lat.median:.1f} s, max {lat.max:.1f} s"
     return [Text(text, style="dim")]
 
 
-def _usage_line(exp: dict[str, Any]) -> list[Text]:
-    if "gpu_hours" not in exp:
-        return []
-    text = f"resources used: {_hours(exp['gpu_hours'])} GPU-hours"
-    text += f", {_hours(exp.get('cpu_hours'))} CPU-hours"
+def _usage_line(exp: ExperimentStatus) -> list[Text]:
+    text = f"resources used: {_hours(exp.gpu_hours)} GPU-hours"
+    text += f", {_hours(exp.cpu_hours)} CPU-hours"
     return [Text(text, style="dim")]
 
 
@@ -156,39 +158,37 @@ def human_bytes(n: int | None) -> str:
     return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
 
 
-def _disk_lines(exp: dict[str, Any]) -> list[Text]:
+def _disk_lines(exp: ExperimentStatus) -> list[Text]:
     """Checkpoint disk use (the ``disk`` of status_data), and a quota warning the CLI
     put there as ``quota_warning``."""
-    d = exp.get("disk")
+    d = exp.disk
     if not d:
         return []
-    text = f"checkpoints: {d['checkpoints']} kept, {human_bytes(d['checkpoint_bytes'])}"
-    if d["deleted_checkpoints"]:
-        text += f"; GC freed {human_bytes(d['freed_bytes'])} ({d['deleted_checkpoints']} deleted)"
+    text = f"checkpoints: {d.checkpoints} kept, {human_bytes(d.checkpoint_bytes)}"
+    if d.deleted_checkpoints:
+        text += f"; GC freed {human_bytes(d.freed_bytes)} ({d.deleted_checkpoints} deleted)"
     lines = [Text(text, style="dim")]
-    if d.get("quota_warning"):
-        lines.append(Text(d["quota_warning"], style="bold red"))
+    if d.quota_warning:
+        lines.append(Text(d.quota_warning, style="bold red"))
     return lines
 
 
 ROW_LIMIT = 40  # trials listed by default: a terminal cannot show 10,000 rows usefully
 
 
-def _shown(exp: dict[str, Any], limit: int | None) -> list[dict[str, Any]]:
+def _shown(exp: ExperimentStatus, limit: int | None) -> list[TrialStatus]:
     """The trials to list (status_data may have picked them already; see pick_trials)."""
-    trials: list[dict[str, Any]] = exp["trials"]
     keep = pick_trials(
-        [(t["id"], t["state"], t["best_metric"]) for t in trials], exp["smaller_is_better"], limit
+        [(t.id, t.state, t.best_metric) for t in exp.trials], exp.smaller_is_better, limit
     )
-    return [t for t in trials if t["id"] in keep]
+    return [t for t in exp.trials if t.id in keep]
 
 
-def _counts_line(exp: dict[str, Any], shown: int) -> list[Text]:
-    total = exp.get("trials_total", len(exp["trials"]))
+def _counts_line(exp: ExperimentStatus, shown: int) -> list[Text]:
+    total = exp.trials_total
     if shown >= total:
         return []
-    counts = exp.get("trial_counts") or {}
-    by_state = ", ".join(f"{n} {state}" for state, n in counts.items())
+    by_state = ", ".join(f"{n} {state}" for state, n in exp.trial_counts.items())
     return [
         Text(
             f"{shown} of {total} trials listed (live first, then the best): {by_state};"
@@ -199,16 +199,15 @@ def _counts_line(exp: dict[str, Any], shown: int) -> list[Text]:
 
 
 def experiment_view(
-    exp: dict[str, Any], note: str = "", limit: int | None = ROW_LIMIT
+    exp: ExperimentStatus, note: str = "", limit: int | None = ROW_LIMIT
 ) -> RenderableType:
     """The experiment's trial table (at most ``limit`` rows; None: all) and notes."""
-    direction = "min" if exp["smaller_is_better"] else "max"
+    direction = "min" if exp.smaller_is_better else "max"
     table = Table(
-        title=f"experiment {exp['id']} {exp['name']} [{exp['state']}]  "
-        f"metric: {exp['metric']} ({direction})",
+        title=f"experiment {exp.id} {exp.name} [{exp.state}]  metric: {exp.metric} ({direction})",
         title_justify="left",
     )
-    metric = exp["metric"]
+    metric = exp.metric
     for col in (
         "trial",
         "state",
@@ -219,29 +218,29 @@ def experiment_view(
         "jobs",
     ):
         table.add_column(col, no_wrap=True)
-    hours_key = "gpu_hours" if _uses_gpus(exp) else "cpu_hours"  # CPU-only: CPU-hours
-    table.add_column("GPU-h" if hours_key == "gpu_hours" else "CPU-h", justify="right")
-    with_gpu = any(t.get("gpu") for t in exp["trials"])  # no column for CPU-only runs
+    gpu_hours = _uses_gpus(exp)  # CPU-only: CPU-hours
+    table.add_column("GPU-h" if gpu_hours else "CPU-h", justify="right")
+    with_gpu = any(t.gpu for t in exp.trials)  # no column for CPU-only runs
     if with_gpu:
         table.add_column("GPU util", no_wrap=True)
     table.add_column("hparams", overflow="fold")
-    best = _best(exp)
+    best = best_trial(exp)
     shown = _shown(exp, limit)
     for t in shown:
-        style = "bold" if best is not None and t["id"] == best["id"] else ""
+        style = "bold" if best is not None and t.id == best.id else ""
         cells: list[RenderableType] = [
-            str(t["id"]),
-            _state(t["state"]),
+            str(t.id),
+            _state(t.state),
             _progress(t),
-            _metric(t["best_metric"]),
-            _metric(t["latest_metric"]),
+            _metric(t.best_metric),
+            _metric(t.latest_metric),
             _restarts(t),
-            ",".join(t["slurm_job_ids"][-2:]),
-            _hours(t.get(hours_key)),
+            ",".join(t.slurm_job_ids[-2:]),
+            _hours(t.gpu_hours if gpu_hours else t.cpu_hours),
         ]
         if with_gpu:
             cells.append(_gpu(t))
-        table.add_row(*cells, _hparams(t["hparams"]), style=style)
+        table.add_row(*cells, _hparams(t.hparams), style=style)
     parts: list[RenderableType] = [
         table,
         *_counts_line(exp, len(shown)),
@@ -250,9 +249,9 @@ def experiment_view(
         *_usage_line(exp),
         *_disk_lines(exp),
     ]
-    failed = [t for t in exp["trials"] if t["state"] == "FAILED" and t["error"]]
+    failed = [t for t in exp.trials if t.state == "FAILED" and t.error]
     for t in failed[:5]:
-        parts.append(Text(f"trial {t['id']} failed: {t['error']}", style="red"))
+        parts.append(Text(f"trial {t.id} failed: {t.error}", style="red"))
     if note:
         parts.append(Text(note, style="dim"))
     return Group(*parts)

@@ -53,7 +53,7 @@ from dlhpc.protocol import checkpoint_experiment_dir
 from dlhpc.protocol.checkpoint import CHECKPOINT_NAME_RE, remove_checkpoint
 from dlhpc.store import Checkpoint, Decision, Experiment, Store, Trial, utcnow
 from dlhpc.store.models import Meta
-from dlhpc.store.states import TERMINAL_TRIAL_STATES
+from dlhpc.store.states import TERMINAL_TRIAL_STATES, CheckpointState
 
 __all__ = [
     "CkptInfo",
@@ -218,7 +218,7 @@ def _active(s: Session, exp_id: int) -> list[CkptInfo]:
             Checkpoint.path,
         )
         .join(Trial, Trial.id == Checkpoint.trial_id)
-        .where(Trial.experiment_id == exp_id, Checkpoint.state == "ACTIVE")
+        .where(Trial.experiment_id == exp_id, Checkpoint.state == CheckpointState.ACTIVE.value)
         .order_by(Checkpoint.id)
     ).all()
     return [CkptInfo(*row) for row in rows]
@@ -306,8 +306,10 @@ def gc(store: Store, experiment_id: int, dry_run: bool = False) -> GcReport:
             with store.write() as s:
                 s.execute(
                     update(Checkpoint)
-                    .where(Checkpoint.id.in_(gone), Checkpoint.state == "ACTIVE")
-                    .values(state="DELETED", deleted_at=utcnow())
+                    .where(
+                        Checkpoint.id.in_(gone), Checkpoint.state == CheckpointState.ACTIVE.value
+                    )
+                    .values(state=CheckpointState.DELETED.value, deleted_at=utcnow())
                 )
     return report
 
@@ -325,7 +327,7 @@ def _fingerprint(s: Session, exp: Experiment) -> str:
     ids = (
         select(Checkpoint.id)
         .join(Trial, Trial.id == Checkpoint.trial_id)
-        .where(Trial.experiment_id == exp.id, Checkpoint.state == "ACTIVE")
+        .where(Trial.experiment_id == exp.id, Checkpoint.state == CheckpointState.ACTIVE.value)
     )
     c = ids.subquery()
     rows = s.execute(
@@ -368,7 +370,7 @@ def set_pinned(store: Store, checkpoint_id: int, pinned: bool) -> dict[str, Any]
         c = s.get(Checkpoint, checkpoint_id)
         if c is None:
             raise NotFoundError(f"no checkpoint {checkpoint_id}")
-        if pinned and c.state != "ACTIVE":
+        if pinned and c.state != CheckpointState.ACTIVE.value:
             raise UsageError(
                 f"checkpoint {checkpoint_id} was deleted at {c.deleted_at:%Y-%m-%d %H:%M} UTC"
                 if c.deleted_at

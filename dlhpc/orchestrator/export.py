@@ -44,6 +44,7 @@ from dlhpc.orchestrator.checkpoints import checkpoint_root
 from dlhpc.protocol.checkpoint import MANIFEST_NAME, FileRecord, verify_checkpoint
 from dlhpc.protocol.checkpoint import Checkpoint as CkptFolder
 from dlhpc.store import Checkpoint, Metric, Store, Trial
+from dlhpc.store.states import CheckpointState
 
 __all__ = ["ExportResult", "export_trial"]
 
@@ -140,7 +141,8 @@ def export_trial(store: Store, trial_id: int, folder: Path, latest: bool = False
         rows = list(
             s.scalars(
                 select(Checkpoint).where(
-                    Checkpoint.trial_id == trial_id, Checkpoint.state == "ACTIVE"
+                    Checkpoint.trial_id == trial_id,
+                    Checkpoint.state == CheckpointState.ACTIVE.value,
                 )
             )
         )

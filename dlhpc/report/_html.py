@@ -70,21 +70,19 @@ def _summary(p: Page) -> str:
         items["best trial"] = "(no result yet)"
     if p.decisions:
         d = p.decisions
-        lat = d.get("latency_s")
-        items["searcher decisions"] = (
-            f"{d.get('promotions', 0)} promotions, {d.get('stops', 0)} stops"
-            + (f"; latency median {lat['median']} s, max {lat['max']} s" if lat else "")
+        lat = d.latency_s
+        items["searcher decisions"] = f"{d.promotions} promotions, {d.stops} stops" + (
+            f"; latency median {lat.median} s, max {lat.max} s" if lat else ""
         )
     if p.disk:
         items["checkpoint disk use"] = (
-            f"{bytes_text(p.disk.get('checkpoint_bytes') or 0)} in"
-            f" {p.disk.get('checkpoints', 0)} checkpoint(s)"
-            f"; {bytes_text(p.disk.get('freed_bytes') or 0)} freed by the keep policy"
-            f" ({p.disk.get('deleted_checkpoints', 0)} deleted)"
+            f"{bytes_text(p.disk.checkpoint_bytes)} in {p.disk.checkpoints} checkpoint(s)"
+            f"; {bytes_text(p.disk.freed_bytes)} freed by the keep policy"
+            f" ({p.disk.deleted_checkpoints} deleted)"
         )
     if p.idle_gpus:
         items["idle GPUs now"] = "; ".join(
-            f"trial {g['trial_id']} {g['host']} GPU {g['gpu_index']} idle {g['idle_minutes']} min"
+            f"trial {g.trial_id} {g.host} GPU {g.gpu_index} idle {g.idle_minutes} min"
             for g in p.idle_gpus
         )
     note = (

@@ -1,9 +1,10 @@
 """Build a :class:`~dlhpc.report._model.Page` from the state database and the
 HDF5 curve archive (a report never writes the DB; it keeps the archives).
 
-Per page: :func:`~dlhpc.report.status.status_data` (trials, attempts, GPU
-summaries, idle GPUs, decision stats), plus four small queries (attempt and trial
-columns status_data leaves out, per-trial metric row counts, notable events), and
+Per page: :func:`~dlhpc.report.status.status_data`'s typed experiment status
+(trials with their run folders, attempts with their exit reasons, GPU summaries, idle
+GPUs, decision stats), plus the page's own small queries (per-trial metric row counts
+and names, notable events, the attempts' environments), and
 one ``curves.h5`` read per trial. A trial's curve comes from its archive when the
 archive is current (its row count and last step match the DB's, or the DB holds
 no rows for it any more), else from the DB rows (one query for all such trials).
@@ -21,7 +22,7 @@ import json
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -43,6 +44,7 @@ from dlhpc.report._model import (
 from dlhpc.report._record import parse_record, repro_record
 from dlhpc.report._redact import redact_text, redact_value
 from dlhpc.report.status import status_data
+from dlhpc.report.status_model import AttemptStatus, ExperimentStatus, TrialStatus
 from dlhpc.store import Attempt, Event, Experiment, Metric, Store, Trial
 from dlhpc.store.states import TERMINAL_TRIAL_STATES
 
@@ -56,12 +58,9 @@ REFRESH_RUNNING = 16  # ... of running trials (about 5 ms each, two fsyncs)
 REFRESH_EVERY = 600.0  # seconds: a running trial's archive is not rewritten sooner
 
 
-def _epoch(value: str | datetime | None) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value.rstrip("Z"))
-    return value.replace(tzinfo=timezone.utc).timestamp()
+def _epoch(value: datetime | None) -> float | None:
+    """A naive UTC time (the DB's) as epoch seconds."""
+    return None if value is None else value.replace(tzinfo=timezone.utc).timestamp()
 
 
 def _archived(
@@ -141,69 +140,115 @@ def _metric_names(session: Session, trial_ids: list[int]) -> set[str]:
     )
 
 
-def load_page(store: Store, experiment_id: int, now: datetime | None = None) -> Page:
-    """The page of one experiment; raises :class:`~dlhpc.errors.NotFoundError`.
+@dataclass(frozen=True)
+class _Read:
+    """What one page reads from the DB (in one short session)."""
 
-    The DB is read in short sessions (a reader holds SQLite's shared lock, which
-    would hold up the reconciler's commits); the archives are read between them."""
-    now_s = _epoch(now) if now is not None else datetime.now(timezone.utc).timestamp()
-    assert now_s is not None
+    status: ExperimentStatus
+    exp: Experiment
+    counts: dict[int, tuple[int, int]]  # trial id -> (metric rows, newest step)
+    names: set[str]  # metric names in the DB
+    events: list[EventView]
+    hidden: int  # notable events left out
+    envs: list[str]  # the attempts' env_json
+
+
+def _read(store: Store, experiment_id: int) -> _Read:
+    """The experiment's status (every trial) and the page's own few queries."""
     with store.read() as s:
-        data = status_data(s, experiment_id)["experiments"][0]
-        exp = s.get(Experiment, experiment_id)
+        status = status_data(s, experiment_id).experiments[0]
+        exp = s.get(Experiment, experiment_id)  # loaded by status_data: no query
         assert exp is not None  # status_data raised otherwise
-        run_dirs: dict[int, str] = {}
-        ended: set[int] = set()
-        for tid, run_dir, state in s.execute(
-            select(Trial.id, Trial.run_dir, Trial.state).where(Trial.experiment_id == experiment_id)
-        ):
-            run_dirs[tid] = run_dir
-            if state in TERMINAL_TRIAL_STATES:
-                ended.add(tid)
-        extra = {
-            (tid, key): (reason, seen)
-            for tid, key, reason, seen in s.execute(
-                select(
-                    Attempt.trial_id,
-                    Attempt.attempt_key,
-                    Attempt.exit_reason,
-                    Attempt.terminal_seen_at,
-                )
-                .join(Trial)
-                .where(Trial.experiment_id == experiment_id)
-            )
-        }
+        ids = [t.id for t in status.trials]
         counts = {
             tid: (n, top)
             for tid, n, top in s.execute(
                 select(Metric.trial_id, func.count(), func.max(Metric.step))
-                .where(Metric.trial_id.in_(list(run_dirs)))
+                .where(Metric.trial_id.in_(ids))
                 .group_by(Metric.trial_id)
             )
         }
-        names = _metric_names(s, list(run_dirs))
+        names = _metric_names(s, ids)
         events, hidden = _events(s, experiment_id)
         envs = list(
             s.scalars(
                 select(Attempt.env_json).join(Trial).where(Trial.experiment_id == experiment_id)
             )
         )
-    curves, stale, sources, archived_names = _archived(run_dirs, counts, exp.metric)
+    return _Read(status, exp, counts, names, events, hidden, envs)
+
+
+def _curves(
+    store: Store, status: ExperimentStatus, counts: Mapping[int, tuple[int, int]]
+) -> tuple[dict[int, Curve], dict[str, int], set[str]]:
+    """Each trial's curve of the experiment's metric (archive, rewritten archive, or DB
+    rows; see the module docstring), the sources counted, the archives' metric names."""
+    metric = status.metric
+    run_dirs = {t.id: t.run_dir for t in status.trials}
+    ended = {t.id for t in status.trials if t.state in TERMINAL_TRIAL_STATES}
+    curves, stale, sources, names = _archived(run_dirs, counts, metric)
     refresh = _to_refresh(stale, run_dirs, ended)
     rewritten, _ = archive_trials(store, {tid: run_dirs[tid] for tid in refresh})
-    curves.update(
-        (tid, by_name[exp.metric]) for tid, by_name in rewritten.items() if exp.metric in by_name
-    )
+    curves.update((tid, by_name[metric]) for tid, by_name in rewritten.items() if metric in by_name)
     if rest := [tid for tid in stale if tid not in rewritten]:
         with store.read() as s:
-            curves.update(_db_curves(s, rest, exp.metric))
+            curves.update(_db_curves(s, rest, metric))
+    return curves, sources, names
+
+
+def _attempt_view(a: AttemptStatus) -> AttemptView:
+    return AttemptView(
+        key=a.key,
+        job_id=a.job_id,
+        state=a.state,
+        cause=a.cause or "",
+        exit_code=a.exit_code,
+        exit_reason=a.exit_reason or "",
+        lost_steps=a.lost_steps,
+        node_list=a.node_list or "",
+        terminal_seen=_epoch(a.terminal_seen_at),
+        start=_epoch(a.started_at),
+        end=_epoch(a.ended_at),
+        end_recorded=a.ended_at is not None,
+        gpu_util=None if a.gpu is None else a.gpu.util_mean,
+        gpus_seen=0 if a.gpu is None else a.gpu.gpus,
+    )
+
+
+def _trial_view(t: TrialStatus, curve: Curve | None, now_s: float) -> TrialView:
+    attempts = [_attempt_view(a) for a in t.attempts]
+    spans = attempt_spans(attempts, now_s)
+    attempts = [
+        a if span is None else replace(a, end=span[1])
+        for a, span in zip(attempts, spans, strict=True)
+    ]
+    return TrialView(
+        id=t.id,
+        state=t.state,
+        hparams=redact_value(t.hparams),
+        steps=t.steps_completed,
+        best=t.best_metric,
+        latest=t.latest_metric,
+        restarts=t.restarts,
+        crashes=t.crashes,
+        error=redact_text(t.error or ""),
+        attempts=tuple(attempts),
+        curve=curve,
+        run_s=sum(end - start for start, end in (s for s in spans if s is not None)),
+    )
+
+
+def _config(exp: Experiment) -> dict[str, Any]:
+    """The experiment's resolved config, redacted ({} when unreadable)."""
     try:
-        config: dict[str, Any] = redact_value(json.loads(exp.config_json or "{}"))
+        config = redact_value(json.loads(exp.config_json or "{}"))
     except ValueError:
-        config = {}
-    if not isinstance(config, dict):
-        config = {}
-    searcher = config.get("searcher") or {}
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _repro(exp: Experiment, config: dict[str, Any], envs: list[str]) -> tuple[dict[str, str], ...]:
+    """The reproducibility record's items and long texts, redacted."""
     facts = {
         "source_path": exp.source_path,
         "run_dir": exp.run_dir,
@@ -212,87 +257,61 @@ def load_page(store: Store, experiment_id: int, now: datetime | None = None) -> 
         "user": exp.user,
     }
     items, texts = repro_record(facts, config, parse_record(exp.repro_json), envs)
-    repro = {k: redact_text(v) for k, v in items.items()}
-    repro_texts = {k: redact_text(v) for k, v in texts.items()}
-    trials = []
-    for td in data["trials"]:
-        attempts = []
-        for ad in td["attempts"]:
-            reason, seen = extra.get((td["id"], ad["key"]), ("", None))
-            gpu = ad.get("gpu") or {}
-            attempts.append(
-                AttemptView(
-                    key=ad["key"],
-                    job_id=ad["job_id"],
-                    state=ad["state"],
-                    cause=ad["cause"] or "",
-                    exit_code=ad["exit_code"],
-                    exit_reason=reason or "",
-                    lost_steps=ad["lost_steps"],
-                    node_list=ad["node_list"] or "",
-                    terminal_seen=_epoch(seen),
-                    start=_epoch(ad["started_at"]),
-                    end=_epoch(ad["ended_at"]),
-                    end_recorded=ad["ended_at"] is not None,
-                    gpu_util=gpu.get("util_mean"),
-                    gpus_seen=int(gpu.get("gpus") or 0),
-                )
-            )
-        spans = attempt_spans(attempts, now_s)
-        attempts = [
-            a if span is None else _with_end(a, span[1])
-            for a, span in zip(attempts, spans, strict=True)
-        ]
-        trials.append(
-            TrialView(
-                id=td["id"],
-                state=td["state"],
-                hparams=redact_value(td["hparams"]),
-                steps=td["steps_completed"],
-                best=td["best_metric"],
-                latest=td["latest_metric"],
-                restarts=td["restarts"],
-                crashes=td["crashes"],
-                error=redact_text(td["error"] or ""),
-                attempts=tuple(attempts),
-                curve=curves.get(td["id"]),
-                run_s=sum(end - start for start, end in (s for s in spans if s is not None)),
-            )
-        )
-    trials.sort(key=lambda t: t.id)
+    return (
+        {k: redact_text(v) for k, v in items.items()},
+        {k: redact_text(v) for k, v in texts.items()},
+    )
+
+
+def load_page(store: Store, experiment_id: int, now: datetime | None = None) -> Page:
+    """The page of one experiment; raises :class:`~dlhpc.errors.NotFoundError`.
+
+    The DB is read in short sessions (a reader holds SQLite's shared lock, which
+    would hold up the reconciler's commits); the archives are read between them."""
+    now_s = _epoch(now) if now is not None else datetime.now(timezone.utc).timestamp()
+    assert now_s is not None
+    r = _read(store, experiment_id)
+    st, exp = r.status, r.exp
+    curves, sources, archived_names = _curves(store, st, r.counts)
+    config = _config(exp)
+    searcher = config.get("searcher") or {}
+    repro, repro_texts = _repro(exp, config, r.envs)
+    trials = [_trial_view(t, curves.get(t.id), now_s) for t in sorted(st.trials, key=_by_id)]
     max_length = int(searcher.get("max_length") or max((t.steps for t in trials), default=1))
-    created_s = _epoch(exp.created_at)
+    created_s = _epoch(st.created_at)
     assert created_s is not None
     return Page(
-        id=exp.id,
-        name=exp.name,
+        id=st.id,
+        name=st.name,
         description=redact_text(exp.description),
-        state=exp.state,
-        searcher=exp.searcher,
-        metric=exp.metric,
-        smaller_is_better=exp.smaller_is_better,
+        state=st.state,
+        searcher=st.searcher,
+        metric=st.metric,
+        smaller_is_better=st.smaller_is_better,
         created=created_s,
-        ended=_epoch(exp.ended_at),
+        ended=_epoch(st.ended_at),
         generated=now_s,
         trials=tuple(trials),
-        best=pick_best(trials, exp.smaller_is_better),
+        best=pick_best(trials, st.smaller_is_better),
         hparams=hparam_views(config.get("hyperparameters") or {}, trials),
         rungs=rungs_of(searcher),
         max_length=max_length,
-        usage=compute_usage(trials, config.get("resources") or {}, max_length, data),
-        events=tuple(events),
-        events_hidden=hidden,
-        decisions=data.get("decisions"),
-        disk=data.get("disk"),
-        idle_gpus=tuple(data.get("idle_gpus") or ()),
+        usage=compute_usage(
+            trials, config.get("resources") or {}, max_length, (st.gpu_hours, st.cpu_hours)
+        ),
+        events=tuple(r.events),
+        events_hidden=r.hidden,
+        decisions=st.decisions,
+        disk=st.disk,
+        idle_gpus=st.idle_gpus,
         repro=repro,
         repro_texts=repro_texts,
         yaml_text=redact_text(exp.yaml_text),
         config_text=json.dumps(config, indent=2, sort_keys=True),
         curve_sources=sources,
-        other_metrics=tuple(sorted((names | archived_names) - {exp.metric})),
+        other_metrics=tuple(sorted((r.names | archived_names) - {st.metric})),
     )
 
 
-def _with_end(a: AttemptView, end: float) -> AttemptView:
-    return replace(a, end=end)
+def _by_id(t: TrialStatus) -> int:
+    return t.id

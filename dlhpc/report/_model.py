@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlhpc.report._curves import Curve
+from dlhpc.report.status_model import DecisionStats, DiskUse, IdleGpu
 from dlhpc.search import rung_plan
 from dlhpc.store.states import LIVE_ATTEMPT_STATES, TrialState
 
@@ -135,9 +136,9 @@ class Page:
     usage: Usage
     events: tuple[EventView, ...] = ()
     events_hidden: int = 0  # notable events left out (the newest are shown)
-    decisions: Mapping[str, Any] | None = None  # status_data's decision stats
-    disk: Mapping[str, Any] | None = None  # status_data's checkpoint disk usage
-    idle_gpus: tuple[Mapping[str, Any], ...] = ()
+    decisions: DecisionStats | None = None
+    disk: DiskUse | None = None  # checkpoint disk usage
+    idle_gpus: tuple[IdleGpu, ...] = ()
     repro: Mapping[str, str] = field(default_factory=dict)  # label -> value
     repro_texts: Mapping[str, str] = field(default_factory=dict)  # title -> long text
     yaml_text: str = ""
@@ -168,11 +169,11 @@ def compute_usage(
     trials: Sequence[TrialView],
     resources: Mapping[str, Any],
     max_length: int,
-    status_hours: Mapping[str, Any] | None = None,
+    status_hours: tuple[float, float] | None = None,
 ) -> Usage:
-    """Device-hours used and saved (see the module doc); pure. ``status_hours``:
-    status_data's experiment entry; its ``gpu_hours``/``cpu_hours`` are the used
-    figure when present (the page then agrees with ``dlhpc status``)."""
+    """Device-hours used and saved (see the module doc); pure. ``status_hours``: the
+    experiment status's ``(gpu_hours, cpu_hours)``, the used figure when given (the
+    page then agrees with ``dlhpc status``)."""
     nodes = int(resources.get("nodes", 1) or 1)
     gpus = int(resources.get("gpus_per_node", 0) or 0)
     tasks = int(resources.get("tasks_per_node") or max(1, gpus))
@@ -183,9 +184,8 @@ def compute_usage(
     saved = 0.0
     per_step = step_seconds(trials)
     used = sum(t.run_s for t in trials) * per / 3600.0
-    given = (status_hours or {}).get(f"{unit.lower()}_hours")
-    if isinstance(given, int | float):
-        used = float(given)
+    if status_hours is not None:
+        used = status_hours[0] if unit == "GPU" else status_hours[1]
     stopped = uncounted = 0
     for t in trials:
         uncounted += sum(1 for a in t.attempts if a.start is not None and a.end is None)

@@ -17,19 +17,18 @@ from sqlalchemy import Select, case, func, or_, select
 from sqlalchemy.orm import Session
 
 from dlhpc.protocol.gpu import IDLE_BELOW_PCT, IDLE_WINDOW_S, idle_since
+from dlhpc.report.status_model import GpuUse, IdleGpu
 from dlhpc.store import Attempt, GpuSample, Trial
-from dlhpc.store.models import GpuSummary
+from dlhpc.store.states import AttemptState
 
 __all__ = [
     "ATTEMPT_COLS",
     "GpuRows",
     "Row",
-    "gpu_rows",
     "gpu_summary",
     "idle_of",
     "idle_gpus",
-    "iso",
-    "iso_epoch",
+    "live_idle",
     "live_gpu_rows",
 ]
 
@@ -48,43 +47,16 @@ ATTEMPT_COLS = (
     Attempt.started_at,
     Attempt.ended_at,
     Attempt.terminal_seen_at,
+    Attempt.exit_reason,
 )
 
 
-def iso(value: datetime | None) -> str | None:
-    return value.isoformat() + "Z" if value else None
+def _utc(value: float) -> datetime:
+    """An epoch time as the DB's naive UTC."""
+    return datetime.fromtimestamp(value, tz=timezone.utc).replace(tzinfo=None)
 
 
-def iso_epoch(value: float) -> str | None:
-    return iso(datetime.fromtimestamp(value, tz=timezone.utc).replace(tzinfo=None))
-
-
-def gpu_rows(
-    session: Session, exp_ids: list[int], below_pct: float, trial_ids: list[int] | None = None
-) -> GpuRows:
-    """The per-GPU digests of the attempts shown: summaries of the ended attempts (of
-    ``trial_ids`` only, when given: the trials a listing shows) and an aggregate of
-    every live one's samples (two queries)."""
-    shown = select(Attempt.id).join(Trial).where(Trial.experiment_id.in_(exp_ids))
-    live = shown.where(Attempt.state == "RUNNING", Attempt.ended_at.is_(None))
-    if trial_ids is not None:
-        shown = select(Attempt.id).where(Attempt.trial_id.in_(trial_ids))
-    out: GpuRows = defaultdict(list)
-    ended = select(
-        GpuSummary.attempt_id,
-        GpuSummary.host,
-        GpuSummary.gpu_index,
-        GpuSummary.n_util,
-        GpuSummary.sum_util,
-        GpuSummary.newest,
-    ).where(GpuSummary.attempt_id.in_(shown), GpuSummary.attempt_id.not_in(live))
-    for row in session.connection().execute(ended):
-        out[row.attempt_id].append(row)
-    out.update(live_gpu_rows(session, live, below_pct))
-    return out
-
-
-def live_gpu_rows(session: Session, live: Select[Any], below_pct: float) -> GpuRows:
+def live_gpu_rows(session: Session, live: Select[Any] | list[int], below_pct: float) -> GpuRows:
     """The per-GPU digests of the ``live`` attempts (ids), from their own samples."""
     out: GpuRows = defaultdict(list)
     busy = or_(GpuSample.util.is_(None), GpuSample.util >= below_pct)  # protocol.gpu.is_busy
@@ -107,67 +79,71 @@ def live_gpu_rows(session: Session, live: Select[Any], below_pct: float) -> GpuR
     return out
 
 
+def live_idle(
+    session: Session, exp_ids: list[int], below_pct: float, window_s: float
+) -> tuple[GpuRows, dict[int, list[IdleGpu]]]:
+    """The live attempts' per-GPU digests (by attempt id) and the idle GPUs they show
+    (by trial id, in attempt order): two queries, whatever the number of trials."""
+    live = (
+        select(Attempt.id)
+        .join(Trial)
+        .where(
+            Trial.experiment_id.in_(exp_ids),
+            Attempt.state == AttemptState.RUNNING.value,
+            Attempt.ended_at.is_(None),
+        )
+    )
+    attempts = (
+        session.connection()
+        .execute(
+            select(*ATTEMPT_COLS).where(Attempt.id.in_(live)).order_by(Attempt.trial_id, Attempt.id)
+        )
+        .all()
+    )
+    gpu = live_gpu_rows(session, [a.id for a in attempts], below_pct)  # by id: no second scan
+    idle: dict[int, list[IdleGpu]] = defaultdict(list)
+    for a in attempts:
+        idle[a.trial_id].extend(idle_of(a.trial_id, a, gpu.get(a.id, []), below_pct, window_s))
+    return gpu, idle
+
+
 def idle_gpus(
     session: Session,
     experiment_id: int,
     *,
     idle_below_pct: float = IDLE_BELOW_PCT,
     idle_window_s: float = IDLE_WINDOW_S,
-) -> list[dict[str, Any]]:
+) -> list[IdleGpu]:
     """The experiment's ``idle_gpus`` of :func:`status_data`, reading only its live
     attempts (two queries, whatever the number of trials)."""
-    live = (
-        select(Attempt.id)
-        .join(Trial)
-        .where(
-            Trial.experiment_id == experiment_id,
-            Attempt.state == "RUNNING",
-            Attempt.ended_at.is_(None),
-        )
-    )
-    attempts = session.connection().execute(
-        select(*ATTEMPT_COLS).where(Attempt.id.in_(live)).order_by(Attempt.trial_id, Attempt.id)
-    )
-    gpu = live_gpu_rows(session, live, idle_below_pct)
-    return [
-        g
-        for a in attempts
-        for g in idle_of(a.trial_id, a, gpu.get(a.id, []), idle_below_pct, idle_window_s)
-    ]
+    _, idle = live_idle(session, [experiment_id], idle_below_pct, idle_window_s)
+    return [g for tid in sorted(idle) for g in idle[tid]]
 
 
-def gpu_summary(rows: list[Row]) -> dict[str, Any] | None:
+def gpu_summary(rows: list[Row]) -> GpuUse | None:
+    """An attempt's GPU use from its per-GPU digests (None without samples)."""
     if not rows:
         return None
     n = sum(r.n_util for r in rows)
     total = sum(r.sum_util or 0 for r in rows)
-    return {
-        "gpus": len(rows),
-        "util_mean": round(total / n, 1) if n else None,
-        "last_sample_at": iso_epoch(max(r.newest for r in rows)),
-    }
+    return GpuUse(len(rows), round(total / n, 1) if n else None, _utc(max(r.newest for r in rows)))
 
 
 def idle_of(
     trial_id: int, a: Row, rows: list[Row], below_pct: float, window_s: float
-) -> list[dict[str, Any]]:
+) -> list[IdleGpu]:
     """The idle GPUs of a live attempt, judged at its newest sample (none once it ended)."""
-    if a.state != "RUNNING" or a.ended_at is not None or not rows:
+    if a.state != AttemptState.RUNNING.value or a.ended_at is not None or not rows:
         return []
     now = max(r.newest for r in rows)
     out = []
     for r in sorted(rows, key=lambda r: (r.host, r.gpu_index)):
         since = idle_since(r.first, r.newest, r.last_busy, now, window_s)
         if since is not None:
+            minutes = round((now - since) / 60.0, 1)
             out.append(
-                {
-                    "trial_id": trial_id,
-                    "attempt_key": a.attempt_key,
-                    "host": r.host,
-                    "gpu_index": r.gpu_index,
-                    "idle_minutes": round((now - since) / 60.0, 1),
-                    "idle_since": iso_epoch(since),
-                    "below_pct": below_pct,
-                }
+                IdleGpu(
+                    trial_id, a.attempt_key, r.host, r.gpu_index, minutes, _utc(since), below_pct
+                )
             )
     return out

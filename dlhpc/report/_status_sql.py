@@ -8,15 +8,15 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Sequence
-from statistics import median
 from typing import Any
 
-from sqlalchemy import and_, case, func, or_, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from dlhpc.report._status_gpu import Row
+from dlhpc.report.status_model import DecisionStats, DiskUse, Latency
 from dlhpc.store import Attempt, Checkpoint, Decision, Experiment, Trial
-from dlhpc.store.states import LIVE_ATTEMPT_STATES, TERMINAL_TRIAL_STATES
+from dlhpc.store.states import LIVE_ATTEMPT_STATES, TERMINAL_TRIAL_STATES, CheckpointState
 
 __all__ = [
     "PICK_COLS",
@@ -26,6 +26,7 @@ __all__ = [
     "ended_hours",
     "live_attempt",
     "pick_trials",
+    "trial_counts",
 ]
 
 PICK_COLS = (Trial.id, Trial.experiment_id, Trial.state, Trial.best_metric)
@@ -77,68 +78,50 @@ def pick_trials(
     return out
 
 
-def candidates(
-    conn: Any, exps: Sequence[Experiment], limit: int | None
-) -> tuple[dict[int, list[Row]], dict[int, dict[str, int]]]:
-    """Per experiment, the trials (``PICK_COLS`` rows by id) :func:`pick_trials` may
-    list, and the trial count by state. With a ``limit``, the candidates are those
-    a pick over every trial could list (the live ones, the ``limit`` best ended, the
-    ``limit`` newest) plus those with a live attempt (whose hours run to now): a long
-    search's 10,000s of other trials are counted in SQL, never read."""
-    ids = [e.id for e in exps]
-    trials_of: dict[int, list[Row]] = defaultdict(list)
+def trial_counts(conn: Any, exp_ids: list[int]) -> dict[int, dict[str, int]]:
+    """Per experiment, its trials counted by state (in SQL)."""
     counts: dict[int, dict[str, int]] = defaultdict(dict)
-    if limit is None:
-        for t in conn.execute(
-            select(*PICK_COLS).where(Trial.experiment_id.in_(ids)).order_by(Trial.id)
-        ):
-            trials_of[t.experiment_id].append(t)
-            by_state = counts[t.experiment_id]
-            by_state[t.state] = by_state.get(t.state, 0) + 1
-        return trials_of, counts
     for exp_id, state, n in conn.execute(
         select(Trial.experiment_id, Trial.state, func.count())
-        .where(Trial.experiment_id.in_(ids))
+        .where(Trial.experiment_id.in_(exp_ids))
         .group_by(Trial.experiment_id, Trial.state)
     ):
         counts[exp_id][state] = n
-    # one pass of SQLite's window functions over the experiments' trials
-    ended = and_(Trial.state.in_(TERMINAL_TRIAL_STATES), Trial.best_metric.is_not(None))
-    signed = case((Experiment.smaller_is_better, Trial.best_metric), else_=-Trial.best_metric)
-    ranked = (
-        select(
-            *PICK_COLS,
-            ended.label("ended"),
-            func.row_number()
-            .over(partition_by=Trial.experiment_id, order_by=Trial.id.desc())
-            .label("newest"),
-            func.row_number()
-            .over(partition_by=(Trial.experiment_id, ended), order_by=(signed, Trial.id))
-            .label("best"),
-        )
-        .join(Experiment, Experiment.id == Trial.experiment_id)
-        .where(Trial.experiment_id.in_(ids))
-        .subquery()
-    )
+    return counts
+
+
+def candidates(conn: Any, exps: Sequence[Experiment], limit: int) -> dict[int, list[Row]]:
+    """Per experiment, the trials (``PICK_COLS`` rows by id) :func:`pick_trials` may
+    list at most ``limit`` of: those a pick over every trial could list (the live ones,
+    the ``limit`` best ended, the ``limit`` newest) plus those with a live attempt
+    (whose hours run to now). A long search's 10,000s of other trials are never read:
+    one query per experiment, each sorting only its top ``limit``."""
+    trials_of: dict[int, list[Row]] = defaultdict(list)
     with_live_attempt = select(Attempt.trial_id).where(live_attempt())
-    query = select(*(ranked.c[c.key] for c in PICK_COLS)).where(
-        or_(
-            ranked.c.newest <= limit,
-            and_(ranked.c.ended, ranked.c.best <= limit),
-            ranked.c.state.not_in(TERMINAL_TRIAL_STATES),
-            ranked.c.id.in_(with_live_attempt),
+    for e in exps:  # a few LIMIT queries per experiment (SQLite sorts the top n only)
+        of_exp = Trial.experiment_id == e.id
+        ended = and_(of_exp, Trial.state.in_(TERMINAL_TRIAL_STATES), Trial.best_metric.is_not(None))
+        signed = Trial.best_metric if e.smaller_is_better else -Trial.best_metric
+        newest = select(Trial.id).where(of_exp).order_by(Trial.id.desc()).limit(limit)
+        best = select(Trial.id).where(ended).order_by(signed, Trial.id).limit(limit)
+        query = select(*PICK_COLS).where(
+            of_exp,
+            or_(
+                Trial.id.in_(newest.scalar_subquery()),
+                Trial.id.in_(best.scalar_subquery()),
+                Trial.state.not_in(TERMINAL_TRIAL_STATES),
+                Trial.id.in_(with_live_attempt),
+            ),
         )
-    )
-    for t in conn.execute(query.order_by(ranked.c.id)):
-        trials_of[t.experiment_id].append(t)
-    return trials_of, counts
+        trials_of[e.id].extend(conn.execute(query.order_by(Trial.id)))
+    return trials_of
 
 
-def decision_stats(session: Session, exp_ids: list[int]) -> dict[int, dict[str, Any]]:
+def decision_stats(session: Session, exp_ids: list[int]) -> dict[int, DecisionStats]:
     """Per experiment: promotions and stops acted on, and their latency (from the
     newest result the searcher had seen to the decision acted on), in seconds.
     Counted and subtracted in SQL: a long search has a decision per trial."""
-    out: dict[int, dict[str, Any]] = {}
+    counts: dict[int, list[int]] = {}  # [promotions, stops, pending]
     for exp_id, kind, n, pending in session.execute(
         select(
             Decision.experiment_id,
@@ -149,30 +132,35 @@ def decision_stats(session: Session, exp_ids: list[int]) -> dict[int, dict[str, 
         .where(Decision.experiment_id.in_(exp_ids))
         .group_by(Decision.experiment_id, Decision.kind)
     ):
-        d = out.setdefault(exp_id, {"promotions": 0, "stops": 0, "pending": 0})
-        d["promotions" if kind == "promote" else "stops"] += n
-        d["pending"] += pending
-    seconds = (func.julianday(Decision.acted_at) - func.julianday(Decision.result_time)) * 86400.0
-    lat: dict[int, list[float]] = defaultdict(list)
-    for exp_id, value in session.execute(
-        select(Decision.experiment_id, func.max(0.0, seconds)).where(
-            Decision.experiment_id.in_(exp_ids),
-            Decision.acted_at.is_not(None),
-            Decision.result_time.is_not(None),
-        )
-    ):
-        lat[exp_id].append(value)
-    for exp_id, d in out.items():
-        values = sorted(lat.get(exp_id, []))
-        d["latency_s"] = (
-            {"n": len(values), "median": round(median(values), 3), "max": round(values[-1], 3)}
-            if values
-            else None
-        )
+        c = counts.setdefault(exp_id, [0, 0, 0])
+        c[0 if kind == "promote" else 1] += n
+        c[2] += pending
+    out: dict[int, DecisionStats] = {}
+    for exp_id, (promotions, stops, pending) in counts.items():
+        out[exp_id] = DecisionStats(promotions, stops, pending, _latency(session, exp_id))
     return out
 
 
-def disk_usage(session: Session, exps: list[Experiment]) -> dict[int, dict[str, Any]]:
+def _latency(session: Session, exp_id: int) -> Latency | None:
+    """The experiment's decision latencies: count, median and max, in SQL (a median
+    from the one or two middle rows, as :func:`statistics.median`)."""
+    seconds = (func.julianday(Decision.acted_at) - func.julianday(Decision.result_time)) * 86400.0
+    value = func.max(0.0, seconds)
+    timed = (
+        Decision.experiment_id == exp_id,
+        Decision.acted_at.is_not(None),
+        Decision.result_time.is_not(None),
+    )
+    n, top = session.execute(select(func.count(), func.max(value)).where(*timed)).one()
+    if not n:
+        return None
+    middle = session.scalars(
+        select(value).where(*timed).order_by(value).limit(2 - n % 2).offset((n - 1) // 2)
+    ).all()
+    return Latency(n, round(sum(middle) / len(middle), 3), round(top, 3))
+
+
+def disk_usage(session: Session, exps: list[Experiment]) -> dict[int, DiskUse]:
     """Per experiment, from the checkpoint rows (no disk scan): ACTIVE checkpoints and
     their bytes (manifest sizes), those the GC deleted and the bytes it freed, and the
     experiment's checkpoint folder (``checkpoint.dir/exp-<id>``)."""
@@ -182,21 +170,18 @@ def disk_usage(session: Session, exps: list[Experiment]) -> dict[int, dict[str, 
         .where(Trial.experiment_id.in_([e.id for e in exps]))
         .group_by(Trial.experiment_id, Checkpoint.state)
     ).all()
-    out: dict[int, dict[str, Any]] = {}
+    sums: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # as DiskUse's first four
+    for exp_id, state, n, size in rows:
+        at = 0 if state == CheckpointState.ACTIVE.value else 2
+        sums[exp_id][at] += n
+        sums[exp_id][at + 1] += int(size or 0)
+    out: dict[int, DiskUse] = {}
     for e in exps:
         try:
             ck_dir = (json.loads(e.config_json or "{}").get("checkpoint") or {}).get("dir")
         except (ValueError, AttributeError):
             ck_dir = None
-        out[e.id] = {
-            "checkpoints": 0,
-            "checkpoint_bytes": 0,
-            "deleted_checkpoints": 0,
-            "freed_bytes": 0,
-            "checkpoint_root": f"{ck_dir}/exp-{e.id:06d}" if ck_dir else None,
-        }
-    for exp_id, state, n, size in rows:
-        active = state == "ACTIVE"
-        out[exp_id]["checkpoints" if active else "deleted_checkpoints"] += n
-        out[exp_id]["checkpoint_bytes" if active else "freed_bytes"] += int(size or 0)
+        root = f"{ck_dir}/exp-{e.id:06d}" if ck_dir else None
+        n, size, deleted, freed = sums[e.id]
+        out[e.id] = DiskUse(n, size, deleted, freed, root)
     return out

@@ -1,13 +1,16 @@
-"""The status model: what ``dlhpc status`` shows, as plain data (also its --json).
+"""The status model: what ``dlhpc status`` shows, as :mod:`~dlhpc.report.status_model`'s
+dataclasses (its --json is theirs).
 
-A constant number of queries whatever the number of trials, read as plain rows (no ORM
-objects): the experiments, their trials, their attempts, GPU telemetry, decisions and
-checkpoint use. GPU telemetry comes as one row per (attempt, host, GPU): the samples'
-count and sum of utilization and the newest sample time, from ``gpu_summaries`` (kept
-by a trigger at ingest) for an ended attempt; for a live one (``RUNNING``, no exit
-record yet) an aggregate of its own samples adds the first and last busy sample time.
-From it each attempt gets a ``gpu`` summary (GPUs seen, mean utilization over the
-attempt, newest sample) and each live attempt the idle rule of
+A number of queries that does not grow with the trials (a few per experiment), read
+as plain rows (no ORM objects), in two passes (:func:`iter_status`): first the totals
+(trial counts by state, each trial's hours from its attempts' times, the live attempts'
+GPU telemetry and idle GPUs, decisions, checkpoint use), then the listed trials, one
+query joining each trial's attempts and their summed ``gpu_summaries`` rows (kept by a
+trigger at ingest), read as the caller consumes them: ``status --json`` writes 100,000
+trials without holding them. A live attempt (``RUNNING``, no exit record yet) gets its
+telemetry from an aggregate of its own samples instead, one row per GPU with the first
+and last busy sample time. From it each attempt gets a ``gpu`` summary (GPUs seen,
+mean utilization over the attempt, newest sample) and each live attempt the idle rule of
 :func:`dlhpc.protocol.gpu.idle_since`, judged at the attempt's newest sample: every
 idle GPU is listed in ``idle_gpus``, per trial and per experiment.
 
@@ -21,26 +24,23 @@ was only a rung), else the grant.
 
 from __future__ import annotations
 
-import json
-from collections import defaultdict, namedtuple
-from dataclasses import dataclass
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
+from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import String, and_, or_, select, type_coerce
+from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from dlhpc.errors import NotFoundError
 from dlhpc.protocol.gpu import IDLE_BELOW_PCT, IDLE_WINDOW_S
 from dlhpc.report._status_gpu import (
-    ATTEMPT_COLS,
     GpuRows,
-    Row,
-    gpu_rows,
-    gpu_summary,
     idle_gpus,
-    idle_of,
-    iso,
+    live_idle,
 )
 from dlhpc.report._status_sql import (
     candidates,
@@ -49,163 +49,217 @@ from dlhpc.report._status_sql import (
     ended_hours,
     live_attempt,
     pick_trials,
+    trial_counts,
+)
+from dlhpc.report._status_trials import (
+    TRIAL_COLS,
+    Ctx,
+    Shape,
+    TrialRow,
+    listing_columns,
+    raw,
+    run_hours,
+    trial,
+    when,
+)
+from dlhpc.report.status_model import (
+    DecisionStats,
+    DiskUse,
+    ExperimentStatus,
+    IdleGpu,
+    Status,
+    TrialStatus,
 )
 from dlhpc.store import Attempt, Experiment, Trial
-from dlhpc.store.states import LIVE_ATTEMPT_STATES, TrialState
+from dlhpc.store.models import GpuSummary
 
-__all__ = ["idle_gpus", "pick_trials", "status_data"]
+__all__ = [
+    "idle_gpus",
+    "iter_status",
+    "pick_trials",
+    "status_data",
+]
 
-_TRIAL_COLS = (
-    Trial.id,
-    Trial.experiment_id,
-    Trial.state,
-    Trial.hparams_json,
-    Trial.steps_completed,
-    Trial.max_length,
-    Trial.best_metric,
-    Trial.latest_metric,
-    Trial.restarts,
-    Trial.crashes,
-    Trial.error,
-)
 _FULL_ROWS_MAX = 5000  # listed trials fetched by id (IN list) up to this many, else all
-# grant was a rung: progress toward the final length
-_RUNG_STATES = {TrialState.PAUSED.value, TrialState.STOPPED_EARLY.value}
 
 
-@dataclass(frozen=True)
-class _Shape:
-    """What an experiment's resolved config says about each job (for resource hours)."""
+@dataclass
+class _Plan:
+    """What a status read lists and what it sums (see :func:`_plan`)."""
 
-    gpus: int  # per job: nodes x gpus_per_node
-    cpus: int  # per job: nodes x tasks_per_node x cpus_per_task
-    max_length: int | None  # the searcher's final length
-
-    @classmethod
-    def of(cls, config_json: str) -> _Shape:
-        try:
-            cfg = json.loads(config_json or "{}")
-        except ValueError:
-            cfg = {}
-        res = cfg.get("resources") or {}
-        nodes = int(res.get("nodes") or 1)
-        gpn = int(res.get("gpus_per_node") or 0)
-        tasks = int(res.get("tasks_per_node") or max(1, gpn))
-        length = (cfg.get("searcher") or {}).get("max_length")
-        return cls(nodes * gpn, nodes * tasks * int(res.get("cpus_per_task") or 1), length)
+    counts: dict[int, dict[str, int]]  # experiment -> trials by state
+    shown: dict[int, set[int]] | None  # experiment -> listed trial ids (None: every trial)
+    hours: dict[int, dict[int, float]]  # experiment -> trial -> hours of the attempts read
+    unlisted_hours: dict[int, float]  # experiment -> its unlisted trials' ended hours
+    live: GpuRows  # live attempt id -> per-GPU digests
+    idle: dict[int, list[IdleGpu]]  # trial id -> idle GPUs
 
 
-def _raw(col: Any) -> Any:
-    """``col`` (a DateTime) as its stored text: :func:`_when` reads 10,000s of them
-    several times faster than SQLAlchemy's result processing does."""
-    return type_coerce(col, String).label(col.key)
-
-
-def _when(text: str | None) -> datetime | None:
-    return None if text is None else datetime.fromisoformat(text)
-
-
-_TIMES = {"started_at", "ended_at", "terminal_seen_at"}
-_RAW_ATTEMPT_COLS = tuple(_raw(c) if c.key in _TIMES else c for c in ATTEMPT_COLS)
-_AttemptRow = namedtuple("_AttemptRow", [c.key for c in ATTEMPT_COLS])  # type: ignore[misc]
-_TIME_AT = [i for i, c in enumerate(ATTEMPT_COLS) if c.key in _TIMES]
-
-
-def _attempt(row: Row) -> Row:
-    values = list(row)
-    for i in _TIME_AT:
-        values[i] = _when(values[i])
-    return _AttemptRow._make(values)
-
-
-def _run_hours(a: Row, now: datetime) -> float:
-    """Hours the attempt held its allocation (to ``now`` while it still runs)."""
-    if a.started_at is None:
-        return 0.0
-    end = a.ended_at
-    if end is None:
-        end = now if a.state in LIVE_ATTEMPT_STATES else a.terminal_seen_at
-    if end is None:
-        return 0.0
-    return float(max(0.0, (end - a.started_at).total_seconds())) / 3600.0
-
-
-def _trial(
-    t: Row,
-    t_attempts: list[Row],
-    gpu: GpuRows,
-    below_pct: float,
-    window_s: float,
-    shape: _Shape,
+def _plan(
+    session: Session,
+    exps: list[Experiment],
+    limit: int | None,
     now: datetime,
-) -> dict[str, Any]:
-    attempts = []
-    latest_gpu = None
-    idle: list[dict[str, Any]] = []
-    gpu_h = cpu_h = 0.0
-    for a in t_attempts:
-        hours = _run_hours(a, now)
-        gpu_h += hours * shape.gpus
-        cpu_h += hours * shape.cpus
-        rows = gpu.get(a.id, [])
-        summary = gpu_summary(rows)
-        if summary is not None:
-            latest_gpu = {"attempt_key": a.attempt_key, **summary}
-        idle.extend(idle_of(t.id, a, rows, below_pct, window_s))
-        attempts.append(
-            {
-                "key": a.attempt_key,
-                "job_id": a.job_id,
-                "state": a.state,
-                "cause": a.cause,
-                "exit_code": a.exit_code,
-                "lost_steps": a.lost_steps,
-                "node_list": a.node_list,
-                "started_at": iso(a.started_at),
-                "ended_at": iso(a.ended_at),
-                "gpu": summary,
-                "gpu_hours": round(hours * shape.gpus, 4),
-                "cpu_hours": round(hours * shape.cpus, 4),
-            }
+    idle_rule: tuple[float, float],
+) -> _Plan:
+    """Counts, the listed trials (:func:`pick_trials` over :func:`candidates`; every
+    trial without a ``limit``), each trial's hours from its attempts (of unlisted trials
+    only the live ones: the ended ones' hours are summed in SQL), and the idle GPUs."""
+    conn = session.connection()  # plain rows: no ORM row processing for 10,000s of rows
+    ids = [e.id for e in exps]
+    shown: dict[int, set[int]] | None = None
+    unlisted: dict[int, float] = {}
+    raw_times = (raw(getattr(Attempt, k)) for k in ("started_at", "ended_at", "terminal_seen_at"))
+    attempts = select(Trial.experiment_id, Attempt.trial_id, Attempt.state, *raw_times).join(
+        Trial, and_(Trial.id == Attempt.trial_id, Trial.experiment_id.in_(ids))
+    )
+    counts = trial_counts(conn, ids)
+    if limit is not None:
+        trials_of = candidates(conn, exps, limit)
+        shown = {
+            e.id: pick_trials(
+                [(t.id, t.state, t.best_metric) for t in trials_of[e.id]],
+                e.smaller_is_better,
+                limit,
+            )
+            for e in exps
+        }
+        listed = [tid for tids in shown.values() for tid in tids]
+        if len(listed) < sum(sum(c.values()) for c in counts.values()):
+            # the candidates hold every trial with a live attempt: an indexed IN, no scan
+            maybe = [t.id for rows in trials_of.values() for t in rows]
+            attempts = attempts.where(
+                Attempt.trial_id.in_(maybe), or_(Attempt.trial_id.in_(listed), live_attempt())
+            )
+            unlisted = ended_hours(conn, ids, listed)
+        else:
+            shown = None
+    hours: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    for exp_id, trial_id, state, started, ended, seen in conn.execute(attempts):
+        h = run_hours(state, when(started), when(ended), when(seen), now)
+        hours[exp_id][trial_id] += h
+    live, idle = live_idle(session, ids, *idle_rule)
+    return _Plan(counts, shown, hours, unlisted, live, idle)
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)  # the DB's naive UTC
+
+
+def _head(
+    e: Experiment, plan: _Plan, shape: Shape, decisions: DecisionStats | None, disk: DiskUse | None
+) -> ExperimentStatus:
+    """The experiment and its totals over every trial (``trials`` left empty)."""
+    hours = plan.hours.get(e.id, {})
+    unlisted = plan.unlisted_hours.get(e.id, 0.0)
+    gpu_h = sum(round(h * shape.gpus, 4) for h in hours.values()) + unlisted * shape.gpus
+    cpu_h = sum(round(h * shape.cpus, 4) for h in hours.values()) + unlisted * shape.cpus
+    counts = plan.counts.get(e.id, {})
+    return ExperimentStatus(
+        id=e.id,
+        name=e.name,
+        state=e.state,
+        searcher=e.searcher,
+        metric=e.metric,
+        smaller_is_better=e.smaller_is_better,
+        backend=e.backend,
+        created_at=e.created_at,
+        ended_at=e.ended_at,
+        run_dir=e.run_dir,
+        max_length=shape.max_length,
+        gpus_per_job=shape.gpus,
+        cpus_per_job=shape.cpus,
+        gpu_hours=round(gpu_h, 4),
+        cpu_hours=round(cpu_h, 4),
+        idle_gpus=tuple(g for tid in sorted(hours) for g in plan.idle.get(tid, ())),
+        trials_total=sum(counts.values()),
+        trial_counts=dict(sorted(counts.items())),
+        decisions=decisions,
+        disk=disk,
+        trials=(),
+    )
+
+
+def _listing(ids: list[int], shown: dict[int, set[int]] | None) -> Any:
+    """The listed trials joined with their attempts and each attempt's summed GPU
+    summaries: one row per attempt (one per trial without any), by experiment (newest
+    first), trial and attempt."""
+    query = (
+        select(*listing_columns())
+        .select_from(Trial)
+        .outerjoin(Attempt, Attempt.trial_id == Trial.id)
+        .outerjoin(GpuSummary, GpuSummary.attempt_id == Attempt.id)
+        .where(Trial.experiment_id.in_(ids))
+        .group_by(Trial.id, Attempt.id)
+        .order_by(Trial.experiment_id.desc(), Trial.id, Attempt.id)
+    )
+    listed = [tid for tids in (shown or {}).values() for tid in tids]
+    if shown is not None and len(listed) <= _FULL_ROWS_MAX:
+        query = query.where(Trial.id.in_(listed))
+    return query
+
+
+def _trials(rows: Iterator[Any], keep: set[int] | None, ctx: Ctx) -> Iterator[TrialStatus]:
+    for tid, trial_rows in groupby(rows, key=itemgetter(0)):
+        if keep is None or tid in keep:
+            block = list(trial_rows)
+            yield trial(TrialRow._make(block[0][: len(TRIAL_COLS)]), block, ctx)
+
+
+def iter_status(
+    session: Session,
+    experiment_id: int | None = None,
+    *,
+    idle_below_pct: float = IDLE_BELOW_PCT,
+    idle_window_s: float = IDLE_WINDOW_S,
+    limit: int | None = None,
+) -> Iterator[tuple[ExperimentStatus, Iterator[TrialStatus]]]:
+    """:func:`status_data` one piece at a time: per experiment (newest first), its
+    status with empty ``trials`` and an iterator of its listed trials, read from the DB
+    as it is consumed (exhaust it, inside ``session``, before the next experiment). The
+    totals are read here, before the first piece: two passes over the attempts, so that
+    100,000s of trials are never held at once. Raises
+    :class:`~dlhpc.errors.NotFoundError` for an unknown id (here, not when iterated:
+    nothing is written before it)."""
+    query = select(Experiment).order_by(Experiment.id.desc())
+    if experiment_id is not None:
+        query = query.where(Experiment.id == experiment_id)
+    exps = list(session.scalars(query).all())
+    if experiment_id is not None and not exps:
+        raise NotFoundError(f"no experiment {experiment_id}")
+    if not exps:
+        return iter(())
+    ids = [e.id for e in exps]
+    now = _now()
+    plan = _plan(session, exps, limit, now, (idle_below_pct, idle_window_s))
+    heads = [
+        _head(e, plan, Shape.of(e.config_json), stats, disk)
+        for e, stats, disk in zip(
+            exps,
+            map(decision_stats(session, ids).get, ids),
+            map(disk_usage(session, exps).get, ids),
+            strict=True,
         )
-    target = t.max_length
-    if t.state in _RUNG_STATES and shape.max_length:
-        target = max(t.max_length, int(shape.max_length))
-    return {
-        "id": t.id,
-        "state": t.state,
-        "hparams": json.loads(t.hparams_json),
-        "steps_completed": t.steps_completed,
-        "max_length": t.max_length,
-        "target_length": target,
-        "best_metric": t.best_metric,
-        "latest_metric": t.latest_metric,
-        "restarts": t.restarts,
-        "crashes": t.crashes,
-        "slurm_job_ids": list(dict.fromkeys(a.job_id for a in t_attempts)),
-        "error": t.error,
-        "gpu": latest_gpu,  # the newest attempt with samples
-        "idle_gpus": idle,
-        "gpu_hours": round(gpu_h, 4),
-        "cpu_hours": round(cpu_h, 4),
-        "attempts": attempts,
-    }
+    ]
+    rows = session.connection().execute(_listing(ids, plan.shown))
+    return _pieces(heads, plan, rows, now)
 
 
-def _usage(
-    t: Row,
-    t_attempts: list[Row],
-    gpu: GpuRows,
-    below_pct: float,
-    window_s: float,
-    shape: _Shape,
-    now: datetime,
-) -> dict[str, Any]:
-    """What an unlisted trial adds to its experiment's totals (as :func:`_trial`)."""
-    hours = sum(_run_hours(a, now) for a in t_attempts)
-    idle = [g for a in t_attempts for g in idle_of(t.id, a, gpu.get(a.id, []), below_pct, window_s)]
-    gpu_h, cpu_h = round(hours * shape.gpus, 4), round(hours * shape.cpus, 4)
-    return {"gpu_hours": gpu_h, "cpu_hours": cpu_h, "idle_gpus": idle}
+def _pieces(
+    heads: list[ExperimentStatus], plan: _Plan, rows: Iterator[Any], now: datetime
+) -> Iterator[tuple[ExperimentStatus, Iterator[TrialStatus]]]:
+    """Each experiment's status and its listed trials, from the listing ``rows``."""
+    groups = groupby(rows, key=itemgetter(1))
+    pending = next(groups, None)
+    for head in heads:
+        if pending is None or pending[0] != head.id:
+            yield head, iter(())
+            continue
+        shape = Shape(head.gpus_per_job, head.cpus_per_job, head.max_length)
+        ctx = Ctx(plan.live, plan.idle, shape, now)
+        keep = None if plan.shown is None else plan.shown[head.id]
+        yield head, _trials(pending[1], keep, ctx)
+        pending = next(groups, None)
 
 
 def status_data(
@@ -215,89 +269,18 @@ def status_data(
     idle_below_pct: float = IDLE_BELOW_PCT,
     idle_window_s: float = IDLE_WINDOW_S,
     limit: int | None = None,
-) -> dict[str, Any]:
-    """``{"experiments": [...]}``, newest first; one experiment when an id is given.
+) -> Status:
+    """The experiments, newest first; one experiment when an id is given (raises
+    :class:`~dlhpc.errors.NotFoundError` when there is none).
 
     ``limit``: each experiment's ``trials`` holds at most that many (see
     :func:`pick_trials`); its totals, ``trial_counts`` (by state) and
     ``trials_total`` still cover every trial."""
-    query = select(Experiment).order_by(Experiment.id.desc())
-    if experiment_id is not None:
-        query = query.where(Experiment.id == experiment_id)
-    exps = session.scalars(query).all()
-    if experiment_id is not None and not exps:
-        raise NotFoundError(f"no experiment {experiment_id}")
-    ids = [e.id for e in exps]
-    trials_of: dict[int, list[Row]] = defaultdict(list)  # the candidates (_candidates)
-    attempts_of: dict[int, list[Row]] = defaultdict(list)
-    unlisted_hours: dict[int, float] = {}  # experiment -> its unlisted trials' ended hours
-    conn = session.connection()  # plain rows: no ORM row processing for 10,000s of rows
-    shown: dict[int, set[int]] = {}
-    full: dict[int, Row] = {}  # id -> the listed trials' rows (_TRIAL_COLS)
-    partial = False  # some trials are not listed
-    counts: dict[int, dict[str, int]] = {}
-    if exps:
-        trials_of, counts = candidates(conn, exps, limit)
-        for e in exps:
-            picks = [(t.id, t.state, t.best_metric) for t in trials_of[e.id]]
-            shown[e.id] = pick_trials(picks, e.smaller_is_better, limit)
-        listed = [tid for tids in shown.values() for tid in tids]
-        total = sum(sum(c.values()) for c in counts.values())
-        full_rows = select(*_TRIAL_COLS).where(Trial.experiment_id.in_(ids))
-        if len(listed) <= _FULL_ROWS_MAX and len(listed) < total:
-            full_rows = full_rows.where(Trial.id.in_(listed))
-        full = {t.id: t for t in conn.execute(full_rows)}
-        attempts = select(*_RAW_ATTEMPT_COLS).join(
-            Trial, and_(Trial.id == Attempt.trial_id, Trial.experiment_id.in_(ids))
-        )
-        partial = len(full) < total
-        if partial:
-            # Their ended attempts only add hours: summed in SQL, not read row by row.
-            attempts = attempts.where(or_(Attempt.trial_id.in_(list(full)), live_attempt()))
-            unlisted_hours = ended_hours(conn, ids, list(full))
-        for a in conn.execute(attempts.order_by(Attempt.id)):
-            attempts_of[a.trial_id].append(_attempt(a))
-    # unlisted trials' ended attempts need no GPU digest (their hours come from SQL)
-    gpu = gpu_rows(session, ids, idle_below_pct, list(full) if partial else None) if exps else {}
-    decisions = decision_stats(session, ids) if exps else {}
-    disk = disk_usage(session, list(exps)) if exps else {}
-    out = []
-    now = datetime.now(timezone.utc).replace(tzinfo=None)  # the DB's naive UTC
-    for e in exps:
-        shape = _Shape.of(e.config_json)
-        rows = trials_of[e.id]
-        args = (gpu, idle_below_pct, idle_window_s, shape, now)
-        every = [
-            _trial(full[t.id], attempts_of[t.id], *args)
-            if t.id in shown[e.id]
-            else _usage(t, attempts_of[t.id], *args)
-            for t in rows
-        ]
-        trials = [t for t in every if "id" in t]
-        hours = unlisted_hours.get(e.id, 0.0)
-        out.append(
-            {
-                "id": e.id,
-                "name": e.name,
-                "state": e.state,
-                "searcher": e.searcher,
-                "metric": e.metric,
-                "smaller_is_better": e.smaller_is_better,
-                "backend": e.backend,
-                "created_at": iso(e.created_at),
-                "ended_at": iso(e.ended_at),
-                "run_dir": e.run_dir,
-                "max_length": shape.max_length,
-                "gpus_per_job": shape.gpus,
-                "cpus_per_job": shape.cpus,
-                "gpu_hours": round(sum(t["gpu_hours"] for t in every) + hours * shape.gpus, 4),
-                "cpu_hours": round(sum(t["cpu_hours"] for t in every) + hours * shape.cpus, 4),
-                "idle_gpus": [g for t in every for g in t["idle_gpus"]],
-                "trials_total": sum(counts.get(e.id, {}).values()),
-                "trial_counts": dict(sorted(counts.get(e.id, {}).items())),
-                "decisions": decisions.get(e.id),
-                "disk": disk.get(e.id),  # checkpoint bytes (see _status_sql.disk_usage)
-                "trials": trials,
-            }
-        )
-    return {"experiments": out}
+    pieces = iter_status(
+        session,
+        experiment_id,
+        idle_below_pct=idle_below_pct,
+        idle_window_s=idle_window_s,
+        limit=limit,
+    )
+    return Status(tuple(replace(head, trials=tuple(trials)) for head, trials in pieces))

@@ -36,7 +36,7 @@ from dlhpc.store.models import (
     Metric,
     Trial,
 )
-from dlhpc.store.states import TERMINAL_TRIAL_STATES, AttemptState
+from dlhpc.store.states import TERMINAL_TRIAL_STATES, AttemptState, CheckpointState
 
 __all__ = [
     "SETTLE_WINDOW",
@@ -163,7 +163,7 @@ def _checkpoint_upsert() -> Any:
     return ins.on_conflict_do_update(
         index_elements=["trial_id", "path"],
         set_={**revive, "pinned": False, "deleted_at": None},
-        where=_table(Checkpoint).c.state == "DELETED",
+        where=_table(Checkpoint).c.state == CheckpointState.DELETED.value,
     )
 
 
@@ -338,7 +338,7 @@ def _read_folder(
                         "step": int(rec.get("step", 0)),
                         "path": str(rec.get("path", "")),
                         "size_bytes": int(rec.get("size", 0)),
-                        "state": "ACTIVE",
+                        "state": CheckpointState.ACTIVE.value,
                         "created_at": _ts(rec.get("time")) or now,
                         "metric": _checkpoint_metric(session, trial, rec, pending),
                     }

@@ -26,6 +26,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from dlhpc.store.states import CheckpointState
+
 __all__ = [
     "Attempt",
     "Base",
@@ -208,7 +210,7 @@ class Checkpoint(Base):
     step: Mapped[int] = mapped_column(Integer)
     path: Mapped[str] = mapped_column(Text)
     size_bytes: Mapped[int] = mapped_column(Integer, default=0)
-    state: Mapped[str] = mapped_column(String(16), default="ACTIVE")  # ACTIVE, DELETED
+    state: Mapped[str] = mapped_column(String(16), default=CheckpointState.ACTIVE.value)
     created_at: Mapped[datetime] = mapped_column(DateTime)
     # the searcher metric at this step, for keep-best policies (v3)
     metric: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -1,6 +1,6 @@
 """Every state name the database stores, and the sets the code asks about.
 
-The one definition of the experiment, trial, submission and attempt states: the
+The one definition of the experiment, trial, submission, attempt and checkpoint states: the
 orchestrator writes them, the reports and the simulator read them, all import them
 from here. A leaf: it imports only the standard library, so the report's start-up
 path can read it without loading the orchestrator.
@@ -21,6 +21,7 @@ __all__ = [
     "TERMINAL_EXPERIMENT_STATES",
     "TERMINAL_TRIAL_STATES",
     "AttemptState",
+    "CheckpointState",
     "ExperimentState",
     "SubmissionState",
     "TrialState",
@@ -101,3 +102,10 @@ LIVE_ATTEMPT_STATES: frozenset[str] = frozenset(
         AttemptState.UNKNOWN.value,
     }
 )
+
+
+class CheckpointState(str, enum.Enum):
+    """``checkpoints.state``: ACTIVE on disk, DELETED once the GC (or a prune) removed it."""
+
+    ACTIVE = "ACTIVE"
+    DELETED = "DELETED"

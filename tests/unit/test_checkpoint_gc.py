@@ -362,7 +362,7 @@ def test_status_reports_disk_use(world: tuple[Store, dict[str, Any]]) -> None:
     store, ids = world
     gc(store, ids["exp"])
     with store.read() as s:
-        disk = status_data(s, ids["exp"])["experiments"][0]["disk"]
+        disk = status_data(s, ids["exp"]).to_json()["experiments"][0]["disk"]
     assert disk == {
         "checkpoints": 7,
         "checkpoint_bytes": 2 * 1000 + 1000 + 10 + 7 + 1000 + 1,

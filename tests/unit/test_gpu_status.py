@@ -96,7 +96,7 @@ def test_status_flags_only_a_gpu_idle_for_the_whole_window(
     store, tid, adir = running
     _ingest(store, tid, adir)
     with store.read() as s:
-        (exp,) = status_data(s)["experiments"]
+        (exp,) = status_data(s).to_json()["experiments"]
     (trial,) = exp["trials"]
     expected = {
         "trial_id": tid,
@@ -117,7 +117,7 @@ def test_status_flags_only_a_gpu_idle_for_the_whole_window(
     assert trial["gpu"] == {"attempt_key": "123_4.r0", **summary}
     # a longer window is not covered by the samples yet
     with store.read() as s:
-        (exp,) = status_data(s, idle_window_s=700)["experiments"]
+        (exp,) = status_data(s, idle_window_s=700).to_json()["experiments"]
     assert exp["idle_gpus"] == []
 
 
@@ -130,14 +130,14 @@ def test_an_ended_attempt_is_not_flagged(running: tuple[Store, int, Path]) -> No
     with store.read() as s:
         a = s.scalar(select(Attempt))
         assert a is not None and a.state == "RUNNING" and a.ended_at is not None
-        (exp,) = status_data(s)["experiments"]
+        (exp,) = status_data(s).to_json()["experiments"]
     assert exp["idle_gpus"] == [] and exp["trials"][0]["gpu"]["gpus"] == 3
     with store.write() as s:  # the scheduler's word alone ends it too
         a = s.scalar(select(Attempt))
         assert a is not None
         a.state, a.ended_at = "COMPLETED", None
     with store.read() as s:
-        assert status_data(s)["experiments"][0]["idle_gpus"] == []
+        assert status_data(s).to_json()["experiments"][0]["idle_gpus"] == []
 
 
 def test_cli_status_warns_and_shows_idle_gpus_in_json(

@@ -422,7 +422,7 @@ def test_page_model_summary_usage_and_rungs(store: Store, tmp_path: Path) -> Non
     assert {h.name: h.kind for h in page.hparams} == {"bs": "categorical", "lr": "log"}
     assert page.repro["experiment file (as given)"].endswith("exp.yaml")
     assert page.repro["code snapshot"].endswith("run/code")
-    assert page.disk is not None and page.disk["checkpoints"] == 0
+    assert page.disk is not None and page.disk.checkpoints == 0
     html = render_page(page)
     assert "GPU-hours saved by early stopping" in html and "rung 3: 9" in html
     assert "checkpoint disk use" in html and "0 B in 0 checkpoint(s)" in html
@@ -456,7 +456,7 @@ def test_pure_model_functions() -> None:
     assert (u.unit, u.per_attempt) == ("CPU", 4)
     assert u.used_h == pytest.approx(1300 * 4 / 3600)
     assert u.saved_h == pytest.approx((6 + 8) * 10 * 4 / 3600) and u.stopped_trials == 2
-    given = compute_usage(trials, {"gpus_per_node": 2}, 9, {"gpu_hours": 1.25})
+    given = compute_usage(trials, {"gpus_per_node": 2}, 9, (1.25, 0.0))
     assert (given.unit, given.per_attempt, given.used_h) == ("GPU", 2, 1.25)
     assert rungs_of({"name": "hyperband", "max_length": 27, "divisor": 3, "max_rungs": 9}) == (
         1,

@@ -218,7 +218,7 @@ def _run(tmp_path: Path, total: int) -> dict[str, Any]:
     with _statements() as tick_sql:
         report = tick(store, pool)
     with _statements() as status_sql, store.read() as s:
-        data = status_data(s, 1)["experiments"][0]
+        data = status_data(s, 1).to_json()["experiments"][0]
     again = tick(store, pool)  # idempotent: nothing new to ingest or submit
     return {
         "store": store,

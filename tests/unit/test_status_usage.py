@@ -4,6 +4,7 @@ of ``tick -q`` and ``dlhpc digest`` say an idle GPU once."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -18,7 +19,9 @@ from rich.console import Console
 from dlhpc.cli import _attention
 from dlhpc.cli._views import experiment_view, experiments_table
 from dlhpc.cli.main import cli
-from dlhpc.report.status import pick_trials, status_data
+from dlhpc.errors import NotFoundError
+from dlhpc.report.status import iter_status, pick_trials, status_data
+from dlhpc.report.status_model import write_json
 from dlhpc.store import Attempt, Store, TrialState, utcnow
 from tests.unit._db import add_experiment, add_trial
 from tests.unit.test_gpu_status import _ingest, running  # noqa: F401 (fixture)
@@ -80,7 +83,8 @@ def _store(tmp_path: Path, config: dict[str, object]) -> Store:
 def test_gpu_and_cpu_hours_and_progress_targets(tmp_path: Path) -> None:
     store = _store(tmp_path, CONFIG)
     with store.read() as s:
-        (exp,) = status_data(s)["experiments"]
+        data = status_data(s)
+    (exp,) = data.to_json()["experiments"]
     paused, running_, stopped = exp["trials"]
     assert [a["gpu_hours"] for a in paused["attempts"]] == pytest.approx([12.0, 4.0], abs=0.01)
     assert paused["gpu_hours"] == pytest.approx(16.0, abs=0.01)  # 2 h x 2 nodes x 4 GPUs
@@ -93,7 +97,7 @@ def test_gpu_and_cpu_hours_and_progress_targets(tmp_path: Path) -> None:
     assert [t["max_length"] for t in exp["trials"]] == [3, 9, 1]  # unchanged (compatible)
 
     console = Console(width=200, record=True)
-    console.print(experiments_table({"experiments": [exp]}), experiment_view(exp))
+    console.print(experiments_table(data), experiment_view(data.experiments[0]))
     text = console.export_text()
     assert "GPU-h" in text and "18.00" in text and "16.00" in text
     assert "3/27" in text and "4/9" in text and "1/27" in text
@@ -103,21 +107,44 @@ def test_gpu_and_cpu_hours_and_progress_targets(tmp_path: Path) -> None:
 def test_totals_count_the_trials_a_limited_listing_leaves_out(tmp_path: Path) -> None:
     store = _store(tmp_path, CONFIG)
     with store.read() as s:
-        (exp,) = status_data(s, limit=1)["experiments"]
+        (exp,) = status_data(s, limit=1).to_json()["experiments"]
     # listed: the paused trial (live first); the stopped one's ended attempt is summed in SQL
     assert [t["id"] for t in exp["trials"]] == [1] and exp["trials_total"] == 3
     assert exp["gpu_hours"] == pytest.approx(18.0, abs=0.01)
     assert exp["cpu_hours"] == pytest.approx(144.0, abs=0.1)
 
 
+def test_streamed_json_is_the_models_json(tmp_path: Path) -> None:
+    """``status --json`` is written piece by piece (iter_status, write_json): the same
+    document as ``status_data(...).to_json()``; an unknown id raises before anything."""
+    store = _store(tmp_path, CONFIG)
+    with store.write() as s:  # newest first, and with no trials: an empty list
+        add_experiment(s, tmp_path, name="second", created_at=utcnow())
+    out = io.StringIO()
+    with store.read() as s:
+        want = status_data(s).to_json()
+        write_json(iter_status(s), out)
+        with pytest.raises(NotFoundError):
+            iter_status(s, 99)
+    got = json.loads(out.getvalue())
+    for e in [*got["experiments"], *want["experiments"]]:  # live attempts: hours to "now"
+        e.pop("gpu_hours"), e.pop("cpu_hours")
+        for t in e["trials"]:
+            for row in (t, *t["attempts"]):
+                row.pop("gpu_hours"), row.pop("cpu_hours")
+    assert got == want and [len(e["trials"]) for e in got["experiments"]] == [0, 3]
+    assert len(out.getvalue().splitlines()) == 1 + 2 + 3 + 2  # a line per trial
+
+
 def test_cpu_only_runs_count_cpu_hours(tmp_path: Path) -> None:
     store = _store(tmp_path, {"resources": {"cpus_per_task": 2}})  # no searcher length: grant
     with store.read() as s:
-        (exp,) = status_data(s)["experiments"]
+        data = status_data(s)
+    (exp,) = data.to_json()["experiments"]
     assert exp["gpu_hours"] == 0.0 and exp["cpu_hours"] == pytest.approx(4.5, abs=0.01)
     assert [t["target_length"] for t in exp["trials"]] == [3, 9, 1]
     console = Console(width=200, record=True)
-    console.print(experiment_view(exp))
+    console.print(experiment_view(data.experiments[0]))
     assert "CPU-h" in console.export_text() and "GPU-h" not in console.export_text()
 
 
@@ -216,9 +243,9 @@ def test_a_limited_listing_picks_from_sql_what_a_pick_over_every_trial_would(
                         )
                     )
     with store.read() as s:
-        every = {e["id"]: e for e in status_data(s)["experiments"]}
+        every = {e["id"]: e for e in status_data(s).to_json()["experiments"]}
         for limit in (1, 3, 10, 100):
-            for e in status_data(s, limit=limit)["experiments"]:
+            for e in status_data(s, limit=limit).to_json()["experiments"]:
                 full = every[e["id"]]
                 picks = [(t["id"], t["state"], t["best_metric"]) for t in full["trials"]]
                 want = pick_trials(picks, e["smaller_is_better"], limit)

@@ -1,0 +1,75 @@
+"""Small read queries the CLI needs (who owns an experiment, a trial's newest attempt,
+an experiment's checkpoints), so that no SQL lives in ``dlhpc.cli``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from dlhpc.errors import NotFoundError
+from dlhpc.store.models import Attempt, Checkpoint, Experiment, Submission, Trial
+from dlhpc.store.states import CheckpointState
+
+__all__ = ["experiment_checkpoints", "experiment_owner", "experiment_owners", "latest_attempt"]
+
+
+def experiment_owner(
+    s: Session,
+    *,
+    experiment_id: int | None = None,
+    trial_id: int | None = None,
+    checkpoint_id: int | None = None,
+) -> tuple[int, str] | None:
+    """``(experiment id, user)`` of the experiment the checkpoint, else the trial, else
+    ``experiment_id`` belongs to; None when that id is unknown."""
+    query = select(Experiment.id, Experiment.user)
+    if checkpoint_id is not None:
+        query = query.join(Trial).join(Checkpoint).where(Checkpoint.id == checkpoint_id)
+    elif trial_id is not None:
+        query = query.join(Trial).where(Trial.id == trial_id)
+    else:
+        query = query.where(Experiment.id == experiment_id)
+    row = s.execute(query).first()
+    return None if row is None else (row.id, row.user)
+
+
+def experiment_owners(s: Session) -> dict[int, str]:
+    """Every experiment's user, by id (ascending)."""
+    rows = s.execute(select(Experiment.id, Experiment.user).order_by(Experiment.id))
+    return {eid: user for eid, user in rows}
+
+
+def latest_attempt(s: Session, trial_id: int) -> tuple[Attempt, Path | None]:
+    """The trial's newest attempt and its submission's folder (None: not submitted
+    through a recorded submission). Raises :class:`~dlhpc.errors.NotFoundError` for an
+    unknown trial or one not submitted yet."""
+    if s.get(Trial, trial_id) is None:
+        raise NotFoundError(f"no trial {trial_id}")
+    attempt = s.scalars(
+        select(Attempt).where(Attempt.trial_id == trial_id).order_by(Attempt.id.desc()).limit(1)
+    ).first()
+    if attempt is None:
+        raise NotFoundError(f"trial {trial_id} has not been submitted yet")
+    folder = None
+    if attempt.submission_id is not None:
+        sub = s.get(Submission, attempt.submission_id)
+        folder = Path(sub.folder) if sub else None
+    return attempt, folder
+
+
+def experiment_checkpoints(
+    s: Session, experiment_id: int, include_deleted: bool
+) -> list[Checkpoint]:
+    """The experiment's checkpoint rows by trial, step and id (ACTIVE ones only unless
+    ``include_deleted``)."""
+    query = (
+        select(Checkpoint)
+        .join(Trial, Trial.id == Checkpoint.trial_id)
+        .where(Trial.experiment_id == experiment_id)
+        .order_by(Checkpoint.trial_id, Checkpoint.step, Checkpoint.id)
+    )
+    if not include_deleted:
+        query = query.where(Checkpoint.state == CheckpointState.ACTIVE.value)
+    return list(s.scalars(query))
