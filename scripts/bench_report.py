@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dlhpc.report._build import write_report  # noqa: E402
 from dlhpc.report._curves import archive_trials, curves_path  # noqa: E402
+from dlhpc.report.build import write_report  # noqa: E402
 from dlhpc.store import Attempt, Experiment, GpuSample, Metric, Store, Trial  # noqa: E402
 
 T0 = datetime(2025, 1, 1)

@@ -19,15 +19,14 @@ from rich.text import Text
 from dlhpc._perms import DB_SIDE_FILES, current_user
 from dlhpc.cli._common import backends, echo_json, site_option, use_site
 from dlhpc.cli._console import console
-from dlhpc.config import load_site
-from dlhpc.config._permissions import Permissions
+from dlhpc.config import Permissions, load_site
 from dlhpc.config.model import SiteConfig
 from dlhpc.errors import DlhpcError, UsageError
 from dlhpc.report.quota import lustre_quota, quota_warning
 from dlhpc.scheduler.registry import Check, Registry, default_registry
 from dlhpc.store import default_home
-from dlhpc.store._engine import SCHEMA_VERSION, make_engine, read_version
-from dlhpc.store._engine import migrate as run_migrations
+from dlhpc.store.engine import SCHEMA_VERSION, make_engine, read_version
+from dlhpc.store.engine import migrate as run_migrations
 from dlhpc.store.store import DB_NAME
 
 __all__ = ["COMMANDS"]

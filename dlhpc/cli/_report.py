@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from dlhpc.cli._common import open_store, site_option
 from dlhpc.errors import UsageError
-from dlhpc.report._build import INDEX_FILE, page_file, write_all, write_report
+from dlhpc.report.build import INDEX_FILE, page_file, write_all, write_report
 
 __all__ = ["COMMANDS"]
 

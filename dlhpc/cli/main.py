@@ -17,7 +17,7 @@ import click
 
 from dlhpc._perms import apply_umask
 from dlhpc._version import __version__
-from dlhpc.config._permissions import PRIVATE_UMASK
+from dlhpc.config import PRIVATE_UMASK
 from dlhpc.errors import DlhpcError
 
 __all__ = ["GC_THRESHOLD", "LAZY_COMMANDS", "cli", "main"]

@@ -17,6 +17,7 @@ Loading has no side effects and raises only :class:`~dlhpc.errors.ConfigError`
 """
 
 from dlhpc.config._experiment import load_experiment
+from dlhpc.config._permissions import PRIVATE_UMASK, Permissions
 from dlhpc.config._site import list_sites, load_site, site_search_path
 from dlhpc.config._units import parse_duration_s, parse_slurm_time
 from dlhpc.config.model import (
@@ -36,6 +37,7 @@ from dlhpc.config.model import (
 )
 
 __all__ = [
+    "PRIVATE_UMASK",
     "SCHEMA_VERSION",
     "CheckpointConfig",
     "DataInput",
@@ -44,6 +46,7 @@ __all__ = [
     "ExperimentConfig",
     "HParam",
     "PartitionInfo",
+    "Permissions",
     "PreemptionConfig",
     "ReproducibilityConfig",
     "Resources",

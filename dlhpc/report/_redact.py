@@ -1,6 +1,6 @@
 """Secrets out of report pages: what a page shows passes through here first.
 
-A secret is recognised by its name (:func:`dlhpc.repro._attempt.is_secret_name`:
+A secret is recognised by its name (:func:`dlhpc.repro.is_secret_name`:
 TOKEN, SECRET, PASSWORD, KEY, CREDENTIAL, AUTH, any case) or by its place (the
 user:password part of a URL). Contract:
 
@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from dlhpc.repro._attempt import REDACTED, is_secret_name
+from dlhpc.repro import REDACTED, is_secret_name
 
 __all__ = ["REDACTED", "redact_text", "redact_value"]
 

@@ -19,6 +19,7 @@ from dlhpc.repro._attempt import (
     REDACTED,
     attempt_record,
     deterministic_env,
+    is_secret_name,
     merge_env_record,
     redacted_env,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "diff_records",
     "fingerprint_data",
     "gitignore_filter",
+    "is_secret_name",
     "merge_env_record",
     "redacted_env",
     "render_differences",

@@ -17,7 +17,7 @@ from dlhpc import _perms
 from dlhpc._perms import make_dirs
 from dlhpc.errors import DlhpcError, StoreError
 from dlhpc.store import lease as _lease
-from dlhpc.store._engine import init_schema, make_engine
+from dlhpc.store.engine import init_schema, make_engine
 from dlhpc.store.models import Experiment
 
 if TYPE_CHECKING:

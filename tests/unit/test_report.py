@@ -23,7 +23,6 @@ from dlhpc.cli.main import cli
 from dlhpc.orchestrator.clock import SYSTEM_CLOCK
 from dlhpc.orchestrator.tick import TickReport, _ingest
 from dlhpc.protocol import EventWriter
-from dlhpc.report._build import page_file, write_all, write_report
 from dlhpc.report._curves import (
     Curve,
     archive_trials,
@@ -46,6 +45,7 @@ from dlhpc.report._model import (
     step_seconds,
 )
 from dlhpc.report._record import parse_record, repro_record
+from dlhpc.report.build import page_file, write_all, write_report
 from dlhpc.store import Attempt, Event, Experiment, GpuSample, Metric, Store, Trial
 
 T0 = datetime(2025, 1, 1, 12, 0, 0)

@@ -13,10 +13,10 @@ import json
 from datetime import timedelta
 from pathlib import Path
 
-from dlhpc.report._build import write_all
 from dlhpc.report._html import render_page
 from dlhpc.report._load import load_page
 from dlhpc.report._redact import redact_text, redact_value
+from dlhpc.report.build import write_all
 from dlhpc.store import Event, Experiment, Store, Trial
 from tests.unit.test_report import HOSTILE, T0, _assert_safe, _experiment, _trial
 

@@ -21,7 +21,7 @@ from dlhpc.store import (
     Trial,
     utcnow,
 )
-from dlhpc.store._engine import make_engine, migrate
+from dlhpc.store.engine import make_engine, migrate
 from dlhpc.store.ingest import ingest_attempt
 from dlhpc.store.models import Decision, Lease
 from dlhpc.store.summaries import refresh_metrics
