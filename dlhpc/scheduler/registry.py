@@ -11,9 +11,13 @@ How backends register:
       [project.entry-points."dlhpc.schedulers"]
       pbs = "dlhpc_pbs:BACKEND"
 
-  An entry point is loaded only when its backend is needed (a broken plugin
+  The entry points are read only when a name is not built-in, or every backend
+  is weighed (:meth:`Registry.names`, :meth:`~Registry.auto`,
+  :meth:`~Registry.job_environment`, :meth:`~Registry.with_backend`), so the
+  ``dlhpc`` command does not scan the installed packages on every start. An
+  entry point is loaded only when its backend is needed (a broken plugin
   fails the commands that use it, naming the entry point). It may not reuse a
-  built-in name.
+  built-in name, nor may two packages register one name (the scan refuses both).
 * **In-process** backends (the simulator's cluster, tests) are added with
   :meth:`Registry.with_backend`, which returns a new registry.
 * **For tests and benchmarks** that drive the CLI, ``$DLHPC_SCHEDULERS``
@@ -37,16 +41,18 @@ under Slurm is Slurm's). ``site.backend: auto`` is
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
+from dlhpc._plugins import entry_points_by_name, load_reference
 from dlhpc.errors import DlhpcError
 from dlhpc.scheduler.environment import JobEnvironment
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 __all__ = ["BUILTIN", "GROUP", "Backend", "Check", "Registry", "default_registry"]
 
@@ -69,9 +75,8 @@ class Check:
 
 
 def _load(ref: str) -> Any:
-    module, _, attr = ref.partition(":")
     try:
-        return getattr(importlib.import_module(module), attr)
+        return load_reference(ref)
     except (ImportError, AttributeError) as err:
         raise DlhpcError(f"cannot load {ref}: {err}") from err
 
@@ -129,15 +134,22 @@ class Backend:
         return check(state_dir)
 
 
-def _entry_points() -> dict[str, metadata.EntryPoint]:
-    found: dict[str, metadata.EntryPoint] = {}
-    for ep in metadata.entry_points(group=GROUP):
+#: What a registry holds per name: a ``"module:attribute"`` reference, an
+#: installed entry point, or the descriptor itself.
+_Ref = Union[str, "EntryPoint", Backend]
+
+
+def _entry_points() -> dict[str, EntryPoint]:
+    try:
+        found = entry_points_by_name(GROUP)
+    except ValueError as err:  # one name, two packages
+        raise DlhpcError(str(err)) from err
+    for ep in found.values():
         if ep.name in BUILTIN:
             raise DlhpcError(
                 f"entry point {ep.name} = {ep.value} (group {GROUP}) reuses the built-in "
                 f"backend name {ep.name!r}; rename it"
             )
-        found.setdefault(ep.name, ep)
     return found
 
 
@@ -156,27 +168,37 @@ class Registry:
     """Backends by name: built-ins, entry points and in-process additions.
 
     Immutable from outside: :meth:`with_backend` returns a new registry.
+    ``refs`` given: exactly those backends. None: the built-ins, the installed
+    entry points (scanned on first need, see the module docstring) and the
+    ``$DLHPC_SCHEDULERS`` overrides (read, and checked, now).
     """
 
-    def __init__(
-        self,
-        refs: Mapping[str, str | metadata.EntryPoint | Backend] | None = None,
-    ) -> None:
+    def __init__(self, refs: Mapping[str, _Ref] | None = None) -> None:
+        self._overrides: dict[str, _Ref] = {}
+        self._scanned = refs is not None
         if refs is None:
-            found: dict[str, str | metadata.EntryPoint | Backend] = dict(BUILTIN)
-            found.update(sorted(_entry_points().items()))
-            refs = {**found, **_env_overrides(os.environ)}
-        self._refs: dict[str, str | metadata.EntryPoint | Backend] = dict(refs)
+            self._overrides = dict(_env_overrides(os.environ))
+            refs = {**BUILTIN, **self._overrides}
+        self._refs: dict[str, _Ref] = dict(refs)
         self._loaded: dict[str, Backend] = {}
+
+    def _all(self) -> dict[str, _Ref]:
+        """Every backend: the built-ins, the entry points by name, the overrides."""
+        if not self._scanned:
+            found: dict[str, _Ref] = dict(BUILTIN)
+            found.update(_entry_points())
+            found.update(self._overrides)
+            self._refs, self._scanned = found, True
+        return self._refs
 
     def names(self) -> list[str]:
         """Every backend name, built-ins first (no plugin is imported)."""
-        return list(self._refs)
+        return list(self._all())
 
     def get(self, name: str) -> Backend:
         """The backend ``name``; ValueError naming the valid ones for an unknown name."""
         if name not in self._loaded:
-            ref = self._refs.get(name)
+            ref = self._refs[name] if name in self._refs else self._all().get(name)
             if ref is None:
                 raise ValueError(
                     f"unknown scheduler backend {name!r}; valid: {', '.join(sorted(self._refs))}"
@@ -188,7 +210,7 @@ class Registry:
         return self._loaded[name]
 
     @staticmethod
-    def _load_ref(name: str, ref: str | metadata.EntryPoint | Backend) -> Backend:
+    def _load_ref(name: str, ref: _Ref) -> Backend:
         if isinstance(ref, Backend):
             return ref
         if isinstance(ref, str):
@@ -204,14 +226,14 @@ class Registry:
 
     def with_backend(self, backend: Backend) -> Registry:
         """This registry plus ``backend`` (replacing none: a taken name is an error)."""
-        if backend.name in self._refs:
+        if backend.name in self._all():
             raise ValueError(f"scheduler backend {backend.name!r} is already registered")
         return Registry({**self._refs, backend.name: backend})
 
     def auto(self, environ: Mapping[str, str]) -> str:
         """The backend ``auto`` means here: the available one of highest ``auto_priority``."""
         best: tuple[int, str] | None = None
-        for name in self._refs:
+        for name in self._all():
             backend = self.get(name)
             if backend.auto_priority is None or not backend.available(environ):
                 continue
@@ -226,8 +248,9 @@ class Registry:
         ``environ`` (others before the built-ins, see the module docstring);
         DlhpcError when none is."""
         markers: list[str] = []
-        builtins = [n for n in BUILTIN if n in self._refs]
-        for name in [n for n in self._refs if n not in builtins] + builtins:
+        refs = self._all()
+        builtins = [n for n in BUILTIN if n in refs]
+        for name in [n for n in refs if n not in builtins] + builtins:
             cls = self.get(name).environment_class()
             if cls is None:
                 continue
@@ -238,5 +261,6 @@ class Registry:
 
 
 def default_registry() -> Registry:
-    """The built-ins and the installed entry points (read anew on each call)."""
+    """The built-ins, the installed entry points (read anew by each registry, when
+    first needed) and the ``$DLHPC_SCHEDULERS`` overrides."""
     return Registry()

@@ -98,7 +98,28 @@ def test_entry_points_register_third_parties_and_may_not_take_a_builtin_name(
         Registry().get("broken")
     monkeypatch.setattr(metadata, "entry_points", points("slurm", f"{__name__}:TOY"))
     with pytest.raises(DlhpcError, match="reuses the built-in backend name 'slurm'"):
-        Registry()
+        Registry().names()
+
+
+def test_entry_points_are_scanned_only_when_a_name_is_not_built_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scans: list[str] = []
+
+    def entry_points(*, group: str) -> list[metadata.EntryPoint]:
+        scans.append(group)
+        return [
+            metadata.EntryPoint("toy", f"{__name__}:TOY", group),
+            metadata.EntryPoint("twice", "a:B", group),
+            metadata.EntryPoint("twice", "c:D", group),
+        ]
+
+    monkeypatch.setattr(metadata, "entry_points", entry_points)
+    registry = default_registry()
+    assert isinstance(registry.get("local"), Backend) and scans == []
+    with pytest.raises(DlhpcError, match=r"'twice' is registered more than once \(a:B, c:D\)"):
+        registry.get("toy")
+    assert scans == [GROUP]
 
 
 def test_the_environment_hook_adds_or_replaces_a_backend(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,36 +1,30 @@
-"""A searcher defined only here, registered through the ``dlhpc.searchers`` entry points.
+"""A searcher defined only in the test tree, registered through the ``dlhpc.searchers``
+entry points: ``tpairs`` of the test-only package in ``tests/plugins`` (see its README).
 
-The test installs a minimal distribution (a ``*.dist-info`` folder with an
-``entry_points.txt``) into a folder on ``sys.path``, the way ``pip install``
-of a third-party package would, and checks that everything that knows
-searchers by name finds it: the experiment loader (its settings rules and
-name check), the expected trial count, the report's rungs, the simulator's
-list and :func:`make_searcher`.
+The tests put that folder on ``sys.path`` (the package is then installed, as
+``pip install`` of a third-party package would install it) and check that
+everything that knows searchers by name finds it: the experiment loader (its
+settings rules and name check), the expected trial count, the report's rungs,
+the simulator's list and :func:`make_searcher`. ``test_plugin_e2e.py`` runs an
+experiment with it.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-import random
 import textwrap
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dlhpc.cli._run import _expected_trials
-from dlhpc.config import HParam, SearcherConfig
-from dlhpc.config.searchers import Report
 from dlhpc.errors import ConfigError
 from dlhpc.report._model import rungs_of
 from dlhpc.search import (
-    BaseSearcher,
     Create,
-    Operation,
     expected_trials,
     make_searcher,
-    sample,
     searcher_class,
     searcher_names,
 )
@@ -40,84 +34,13 @@ from tests._config import load_experiment
 BUILTINS = ("single", "grid", "random", "bayes", "sha", "asha", "hyperband")
 
 
-class PairsSearcher(BaseSearcher):
-    """Creates ``max_trials // 2`` trials of ``max_length``; wants an even ``max_trials``."""
-
-    kind = "pairs"
-    state_version = 3
-    default_max_length = 4
-    options = frozenset({"min_length"})
-    learns = True
-
-    @classmethod
-    def check_settings(
-        cls, config: SearcherConfig, space: Mapping[str, HParam], report: Report
-    ) -> SearcherConfig:
-        if config.max_trials % 2 and report.ok(("searcher", "max_trials")):
-            report.add(("searcher", "max_trials"), "must be even for searcher 'pairs'")
-        return config
-
-    @classmethod
-    def expected_trials(cls, config: SearcherConfig, space: Mapping[str, HParam]) -> int:
-        return config.max_trials // 2
-
-    @classmethod
-    def rung_plan(cls, settings: Mapping[str, Any]) -> tuple[int, ...]:
-        return (1, int(settings.get("max_length", 4)))
-
-    def __init__(self, space: dict[str, HParam], config: SearcherConfig) -> None:
-        super().__init__(space, config)
-        self._created = 0
-        self._exited: set[int] = set()
-
-    def ask(self, max_new: int) -> list[Operation]:
-        count = min(max_new, self.config.max_trials // 2 - self._created)
-        ops: list[Operation] = []
-        for _ in range(count):
-            rng = random.Random(f"{self.config.seed}:{self._created}")
-            hparams = {name: sample(hp, rng) for name, hp in sorted(self.space.items())}
-            ops.append(Create(self._created, hparams, self.config.max_length))
-            self._created += 1
-        return ops
-
-    def _known(self, request_id: int) -> None:
-        if not 0 <= request_id < self._created:
-            raise ValueError(f"pairs searcher: unknown request id {request_id}")
-
-    def tell(self, request_id: int, length: int, metric: float) -> None:
-        self._known(request_id)
-
-    def tell_exited(self, request_id: int) -> None:
-        self._known(request_id)
-        self._exited.add(request_id)
-
-    @property
-    def done(self) -> bool:
-        return len(self._exited) == self.config.max_trials // 2
-
-    def state_dict(self) -> dict[str, Any]:
-        exited = sorted(self._exited)
-        return {
-            "kind": self.kind,
-            "version": self.state_version,
-            "created": self._created,
-            "exited": exited,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("kind") != self.kind or state.get("version") != self.state_version:
-            raise ValueError("pairs searcher: not a pairs state")
-        self._created, self._exited = int(state["created"]), set(state["exited"])
+PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 
 
 @pytest.fixture
-def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A distribution registering :class:`PairsSearcher` as searcher ``pairs``."""
-    dist = tmp_path / "site" / "dlhpc_pairs-0.1.dist-info"
-    dist.mkdir(parents=True)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: dlhpc-pairs\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text(f"[dlhpc.searchers]\npairs = {__name__}:PairsSearcher\n")
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+def installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test-only distribution that registers searcher ``tpairs``."""
+    monkeypatch.syspath_prepend(str(PLUGINS))
 
 
 @pytest.fixture
@@ -134,7 +57,7 @@ entrypoint: python t.py
 hyperparameters:
   lr: {type: log, minval: -4, maxval: -1}
 searcher:
-  name: pairs
+  name: tpairs
   max_trials: %s
 """
 
@@ -153,17 +76,18 @@ def problems(env: dict[str, str], text: str) -> list[str]:
 
 @pytest.mark.usefixtures("installed")
 def test_an_installed_searcher_is_found_everywhere(env: dict[str, str]) -> None:
-    assert searcher_names() == (*BUILTINS, "pairs")
-    assert searcher_class("pairs") is PairsSearcher
+    assert searcher_names() == (*BUILTINS, "tpairs")
+    pairs = importlib.import_module("dlhpc_testplugins.searcher").PairsSearcher
+    assert searcher_class("tpairs") is pairs
 
     cfg = load(env, EXP % 6 + "  min_length: 2\n")
     sc = cfg.searcher
     # its defaults: max_length 4, bounded concurrency because it learns
-    assert (sc.name, sc.max_length, sc.min_length, sc.max_concurrent_trials) == ("pairs", 4, 2, 16)
+    assert (sc.name, sc.max_length, sc.min_length, sc.max_concurrent_trials) == ("tpairs", 4, 2, 16)
     assert expected_trials(sc, cfg.hyperparameters) == 3
     assert _expected_trials(cfg) == 3
-    assert rungs_of({"name": "pairs", "max_length": 8}) == (1, 8)
-    assert searcher_problem(cfg, "pairs") is None
+    assert rungs_of({"name": "tpairs", "max_length": 8}) == (1, 8)
+    assert searcher_problem(cfg, "tpairs") is None
 
     searcher = make_searcher(cfg.hyperparameters, sc)
     ops = searcher.ask(10)
@@ -176,32 +100,32 @@ def test_an_installed_searcher_is_found_everywhere(env: dict[str, str]) -> None:
 @pytest.mark.usefixtures("installed")
 def test_an_installed_searchers_rules_report_with_file_and_line(env: dict[str, str]) -> None:
     assert problems(env, EXP % 3) == [
-        "exp.yaml:7: searcher.max_trials: must be even for searcher 'pairs'"
+        "exp.yaml:7: searcher.max_trials: must be even for searcher 'tpairs'"
     ]
     lines = problems(env, EXP % 2 + "  mode: standard\n  stop_once: true\n")
     assert any(
-        "exp.yaml:8: searcher.mode: only applies to searcher 'hyperband', not 'pairs'" in ln
+        "exp.yaml:8: searcher.mode: only applies to searcher 'hyperband', not 'tpairs'" in ln
         for ln in lines
     ), lines
     assert any(
         "exp.yaml:9: searcher.stop_once: only applies to searchers 'sha', 'asha', 'hyperband', "
-        "not 'pairs'" in ln
+        "not 'tpairs'" in ln
         for ln in lines
     ), lines
     # a built-in's message for a key only the installed searcher knows names it too
-    lines = problems(env, EXP.replace("pairs", "random") % 2 + "  min_length: 2\n")
-    assert any("'sha', 'asha', 'hyperband', 'pairs', not 'random'" in ln for ln in lines), lines
+    lines = problems(env, EXP.replace("tpairs", "random") % 2 + "  min_length: 2\n")
+    assert any("'sha', 'asha', 'hyperband', 'tpairs', not 'random'" in ln for ln in lines), lines
 
 
 def test_without_the_package_the_name_is_unknown(env: dict[str, str]) -> None:
     lines = problems(env, EXP % 2)
     known = ", ".join(BUILTINS)
     assert any(
-        f"exp.yaml:6: searcher.name: must be one of {known}, got 'pairs'" in ln for ln in lines
+        f"exp.yaml:6: searcher.name: must be one of {known}, got 'tpairs'" in ln for ln in lines
     )
-    with pytest.raises(ValueError, match=r"unknown searcher 'pairs' \(known: asha, bayes"):
-        searcher_class("pairs")
-    assert rungs_of({"name": "pairs", "max_length": 8}) == ()
+    with pytest.raises(ValueError, match=r"unknown searcher 'tpairs' \(known: asha, bayes"):
+        searcher_class("tpairs")
+    assert rungs_of({"name": "tpairs", "max_length": 8}) == ()
 
 
 def test_built_in_names_do_not_scan_entry_points(
@@ -216,12 +140,13 @@ def test_built_in_names_do_not_scan_entry_points(
         return scan(**kw)
 
     monkeypatch.setattr(importlib.metadata, "entry_points", no_scan)
-    cfg = load(env, EXP.replace("pairs", "sha") % 4 + "  max_length: 9\n")
+    cfg = load(env, EXP.replace("tpairs", "sha") % 4 + "  max_length: 9\n")
     assert expected_trials(cfg.searcher, cfg.hyperparameters) == 4
     assert rungs_of({"name": "sha", "max_length": 9, "max_rungs": 3}) == (1, 3, 9)
     assert type(make_searcher(cfg.hyperparameters, cfg.searcher)).kind == "sha"
 
 
+@pytest.mark.usefixtures("installed")
 def test_an_entry_point_that_is_no_searcher_is_refused(
     tmp_path: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -229,22 +154,23 @@ def test_an_entry_point_that_is_no_searcher_is_refused(
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: dlhpc-bad\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text(
-        f"[dlhpc.searchers]\nwrongkind = {__name__}:PairsSearcher\nnotone = {__name__}:BUILTINS\n"
+        "[dlhpc.searchers]\nwrongkind = dlhpc_testplugins.searcher:PairsSearcher\n"
+        f"notone = {__name__}:BUILTINS\n"
         "broken = dlhpc_no_such_module:Searcher\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path / "bad"))
-    with pytest.raises(ValueError, match="registered for a class of kind 'pairs'"):
+    with pytest.raises(ValueError, match="registered for a class of kind 'tpairs'"):
         searcher_class("wrongkind")
     with pytest.raises(ValueError, match="lacks kind, default_max_length"):
         searcher_class("notone")
     # the loader reports it like any bad value (exit 2), and still checks the rest
-    lines = problems(env, EXP.replace("pairs", "broken") % 2 + "  divisor: 1\n")
+    lines = problems(env, EXP.replace("tpairs", "broken") % 2 + "  divisor: 1\n")
     assert lines[0].startswith(
         "exp.yaml:6: searcher.name: cannot load searcher 'broken': No module named"
     ), lines
     assert lines[1] == "exp.yaml:8: searcher.divisor: must be an integer >= 2, got 1", lines
     # the searchers a message lists leave the broken ones out
-    lines = problems(env, EXP.replace("pairs", "random") % 2 + "  mode: standard\n")
+    lines = problems(env, EXP.replace("tpairs", "random") % 2 + "  mode: standard\n")
     assert lines == [
         "exp.yaml:8: searcher.mode: only applies to searcher 'hyperband', not 'random'"
     ]

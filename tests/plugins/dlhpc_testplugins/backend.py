@@ -2,9 +2,8 @@
 
 ``toy`` runs its tasks through the local runner and marks them with ``TOY_JOB``;
 its job environment is found by that mark. Nothing under ``dlhpc/`` names it: it
-is registered through ``$DLHPC_SCHEDULERS=toy=tests.unit._toy_backend:BACKEND``
-(an installed package would declare the same object as an entry point in group
-``dlhpc.schedulers``).
+is registered as the entry point ``toy`` of group ``dlhpc.schedulers`` by this
+package's ``dlhpc_testplugins-0.1.dist-info/entry_points.txt``.
 """
 
 from __future__ import annotations
