@@ -60,7 +60,8 @@ def main() -> int:
     from dlhpc.orchestrator import launch, tick
     from dlhpc.orchestrator.common import SchedulerPool
     from dlhpc.scheduler.registry import default_registry
-    from dlhpc.store import Experiment, ExperimentState, Store
+    from dlhpc.states import ExperimentState
+    from dlhpc.store import Experiment, Store
 
     registry = default_registry()
     cfg = load_experiment(work / "exp" / "exp.yaml", site=args.site, backends=registry)

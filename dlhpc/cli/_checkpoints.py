@@ -22,9 +22,9 @@ from dlhpc.cli._views import human_bytes
 from dlhpc.errors import NotFoundError
 from dlhpc.orchestrator.checkpoints import GcReport, experiment_plan, gc, set_pinned
 from dlhpc.orchestrator.export import export_trial
+from dlhpc.states import CheckpointState
 from dlhpc.store import Experiment, Store
 from dlhpc.store.queries import experiment_checkpoints, experiment_owners
-from dlhpc.store.states import CheckpointState
 
 __all__ = ["COMMANDS", "checkpoint_rows"]
 

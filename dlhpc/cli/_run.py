@@ -34,8 +34,8 @@ from dlhpc.report.status import status_data
 from dlhpc.scheduler import SlurmScheduler
 from dlhpc.scheduler.registry import default_registry
 from dlhpc.search import expected_trials
+from dlhpc.states import ExperimentState
 from dlhpc.store import Store, default_home
-from dlhpc.store.states import ExperimentState
 
 __all__ = ["COMMANDS"]
 

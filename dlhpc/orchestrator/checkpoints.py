@@ -51,9 +51,9 @@ from dlhpc._safepath import inside
 from dlhpc.errors import DlhpcError, NotFoundError, UnsafePathError, UsageError
 from dlhpc.protocol import checkpoint_experiment_dir
 from dlhpc.protocol.checkpoint import CHECKPOINT_NAME_RE, remove_checkpoint
+from dlhpc.states import TERMINAL_TRIAL_STATES, CheckpointState
 from dlhpc.store import Checkpoint, Decision, Experiment, Store, Trial, utcnow
 from dlhpc.store.models import Meta
-from dlhpc.store.states import TERMINAL_TRIAL_STATES, CheckpointState
 
 __all__ = [
     "CkptInfo",

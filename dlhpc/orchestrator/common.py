@@ -22,9 +22,9 @@ from dlhpc.protocol import trial_dir
 from dlhpc.scheduler import BaseScheduler, SubmittedTask, make_scheduler
 from dlhpc.scheduler.registry import Registry, default_registry
 from dlhpc.search import BaseSearcher, Create, make_searcher
+from dlhpc.states import JobState, SubmissionState, TrialState
 from dlhpc.store import Attempt, Decision, Event, Experiment, Store, Submission, Trial, utcnow
 from dlhpc.store.ingest import new_attempt
-from dlhpc.store.states import AttemptState, SubmissionState, TrialState
 
 __all__ = [
     "SchedulerPool",
@@ -128,7 +128,7 @@ def _first_attempt(
     """The first attempt of a freshly submitted task (restarts come from the job's files)."""
     key = f"{job_id}.r0"
     return new_attempt(
-        trial_id, key, AttemptState.PENDING.value, now, submission_id=sub_id, log_path=log_path
+        trial_id, key, JobState.PENDING.value, now, submission_id=sub_id, log_path=log_path
     )
 
 

@@ -34,8 +34,8 @@ from dlhpc.config.model import ExperimentConfig
 from dlhpc.orchestrator.common import add_trials, log_event
 from dlhpc.protocol import request_stop, stop_file
 from dlhpc.search import BaseSearcher, Continue, Create, Stop
+from dlhpc.states import JobState, TrialState
 from dlhpc.store import Decision, Experiment, Metric, Trial
-from dlhpc.store.states import AttemptState, TrialState
 
 __all__ = [
     "STOP_GRACE",
@@ -189,7 +189,7 @@ class SearchPass:
             return
         current = t.attempts[-1] if t.attempts else None
         started = current is not None and (
-            current.started_at is not None or current.state == AttemptState.RUNNING.value
+            current.started_at is not None or current.state == JobState.RUNNING.value
         )
         if t.state == TrialState.RUNNING.value and started and not t.needs_job:
             t.stop_requested_at = self.now
@@ -197,7 +197,7 @@ class SearchPass:
         else:  # paused, or its job has not started: nothing to lose
             if current is not None and current.exit_code is None and not t.needs_job:
                 self.cancels.append(current.job_id)
-                current.state = AttemptState.CANCELLED.value
+                current.state = JobState.CANCELLED.value
             t.state = TrialState.STOPPED_EARLY.value
             t.ended_at = self.now
             t.needs_job = False

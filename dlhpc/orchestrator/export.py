@@ -43,8 +43,8 @@ from dlhpc.errors import DlhpcError, NotFoundError, UnsafePathError, UsageError
 from dlhpc.orchestrator.checkpoints import checkpoint_root
 from dlhpc.protocol.checkpoint import MANIFEST_NAME, FileRecord, verify_checkpoint
 from dlhpc.protocol.checkpoint import Checkpoint as CkptFolder
+from dlhpc.states import CheckpointState
 from dlhpc.store import Checkpoint, Metric, Store, Trial
-from dlhpc.store.states import CheckpointState
 
 __all__ = ["ExportResult", "export_trial"]
 

@@ -9,8 +9,8 @@ from sqlalchemy.orm import Session
 
 from dlhpc.errors import NotFoundError
 from dlhpc.orchestrator.common import SchedulerPool, config_of, log_event, searcher_of
+from dlhpc.states import LIVE_ATTEMPT_STATES, ExperimentState, JobState, TrialState
 from dlhpc.store import Experiment, Store, Trial, utcnow
-from dlhpc.store.states import LIVE_ATTEMPT_STATES, AttemptState, ExperimentState, TrialState
 
 __all__ = ["kill_experiment", "kill_trial"]
 
@@ -41,7 +41,7 @@ def _kill_trials(trials: list[Trial]) -> list[str]:
         for a in t.attempts:
             if a.state in LIVE_ATTEMPT_STATES and a.exit_code is None:
                 jobs.append(a.job_id)
-                a.state = AttemptState.CANCELLED.value
+                a.state = JobState.CANCELLED.value
     return jobs
 
 

@@ -26,8 +26,8 @@ from dlhpc.orchestrator.runfiles import publish_staging, stage_run_folder
 from dlhpc.protocol import checkpoint_experiment_dir, experiment_dir, trial_dir
 from dlhpc.repro import collect_launch_record
 from dlhpc.search import Create
+from dlhpc.states import ExperimentState
 from dlhpc.store import Experiment, Store, utcnow
-from dlhpc.store.states import ExperimentState
 from dlhpc.store.store import DB_NAME
 
 __all__ = ["DryRun", "LaunchResult", "launch", "plan_launch"]

@@ -31,8 +31,8 @@ from datetime import datetime, timedelta
 
 from dlhpc.protocol import REQUEUE_EXIT_CODE
 from dlhpc.scheduler import JobState, JobStatus
+from dlhpc.states import TrialState
 from dlhpc.store import Attempt
-from dlhpc.store.states import TrialState
 
 __all__ = [
     "EXIT_RECORD_GRACE",

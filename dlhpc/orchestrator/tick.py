@@ -38,16 +38,16 @@ from dlhpc.orchestrator.decide import SearchPass, pending_promotions, write_stop
 from dlhpc.orchestrator.trials import TrialPass, reconcile_trial
 from dlhpc.protocol import EVENT_FILE_RE, iter_attempt_dirs
 from dlhpc.scheduler import JobStatus
-from dlhpc.store import Attempt, Experiment, IngestedFile, Store, Submission, Trial
-from dlhpc.store.ingest import SETTLE_WINDOW, ingest_attempts
-from dlhpc.store.ingest import settling as settling_trials
-from dlhpc.store.states import (
+from dlhpc.states import (
     LIVE_ATTEMPT_STATES,
     TERMINAL_TRIAL_STATES,
     ExperimentState,
     SubmissionState,
     TrialState,
 )
+from dlhpc.store import Attempt, Experiment, IngestedFile, Store, Submission, Trial
+from dlhpc.store.ingest import SETTLE_WINDOW, ingest_attempts
+from dlhpc.store.ingest import settling as settling_trials
 from dlhpc.store.summaries import refresh_metrics
 
 __all__ = ["TickReport", "tick"]

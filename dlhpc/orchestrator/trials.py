@@ -22,8 +22,8 @@ from dlhpc.orchestrator.decide import STOP_GRACE, pending_promotion
 from dlhpc.orchestrator.recovery import judge, superseded_cause
 from dlhpc.protocol import HEARTBEAT_FILE, PROGRESS_FILE, attempt_dir, read_small_json
 from dlhpc.scheduler import JobState, JobStatus
+from dlhpc.states import LIVE_ATTEMPT_STATES, SUPERSEDED, TrialState
 from dlhpc.store import Attempt, Decision, Trial
-from dlhpc.store.states import LIVE_ATTEMPT_STATES, AttemptState, TrialState
 
 __all__ = ["TrialPass", "reconcile_trial"]
 
@@ -121,7 +121,7 @@ def _settle_stop(s: Session, t: Trial, current: Attempt | None, p: TrialPass) ->
         return
     if now - t.stop_requested_at > STOP_GRACE and current is not None:
         p.cancels.append(current.job_id)
-        current.state = AttemptState.CANCELLED.value
+        current.state = JobState.CANCELLED.value
         current.cause = "stopped"
         end_trial(s, t, TrialState.STOPPED_EARLY, now, None, "")
         log_event(
@@ -170,7 +170,7 @@ def reconcile_trial(s: Session, t: Trial, p: TrialPass) -> None:
             _apply_status(a, p.statuses.get(a.job_id), now)
     for a in t.attempts[:-1]:  # requeued by Slurm or resubmitted: a newer attempt exists
         if a.state in LIVE_ATTEMPT_STATES:
-            a.state = AttemptState.SUPERSEDED.value
+            a.state = SUPERSEDED
         if not a.cause:
             a.cause = superseded_cause(a)
             a.lost_steps = _lost_steps(t, a)
@@ -193,7 +193,7 @@ def reconcile_trial(s: Session, t: Trial, p: TrialPass) -> None:
         # meanwhile, two runs of one trial would share its checkpoint folder.
         p.cancels.append(current.job_id)
         if verdict.cancel_job:
-            current.state = AttemptState.SUPERSEDED.value
+            current.state = SUPERSEDED
         if verdict.counted and t.crashes >= p.max_restarts:
             end_trial(
                 s,

@@ -45,8 +45,8 @@ from dlhpc.report._record import parse_record, repro_record
 from dlhpc.report._redact import redact_text, redact_value
 from dlhpc.report.status import status_data
 from dlhpc.report.status_model import AttemptStatus, ExperimentStatus, TrialStatus
+from dlhpc.states import TERMINAL_TRIAL_STATES
 from dlhpc.store import Attempt, Event, Experiment, Metric, Store, Trial
-from dlhpc.store.states import TERMINAL_TRIAL_STATES
 
 __all__ = ["MAX_EVENTS", "REFRESH_ENDED", "REFRESH_EVERY", "REFRESH_RUNNING", "load_page"]
 

@@ -30,7 +30,7 @@ from typing import Any
 from dlhpc.report._curves import Curve
 from dlhpc.report.status_model import DecisionStats, DiskUse, IdleGpu
 from dlhpc.search import rung_plan
-from dlhpc.store.states import LIVE_ATTEMPT_STATES, TrialState
+from dlhpc.states import LIVE_ATTEMPT_STATES, TrialState
 
 __all__ = [
     "AttemptView",

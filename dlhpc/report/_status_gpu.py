@@ -18,8 +18,8 @@ from sqlalchemy.orm import Session
 
 from dlhpc.protocol.gpu import IDLE_BELOW_PCT, IDLE_WINDOW_S, idle_since
 from dlhpc.report.status_model import GpuUse, IdleGpu
+from dlhpc.states import JobState
 from dlhpc.store import Attempt, GpuSample, Trial
-from dlhpc.store.states import AttemptState
 
 __all__ = [
     "ATTEMPT_COLS",
@@ -89,7 +89,7 @@ def live_idle(
         .join(Trial)
         .where(
             Trial.experiment_id.in_(exp_ids),
-            Attempt.state == AttemptState.RUNNING.value,
+            Attempt.state == JobState.RUNNING.value,
             Attempt.ended_at.is_(None),
         )
     )
@@ -133,7 +133,7 @@ def idle_of(
     trial_id: int, a: Row, rows: list[Row], below_pct: float, window_s: float
 ) -> list[IdleGpu]:
     """The idle GPUs of a live attempt, judged at its newest sample (none once it ended)."""
-    if a.state != AttemptState.RUNNING.value or a.ended_at is not None or not rows:
+    if a.state != JobState.RUNNING.value or a.ended_at is not None or not rows:
         return []
     now = max(r.newest for r in rows)
     out = []

@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session
 
 from dlhpc.report._status_gpu import Row
 from dlhpc.report.status_model import DecisionStats, DiskUse, Latency
+from dlhpc.states import LIVE_ATTEMPT_STATES, TERMINAL_TRIAL_STATES, CheckpointState
 from dlhpc.store import Attempt, Checkpoint, Decision, Experiment, Trial
-from dlhpc.store.states import LIVE_ATTEMPT_STATES, TERMINAL_TRIAL_STATES, CheckpointState
 
 __all__ = [
     "PICK_COLS",

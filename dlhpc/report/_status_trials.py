@@ -15,9 +15,9 @@ from sqlalchemy import String, func, type_coerce
 
 from dlhpc.report._status_gpu import ATTEMPT_COLS, GpuRows, Row, gpu_summary
 from dlhpc.report.status_model import AttemptStatus, GpuUse, IdleGpu, TrialStatus
+from dlhpc.states import LIVE_ATTEMPT_STATES, TrialState
 from dlhpc.store import Trial
 from dlhpc.store.models import GpuSummary
-from dlhpc.store.states import LIVE_ATTEMPT_STATES, TrialState
 
 __all__ = [
     "TRIAL_COLS",

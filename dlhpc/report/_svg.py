@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from dlhpc.report._model import HParamView, TrialView
-from dlhpc.store.states import AttemptState, TrialState
+from dlhpc.states import JobState, TrialState
 
 __all__ = [
     "CAUSES",
@@ -308,9 +308,7 @@ def timeline_svg(trials: Sequence[TrialView], t0: float) -> str | None:
             if a.start is None or a.end is None:
                 continue
             cause = a.cause or (
-                "running"
-                if a.state in (AttemptState.RUNNING.value, AttemptState.PENDING.value)
-                else ""
+                "running" if a.state in (JobState.RUNNING.value, JobState.PENDING.value) else ""
             )
             x0, x1 = x(a.start - t0), x(a.end - t0)
             body.append(

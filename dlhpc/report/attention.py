@@ -13,8 +13,8 @@ from sqlalchemy.orm import Session
 
 from dlhpc.report._status_gpu import idle_gpus
 from dlhpc.report.status import status_data
+from dlhpc.states import ExperimentState, JobState, TrialState
 from dlhpc.store import Attempt, Experiment, GpuSample, Trial
-from dlhpc.store.states import AttemptState, ExperimentState, TrialState
 
 __all__ = ["failed_trials", "finished_experiments", "idle_now"]
 
@@ -75,7 +75,7 @@ def idle_now(s: Session) -> list[dict[str, Any]]:
         .join(Experiment, Experiment.id == Trial.experiment_id)
         .where(
             Experiment.state == ExperimentState.ACTIVE.value,
-            Attempt.state == AttemptState.RUNNING.value,
+            Attempt.state == JobState.RUNNING.value,
             Attempt.ended_at.is_(None),
         )
     )

@@ -22,7 +22,6 @@ Contract every backend honours:
 
 from __future__ import annotations
 
-import enum
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from dlhpc.config.model import PreemptionConfig, Resources, SiteConfig
+from dlhpc.states import JobState
 
 __all__ = [
     "BaseScheduler",
@@ -39,25 +39,6 @@ __all__ = [
     "JobStatus",
     "SubmittedTask",
 ]
-
-
-class JobState(str, enum.Enum):
-    """Scheduler-neutral job states (Slurm's, folded)."""
-
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"  # also CONFIGURING, COMPLETING, SUSPENDED
-    REQUEUED = "REQUEUED"  # requeued / preempted and waiting to run again
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"  # FAILED, OUT_OF_MEMORY, BOOT_FAIL, DEADLINE
-    CANCELLED = "CANCELLED"
-    TIMEOUT = "TIMEOUT"
-    PREEMPTED = "PREEMPTED"  # preempted and not requeued
-    NODE_FAIL = "NODE_FAIL"
-    UNKNOWN = "UNKNOWN"  # neither the queue nor accounting knows the job
-
-    @property
-    def is_terminal(self) -> bool:
-        return self not in {JobState.PENDING, JobState.RUNNING, JobState.REQUEUED, JobState.UNKNOWN}
 
 
 @dataclass(frozen=True)

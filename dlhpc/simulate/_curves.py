@@ -41,7 +41,8 @@ from sqlalchemy import select
 from dlhpc.config.model import HParam
 from dlhpc.errors import UsageError
 from dlhpc.search import sample
-from dlhpc.store import Attempt, Experiment, Metric, Store, Trial, TrialState
+from dlhpc.states import TrialState
+from dlhpc.store import Attempt, Experiment, Metric, Store, Trial
 
 __all__ = [
     "BestReference",

@@ -44,7 +44,8 @@ from dlhpc.simulate._clock import VirtualClock
 from dlhpc.simulate._cluster import SimCluster
 from dlhpc.simulate._curves import BestReference, CurveSource
 from dlhpc.simulate._tasks import ClusterSpec, SimStats
-from dlhpc.store import Attempt, Decision, Experiment, Store, Trial, TrialState
+from dlhpc.states import TrialState
+from dlhpc.store import Attempt, Decision, Experiment, Store, Trial
 
 __all__ = ["RunResult", "SimSettings", "sim_config", "simulate_once"]
 

@@ -13,37 +13,21 @@ from dlhpc.store.models import (
     Submission,
     Trial,
 )
-from dlhpc.store.states import (
-    LIVE_ATTEMPT_STATES,
-    TERMINAL_EXPERIMENT_STATES,
-    TERMINAL_TRIAL_STATES,
-    AttemptState,
-    ExperimentState,
-    SubmissionState,
-    TrialState,
-)
 from dlhpc.store.store import Store, default_home, utcnow
 
 __all__ = [
-    "LIVE_ATTEMPT_STATES",
-    "TERMINAL_EXPERIMENT_STATES",
-    "TERMINAL_TRIAL_STATES",
     "Attempt",
-    "AttemptState",
     "Checkpoint",
     "Decision",
     "Event",
     "Experiment",
-    "ExperimentState",
     "GpuSample",
     "IngestedFile",
     "LeaseLostError",
     "Metric",
     "Store",
     "Submission",
-    "SubmissionState",
     "Trial",
-    "TrialState",
     "default_home",
     "utcnow",
 ]

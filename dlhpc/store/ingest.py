@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from dlhpc._failpoints import failpoint
 from dlhpc.protocol import read_event_batches
 from dlhpc.repro import merge_env_record
+from dlhpc.states import TERMINAL_TRIAL_STATES, CheckpointState, JobState
 from dlhpc.store.models import (
     Attempt,
     Base,
@@ -36,7 +37,6 @@ from dlhpc.store.models import (
     Metric,
     Trial,
 )
-from dlhpc.store.states import TERMINAL_TRIAL_STATES, AttemptState, CheckpointState
 
 __all__ = [
     "SETTLE_WINDOW",
@@ -222,7 +222,7 @@ def _attempts_of(
     new = False
     for t, p in folders:
         if (t.id, p.name) not in found:
-            found[(t.id, p.name)] = new_attempt(t.id, p.name, AttemptState.RUNNING.value, now)
+            found[(t.id, p.name)] = new_attempt(t.id, p.name, JobState.RUNNING.value, now)
             session.add(found[(t.id, p.name)])
             new = True
     if new:

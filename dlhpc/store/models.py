@@ -26,7 +26,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from dlhpc.store.states import CheckpointState
+from dlhpc.states import CheckpointState
 
 __all__ = [
     "Attempt",

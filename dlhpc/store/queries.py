@@ -9,8 +9,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dlhpc.errors import NotFoundError
+from dlhpc.states import CheckpointState
 from dlhpc.store.models import Attempt, Checkpoint, Experiment, Submission, Trial
-from dlhpc.store.states import CheckpointState
 
 __all__ = ["experiment_checkpoints", "experiment_owner", "experiment_owners", "latest_attempt"]
 

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from dlhpc.protocol import TrialSpec
-from dlhpc.store.states import TERMINAL_EXPERIMENT_STATES as TERMINAL
+from dlhpc.states import TERMINAL_EXPERIMENT_STATES as TERMINAL
 from tests.integration.conftest import REPO, Cli
 
 pytestmark = pytest.mark.cluster

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dlhpc.store.states import TERMINAL_EXPERIMENT_STATES as TERMINAL
+from dlhpc.states import TERMINAL_EXPERIMENT_STATES as TERMINAL
 from tests.integration.conftest import REPO, Cli, squeue_ids
 
 pytestmark = pytest.mark.cluster

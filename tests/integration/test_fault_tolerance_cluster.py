@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from dlhpc.store.states import TERMINAL_EXPERIMENT_STATES as TERMINAL
+from dlhpc.states import TERMINAL_EXPERIMENT_STATES as TERMINAL
 from tests.integration._reference import DIGITS, final_sha, hog_argv, reference_shas, seed_of
 from tests.integration.conftest import Cli
 

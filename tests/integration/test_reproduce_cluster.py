@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dlhpc.store.states import TERMINAL_EXPERIMENT_STATES as TERMINAL
+from dlhpc.states import TERMINAL_EXPERIMENT_STATES as TERMINAL
 from tests.integration._reference import DIGITS
 from tests.integration.conftest import Cli
 

@@ -8,8 +8,8 @@ import pytest
 
 from dlhpc.orchestrator.recovery import HEARTBEAT_STALE, judge
 from dlhpc.scheduler import JobState, JobStatus
+from dlhpc.states import TrialState
 from dlhpc.store import Attempt
-from dlhpc.store.states import TrialState
 
 NOW = datetime(2026, 1, 1, 12, 0, 0)
 LONG_AGO = NOW - timedelta(minutes=10)

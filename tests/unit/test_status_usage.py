@@ -22,7 +22,8 @@ from dlhpc.cli.main import cli
 from dlhpc.errors import NotFoundError
 from dlhpc.report.status import iter_status, pick_trials, status_data
 from dlhpc.report.status_model import write_json
-from dlhpc.store import Attempt, Store, TrialState, utcnow
+from dlhpc.states import TrialState
+from dlhpc.store import Attempt, Store, utcnow
 from tests.unit._db import add_experiment, add_trial
 from tests.unit.test_gpu_status import _ingest, running  # noqa: F401 (fixture)
 

@@ -1,15 +1,14 @@
 """Every state name the database stores, and the sets the code asks about.
 
-The one definition of the experiment, trial, submission, attempt and checkpoint states: the
-orchestrator writes them, the reports and the simulator read them, all import them
-from here. A leaf: it imports only the standard library, so the report's start-up
-path can read it without loading the orchestrator.
+The one definition of the experiment, trial, submission, job (attempt) and checkpoint
+states: the schedulers fold their own words into :class:`JobState`, the orchestrator
+writes the others, the reports and the simulator read them, and all import them from
+here. A leaf at the bottom of the layers (standard library only), so that both the
+scheduler backends and the store can name it and the report's start-up path can read it
+without loading anything else.
 
-``attempts.state`` holds the scheduler's job state (``dlhpc.scheduler.JobState``'s
-values). The scheduler layer may not import the store, so the attempt state names
-the store, the orchestrator and the reports use are spelled here, and
-``tests/unit/test_states.py`` holds ``JobState``'s live states equal to
-``LIVE_ATTEMPT_STATES``.
+``attempts.state`` holds the scheduler's job state (a :class:`JobState` value) or
+:data:`SUPERSEDED`; :data:`LIVE_ATTEMPT_STATES` is derived from ``JobState.is_terminal``.
 """
 
 from __future__ import annotations
@@ -20,9 +19,10 @@ __all__ = [
     "LIVE_ATTEMPT_STATES",
     "TERMINAL_EXPERIMENT_STATES",
     "TERMINAL_TRIAL_STATES",
-    "AttemptState",
+    "SUPERSEDED",
     "CheckpointState",
     "ExperimentState",
+    "JobState",
     "SubmissionState",
     "TrialState",
 ]
@@ -66,19 +66,29 @@ class SubmissionState(str, enum.Enum):
     FAILED = "FAILED"
 
 
-class AttemptState(str, enum.Enum):
-    """The ``attempts.state`` values the store, orchestrator and reports name themselves.
-
-    Any ``dlhpc.scheduler.JobState`` value may be stored; these are the ones named in
-    code, plus SUPERSEDED: the orchestrator's own mark for an attempt a newer one of the
-    same trial replaced while its job still looked live."""
+class JobState(str, enum.Enum):
+    """Scheduler-neutral job states (Slurm's, folded)."""
 
     PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    REQUEUED = "REQUEUED"
-    UNKNOWN = "UNKNOWN"
+    RUNNING = "RUNNING"  # also CONFIGURING, COMPLETING, SUSPENDED
+    REQUEUED = "REQUEUED"  # requeued / preempted and waiting to run again
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"  # FAILED, OUT_OF_MEMORY, BOOT_FAIL, DEADLINE
     CANCELLED = "CANCELLED"
-    SUPERSEDED = "SUPERSEDED"
+    TIMEOUT = "TIMEOUT"
+    PREEMPTED = "PREEMPTED"  # preempted and not requeued
+    NODE_FAIL = "NODE_FAIL"
+    UNKNOWN = "UNKNOWN"  # neither the queue nor accounting knows the job
+
+    @property
+    def is_terminal(self) -> bool:
+        return self not in {JobState.PENDING, JobState.RUNNING, JobState.REQUEUED, JobState.UNKNOWN}
+
+
+#: ``attempts.state`` holds the scheduler's job state (a :class:`JobState` value), or
+#: this: the orchestrator's own mark for an attempt that a newer one of the same trial
+#: replaced while its job still looked live.
+SUPERSEDED = "SUPERSEDED"
 
 
 # the values, as plain strings: SQL ``IN`` lists and membership tests on column values
@@ -94,14 +104,7 @@ TERMINAL_TRIAL_STATES: frozenset[str] = frozenset(
     }
 )
 # a job still held by the scheduler: its hours run to now, its GPUs may be idle
-LIVE_ATTEMPT_STATES: frozenset[str] = frozenset(
-    {
-        AttemptState.PENDING.value,
-        AttemptState.RUNNING.value,
-        AttemptState.REQUEUED.value,
-        AttemptState.UNKNOWN.value,
-    }
-)
+LIVE_ATTEMPT_STATES: frozenset[str] = frozenset(s.value for s in JobState if not s.is_terminal)
 
 
 class CheckpointState(str, enum.Enum):
