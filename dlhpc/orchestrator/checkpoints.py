@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Select, func, select, update
 from sqlalchemy.orm import Session
 
 from dlhpc._safepath import inside
@@ -206,10 +206,18 @@ def _protected(s: Session, exp_id: int) -> set[int]:
     return out
 
 
-def _active(s: Session, exp_id: int) -> list[CkptInfo]:
+def _active_ids(exp_id: int) -> Select[Any]:
+    return (
+        select(Checkpoint.id)
+        .join(Trial, Trial.id == Checkpoint.trial_id)
+        .where(Trial.experiment_id == exp_id, Checkpoint.state == CheckpointState.ACTIVE.value)
+    )
+
+
+def _active(s: Session, exp_id: int, *, where: Iterable[Any] = ()) -> list[CkptInfo]:
     rows = s.execute(
-        select(
-            Checkpoint.id,
+        _active_ids(exp_id)
+        .add_columns(
             Checkpoint.trial_id,
             Checkpoint.step,
             Checkpoint.metric,
@@ -217,8 +225,7 @@ def _active(s: Session, exp_id: int) -> list[CkptInfo]:
             Checkpoint.size_bytes,
             Checkpoint.path,
         )
-        .join(Trial, Trial.id == Checkpoint.trial_id)
-        .where(Trial.experiment_id == exp_id, Checkpoint.state == CheckpointState.ACTIVE.value)
+        .where(*where)
         .order_by(Checkpoint.id)
     ).all()
     return [CkptInfo(*row) for row in rows]
@@ -229,6 +236,34 @@ def experiment_plan(s: Session, exp: Experiment) -> tuple[list[CkptInfo], GcPlan
     rows = _active(s, exp.id)
     policy = GcPolicy.from_config(_checkpoint_cfg(exp))
     return rows, plan_gc(rows, _protected(s, exp.id), policy, exp.smaller_is_better)
+
+
+def _deciding_rows(s: Session, exp: Experiment, policy: GcPolicy) -> list[CkptInfo]:
+    """The ACTIVE rows whose fate :func:`plan_gc` can change: with ``trial_latest``
+    >= 1 a trial's only checkpoint is always kept, so only the trials holding
+    several, plus the experiment's ``experiment_best`` best (the ranking
+    :func:`_best` makes, in SQL); all of them otherwise. :func:`plan_gc` over these
+    deletes exactly what it deletes over all of them, without reading a long
+    search's ~1 row per trial (most of the rows)."""
+    if policy.trial_latest < 1:
+        return _active(s, exp.id)
+    several = (
+        _active_ids(exp.id)
+        .with_only_columns(Checkpoint.trial_id)
+        .group_by(Checkpoint.trial_id)
+        .having(func.count() > 1)
+    )
+    rows = {c.id: c for c in _active(s, exp.id, where=[Checkpoint.trial_id.in_(several)])}
+    if policy.experiment_best > 0:
+        metric = Checkpoint.metric.asc() if exp.smaller_is_better else Checkpoint.metric.desc()
+        finite = _active_ids(exp.id).where(
+            Checkpoint.metric > -math.inf, Checkpoint.metric < math.inf
+        )
+        best = finite.order_by(metric, Checkpoint.step.desc(), Checkpoint.id.desc()).limit(
+            policy.experiment_best
+        )
+        rows.update((c.id, c) for c in _active(s, exp.id, where=[Checkpoint.id.in_(best)]))
+    return sorted(rows.values(), key=lambda c: c.id)
 
 
 # -- applying it --------------------------------------------------------------------
@@ -279,9 +314,12 @@ def gc(store: Store, experiment_id: int, dry_run: bool = False) -> GcReport:
             exp = s.get(Experiment, experiment_id)
             if exp is None:
                 raise NotFoundError(f"no experiment {experiment_id}")
-            rows, plan = experiment_plan(s, exp)
+            policy = GcPolicy.from_config(_checkpoint_cfg(exp))
+            rows = _deciding_rows(s, exp, policy)
+            plan = plan_gc(rows, _protected(s, exp.id), policy, exp.smaller_is_better)
+            active = s.scalar(select(func.count()).select_from(_active_ids(exp.id).subquery()))
             root = checkpoint_root(exp)
-        report.kept = len(plan.keep)
+        report.kept = (active or 0) - len(plan.delete)  # every row is kept or deleted
         by_id = {c.id: c for c in rows}
         gone: list[int] = []
         for cid in plan.delete:
@@ -324,11 +362,7 @@ def _fingerprint(s: Session, exp: Experiment) -> str:
     ACTIVE row never changes but for its pin; rows come and go), the pinned ones, the
     protected trials and the policy. Equal fingerprints give equal plans (but for a
     collision of the id sums, which can only postpone a deletion to the next change)."""
-    ids = (
-        select(Checkpoint.id)
-        .join(Trial, Trial.id == Checkpoint.trial_id)
-        .where(Trial.experiment_id == exp.id, Checkpoint.state == CheckpointState.ACTIVE.value)
-    )
+    ids = _active_ids(exp.id)
     c = ids.subquery()
     rows = s.execute(
         select(func.count(), func.sum(c.c.id), func.sum((c.c.id * 2654435761) % 4294967291))
