@@ -32,7 +32,6 @@ stale temp folders (see :mod:`dlhpc.protocol.checkpoint`).
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import json
 import math
@@ -52,7 +51,6 @@ from dlhpc.errors import DlhpcError, NotFoundError, UnsafePathError, UsageError
 from dlhpc.protocol import checkpoint_experiment_dir
 from dlhpc.protocol.checkpoint import CHECKPOINT_NAME_RE, remove_checkpoint
 from dlhpc.store import Checkpoint, Decision, Experiment, Store, Trial, utcnow
-from dlhpc.store.models import Meta
 from dlhpc.store.states import TERMINAL_TRIAL_STATES, CheckpointState
 
 __all__ = [
@@ -357,39 +355,13 @@ class _TickLike(Protocol):
     checkpoint_bytes_freed: int
 
 
-def _fingerprint(s: Session, exp: Experiment) -> str:
-    """What the plan depends on, in a few aggregate queries: the ACTIVE rows (an
-    ACTIVE row never changes but for its pin; rows come and go), the pinned ones, the
-    protected trials and the policy. Equal fingerprints give equal plans (but for a
-    collision of the id sums, which can only postpone a deletion to the next change)."""
-    ids = _active_ids(exp.id)
-    c = ids.subquery()
-    rows = s.execute(
-        select(func.count(), func.sum(c.c.id), func.sum((c.c.id * 2654435761) % 4294967291))
-    ).one()
-    pinned = s.scalars(ids.where(Checkpoint.pinned.is_(True)).order_by(Checkpoint.id)).all()
-    facts = [list(rows), list(pinned), sorted(_protected(s, exp.id)), exp.config_json]
-    return hashlib.sha256(json.dumps([facts, exp.smaller_is_better]).encode()).hexdigest()
-
-
 def gc_pass(store: Store, experiment_id: int, report: _TickLike) -> None:
     """The tick's GC of one experiment: bytes freed and errors go into ``report``
     (refused folders are left to ``dlhpc gc`` to show; they are not errors here).
-
-    Skipped while nothing the plan depends on changed since a pass that found nothing
-    to remove (:func:`_fingerprint`, kept in ``meta``): the plan is O(checkpoints)."""
-    key = f"gc.fingerprint.{experiment_id}"
+    The plan reads only the rows whose fate can change (:func:`_deciding_rows`), so
+    a pass over a long search costs a few aggregate queries."""
     try:
-        with store.read() as s:
-            exp = s.get(Experiment, experiment_id)
-            fingerprint = _fingerprint(s, exp) if exp is not None else ""
-            seen = s.get(Meta, key)
-        if seen is not None and seen.value == fingerprint:
-            return
         result = gc(store, experiment_id)
-        if fingerprint and not (result.deleted or result.missing or result.errors):
-            with store.write() as s:
-                s.merge(Meta(key=key, value=fingerprint))
     except (DlhpcError, OSError, ValueError, TypeError) as err:  # e.g. the lease, a bad config
         report.errors.append(f"experiment {experiment_id}: checkpoint GC: {err}")
         return
