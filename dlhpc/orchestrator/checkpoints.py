@@ -32,7 +32,6 @@ stale temp folders (see :mod:`dlhpc.protocol.checkpoint`).
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import json
 import math
@@ -44,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Select, func, select, update
 from sqlalchemy.orm import Session
 
 from dlhpc._safepath import inside
@@ -53,7 +52,6 @@ from dlhpc.protocol import checkpoint_experiment_dir
 from dlhpc.protocol.checkpoint import CHECKPOINT_NAME_RE, remove_checkpoint
 from dlhpc.states import TERMINAL_TRIAL_STATES, CheckpointState
 from dlhpc.store import Checkpoint, Decision, Experiment, Store, Trial, utcnow
-from dlhpc.store.models import Meta
 
 __all__ = [
     "CkptInfo",
@@ -206,10 +204,18 @@ def _protected(s: Session, exp_id: int) -> set[int]:
     return out
 
 
-def _active(s: Session, exp_id: int) -> list[CkptInfo]:
+def _active_ids(exp_id: int) -> Select[Any]:
+    return (
+        select(Checkpoint.id)
+        .join(Trial, Trial.id == Checkpoint.trial_id)
+        .where(Trial.experiment_id == exp_id, Checkpoint.state == CheckpointState.ACTIVE.value)
+    )
+
+
+def _active(s: Session, exp_id: int, *, where: Iterable[Any] = ()) -> list[CkptInfo]:
     rows = s.execute(
-        select(
-            Checkpoint.id,
+        _active_ids(exp_id)
+        .add_columns(
             Checkpoint.trial_id,
             Checkpoint.step,
             Checkpoint.metric,
@@ -217,8 +223,7 @@ def _active(s: Session, exp_id: int) -> list[CkptInfo]:
             Checkpoint.size_bytes,
             Checkpoint.path,
         )
-        .join(Trial, Trial.id == Checkpoint.trial_id)
-        .where(Trial.experiment_id == exp_id, Checkpoint.state == CheckpointState.ACTIVE.value)
+        .where(*where)
         .order_by(Checkpoint.id)
     ).all()
     return [CkptInfo(*row) for row in rows]
@@ -229,6 +234,34 @@ def experiment_plan(s: Session, exp: Experiment) -> tuple[list[CkptInfo], GcPlan
     rows = _active(s, exp.id)
     policy = GcPolicy.from_config(_checkpoint_cfg(exp))
     return rows, plan_gc(rows, _protected(s, exp.id), policy, exp.smaller_is_better)
+
+
+def _deciding_rows(s: Session, exp: Experiment, policy: GcPolicy) -> list[CkptInfo]:
+    """The ACTIVE rows whose fate :func:`plan_gc` can change: with ``trial_latest``
+    >= 1 a trial's only checkpoint is always kept, so only the trials holding
+    several, plus the experiment's ``experiment_best`` best (the ranking
+    :func:`_best` makes, in SQL); all of them otherwise. :func:`plan_gc` over these
+    deletes exactly what it deletes over all of them, without reading a long
+    search's ~1 row per trial (most of the rows)."""
+    if policy.trial_latest < 1:
+        return _active(s, exp.id)
+    several = (
+        _active_ids(exp.id)
+        .with_only_columns(Checkpoint.trial_id)
+        .group_by(Checkpoint.trial_id)
+        .having(func.count() > 1)
+    )
+    rows = {c.id: c for c in _active(s, exp.id, where=[Checkpoint.trial_id.in_(several)])}
+    if policy.experiment_best > 0:
+        metric = Checkpoint.metric.asc() if exp.smaller_is_better else Checkpoint.metric.desc()
+        finite = _active_ids(exp.id).where(
+            Checkpoint.metric > -math.inf, Checkpoint.metric < math.inf
+        )
+        best = finite.order_by(metric, Checkpoint.step.desc(), Checkpoint.id.desc()).limit(
+            policy.experiment_best
+        )
+        rows.update((c.id, c) for c in _active(s, exp.id, where=[Checkpoint.id.in_(best)]))
+    return sorted(rows.values(), key=lambda c: c.id)
 
 
 # -- applying it --------------------------------------------------------------------
@@ -279,9 +312,12 @@ def gc(store: Store, experiment_id: int, dry_run: bool = False) -> GcReport:
             exp = s.get(Experiment, experiment_id)
             if exp is None:
                 raise NotFoundError(f"no experiment {experiment_id}")
-            rows, plan = experiment_plan(s, exp)
+            policy = GcPolicy.from_config(_checkpoint_cfg(exp))
+            rows = _deciding_rows(s, exp, policy)
+            plan = plan_gc(rows, _protected(s, exp.id), policy, exp.smaller_is_better)
+            active = s.scalar(select(func.count()).select_from(_active_ids(exp.id).subquery()))
             root = checkpoint_root(exp)
-        report.kept = len(plan.keep)
+        report.kept = (active or 0) - len(plan.delete)  # every row is kept or deleted
         by_id = {c.id: c for c in rows}
         gone: list[int] = []
         for cid in plan.delete:
@@ -319,43 +355,13 @@ class _TickLike(Protocol):
     checkpoint_bytes_freed: int
 
 
-def _fingerprint(s: Session, exp: Experiment) -> str:
-    """What the plan depends on, in a few aggregate queries: the ACTIVE rows (an
-    ACTIVE row never changes but for its pin; rows come and go), the pinned ones, the
-    protected trials and the policy. Equal fingerprints give equal plans (but for a
-    collision of the id sums, which can only postpone a deletion to the next change)."""
-    ids = (
-        select(Checkpoint.id)
-        .join(Trial, Trial.id == Checkpoint.trial_id)
-        .where(Trial.experiment_id == exp.id, Checkpoint.state == CheckpointState.ACTIVE.value)
-    )
-    c = ids.subquery()
-    rows = s.execute(
-        select(func.count(), func.sum(c.c.id), func.sum((c.c.id * 2654435761) % 4294967291))
-    ).one()
-    pinned = s.scalars(ids.where(Checkpoint.pinned.is_(True)).order_by(Checkpoint.id)).all()
-    facts = [list(rows), list(pinned), sorted(_protected(s, exp.id)), exp.config_json]
-    return hashlib.sha256(json.dumps([facts, exp.smaller_is_better]).encode()).hexdigest()
-
-
 def gc_pass(store: Store, experiment_id: int, report: _TickLike) -> None:
     """The tick's GC of one experiment: bytes freed and errors go into ``report``
     (refused folders are left to ``dlhpc gc`` to show; they are not errors here).
-
-    Skipped while nothing the plan depends on changed since a pass that found nothing
-    to remove (:func:`_fingerprint`, kept in ``meta``): the plan is O(checkpoints)."""
-    key = f"gc.fingerprint.{experiment_id}"
+    The plan reads only the rows whose fate can change (:func:`_deciding_rows`), so
+    a pass over a long search costs a few aggregate queries."""
     try:
-        with store.read() as s:
-            exp = s.get(Experiment, experiment_id)
-            fingerprint = _fingerprint(s, exp) if exp is not None else ""
-            seen = s.get(Meta, key)
-        if seen is not None and seen.value == fingerprint:
-            return
         result = gc(store, experiment_id)
-        if fingerprint and not (result.deleted or result.missing or result.errors):
-            with store.write() as s:
-                s.merge(Meta(key=key, value=fingerprint))
     except (DlhpcError, OSError, ValueError, TypeError) as err:  # e.g. the lease, a bad config
         report.errors.append(f"experiment {experiment_id}: checkpoint GC: {err}")
         return

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
 from sqlalchemy.orm import Session
 
 from dlhpc.errors import NotFoundError
-from dlhpc.orchestrator.common import SchedulerPool, config_of, log_event, searcher_of
+from dlhpc.orchestrator.common import SchedulerPool, config_of, log_event, searcher_of, state_json
 from dlhpc.states import LIVE_ATTEMPT_STATES, ExperimentState, JobState, TrialState
 from dlhpc.store import Experiment, Store, Trial, utcnow
 
@@ -72,7 +71,7 @@ def kill_trial(store: Store, pool: SchedulerPool, trial_id: int) -> int:
         if not TrialState(t.state).is_terminal:
             searcher = searcher_of(config_of(exp), exp.searcher_state)
             searcher.tell_exited(t.request_id)
-            exp.searcher_state = json.dumps(searcher.state_dict())
+            exp.searcher_state = state_json(searcher)
         log_event(s, "trial.killed", "killed by user", t.experiment_id, trial_id)
         return exp.backend, [t]
 

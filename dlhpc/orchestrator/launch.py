@@ -19,6 +19,7 @@ from dlhpc.orchestrator.common import (
     add_trials,
     log_event,
     searcher_of,
+    state_json,
     submit_pending,
 )
 from dlhpc.orchestrator.request import DRY_RUN_UID, job_request
@@ -66,7 +67,7 @@ def _initial_trials(cfg: ExperimentConfig) -> tuple[list[Create], str]:
     searcher = searcher_of(cfg, "{}")
     slots = cfg.searcher.max_concurrent_trials or _ASK_ALL
     creates = [op for op in searcher.ask(slots) if isinstance(op, Create)]
-    return creates, json.dumps(searcher.state_dict())
+    return creates, state_json(searcher)
 
 
 def plan_launch(cfg: ExperimentConfig, home: Path, pool: SchedulerPool) -> DryRun:

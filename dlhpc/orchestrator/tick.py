@@ -11,7 +11,6 @@ pass, and ingest is keyed per file.
 
 from __future__ import annotations
 
-import json
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from dlhpc.orchestrator.common import (
     log_event,
     recover_submissions,
     searcher_of,
+    state_json,
     submit_pending,
 )
 from dlhpc.orchestrator.decide import SearchPass, pending_promotions, write_stop_files
@@ -266,7 +266,7 @@ def _reconcile_experiment(
         search.tell(was_live)
         search.decide(was_live)
         report.decisions += search.decisions
-        exp.searcher_state = json.dumps(searcher.state_dict())
+        exp.searcher_state = state_json(searcher)
         stopping = [*tp.stopping, *search.stopped_running]
         cancels = [*tp.cancels, *search.cancels]
 

@@ -16,6 +16,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, TextIO
 
 __all__ = [
@@ -146,7 +147,7 @@ class TrialStatus:
         """``json.dumps(self.to_json())``, with the stored hyperparameter text put in as
         it is rather than parsed and written again (the same text: it was written by
         ``json.dumps``)."""
-        text = json.dumps(self._json(0))
+        text = _dumps(self._json(0))
         return text.replace('"hparams": 0', '"hparams": ' + self.hparams_json, 1)
 
     def _json(self, hparams: Any) -> dict[str, Any]:
@@ -292,8 +293,17 @@ class Status:
         return {"experiments": [e.to_json() for e in self.experiments]}
 
 
+# json.dumps with its defaults, less its per-call set-up (3 of a trial's 10 us): the C
+# encoder json.dumps builds on each call, built once (no cycle check: the model is a tree)
+_ENCODER = c_make_encoder(
+    None, json.JSONEncoder().default, encode_basestring_ascii,
+    None, ": ", ", ", False, False, True,
+)  # fmt: skip
+
+
 def _dumps(value: Any) -> str:
-    return json.dumps(value)
+    """``json.dumps(value)`` (the same text)."""
+    return "".join(_ENCODER(value, 0))
 
 
 def write_json(

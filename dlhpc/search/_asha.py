@@ -52,6 +52,7 @@ from dlhpc.search._rungs import (
     decode_metric,
     encode_results,
     rank_key,
+    rank_keys,
     rung_results,
     sample_config,
 )
@@ -300,7 +301,7 @@ class ASHASearcher(RungState, BaseSearcher):
                         raise ValueError(f"result of request {rid} not in this bracket")
                     results[int(rid)] = decode_metric(v)
                 # what _record's insorts build, in one sort (a long search: 10,000s)
-                b.ranked[k] = sorted(self._key(b, k, rid) for rid in results)
+                b.ranked[k] = sorted(rank_keys(results, self.config.smaller_is_better))
         for b, flag in zip(self._b, state["finalised"], strict=True):
             b.finalised = bool(flag)
         for rid, t in enumerate(trials):

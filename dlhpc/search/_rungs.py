@@ -45,8 +45,10 @@ __all__ = [
     "encode_results",
     "hyperband_plan",
     "rank_key",
+    "rank_keys",
     "rung_lengths",
     "rung_results",
+    "trial_rows",
     "sample_config",
     "split_trials",
 ]
@@ -61,10 +63,10 @@ PAUSED = "paused"  # reached a grant below max_length; checkpointed, no slot
 FINISHED = "finished"  # reached max_length; waiting for tell_exited
 STOPPING = "stopping"  # the searcher stopped it; waiting for tell_exited
 EXITED = "exited"  # tell_exited came
-_STATUSES = (RUNNING, PAUSED, FINISHED, STOPPING, EXITED)
+_STATUSES = frozenset({RUNNING, PAUSED, FINISHED, STOPPING, EXITED})
 
 
-@dataclass
+@dataclass(slots=True)  # slots: a long search restores 100,000s each pass
 class TrialRecord:
     """What a searcher keeps of one trial.
 
@@ -80,13 +82,12 @@ class TrialRecord:
     last: tuple[int, float] | None = None
 
     def to_row(self) -> list[Any]:
-        last = None if self.last is None else [self.last[0], encode_metric(self.last[1])]
-        return [self.bracket, self.grant, self.status, self.resolved, last]
+        return trial_rows([self])[0]
 
     @classmethod
     def from_row(cls, row: Any) -> TrialRecord:
         bracket, grant, status, resolved, last = row
-        if status not in _STATUSES:
+        if not (isinstance(status, str) and status in _STATUSES):
             raise ValueError(f"unknown trial status {status!r}")
         point = None if last is None else (int(last[0]), decode_metric(last[1]))
         return cls(int(bracket), int(grant), status, int(resolved), point)
@@ -262,7 +263,29 @@ def decode_metric(value: float | str) -> float:
 
 def encode_results(rungs: list[dict[int, float]]) -> list[list[list[Any]]]:
     """Rung results as JSON: per rung, ``[request id, metric]`` rows by request id."""
-    return [[[rid, encode_metric(v)] for rid, v in sorted(r.items())] for r in rungs]
+    isfinite = math.isfinite  # encode_metric, inlined: a long search has 100,000s
+    return [[[rid, v if isfinite(v) else repr(v)] for rid, v in sorted(r.items())] for r in rungs]
+
+
+def rank_keys(results: dict[int, float], smaller_is_better: bool) -> list[RankKey]:
+    """:func:`rank_key` of each result (``request id -> metric``), in one pass."""
+    sign = 1.0 if smaller_is_better else -1.0
+    return [(1, 0.0, rid) if v != v else (0, sign * v, rid) for rid, v in results.items()]
+
+
+def trial_rows(trials: list[TrialRecord]) -> list[list[Any]]:
+    """:meth:`TrialRecord.to_row` of each trial, in one pass."""
+    isfinite = math.isfinite
+    return [
+        [
+            t.bracket,
+            t.grant,
+            t.status,
+            t.resolved,
+            None if (p := t.last) is None else [p[0], p[1] if isfinite(p[1]) else repr(p[1])],
+        ]
+        for t in trials
+    ]
 
 
 class RungState:
@@ -314,7 +337,7 @@ class RungState:
             "kind": self.kind,
             "version": self.state_version,
             **self._fingerprint(),
-            "trials": [t.to_row() for t in self._trials],
+            "trials": trial_rows(self._trials),
             **self._state(),
         }
 

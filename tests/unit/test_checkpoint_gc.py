@@ -293,6 +293,49 @@ def test_gc_dry_run_then_real_then_noop(world: tuple[Store, dict[str, Any]]) -> 
     assert _states(store) == states
 
 
+@pytest.mark.parametrize("smaller", [False, True])
+@pytest.mark.parametrize("nmk", [(0, 1, 1), (1, 0, 1), (3, 1, 1), (1, 2, 2), (2, 1, 0), (0, 0, 0)])
+def test_gc_deletes_what_the_plan_over_every_row_deletes(
+    tmp_path: Path, nmk: tuple[int, int, int], smaller: bool
+) -> None:
+    """gc reads only the rows whose fate can change (a trial's only checkpoint is kept
+    while keep_latest >= 1): it deletes exactly what plan_gc over all rows deletes."""
+    import random
+
+    rng = random.Random(f"{nmk}{smaller}")
+    store, root = Store(tmp_path / "home"), tmp_path / "ckpt"
+    n, m, k = nmk
+    with store.write() as s:
+        exp = _experiment(s, root, smaller, n=n, m=m, k=k)
+        other = _experiment(s, root, smaller, n=n, m=m, k=k)
+        # the experiment's best is a trial's only checkpoint; the runner-up is an old one
+        best, second = (-2.0, -1.0) if smaller else (2.0, 1.0)
+        for rid, metrics in enumerate([[best], [second, 0.5]], start=1000):
+            t = _trial(s, exp, "COMPLETED", rid)
+            for step, metric in enumerate(metrics, start=1):
+                _ckpt(s, t, root / f"t{t.id}" / f"ckpt-{step}", step, metric, 1)
+        states = ["COMPLETED", "RUNNING", "PAUSED", "STOPPED_EARLY", "KILLED"]
+        for rid in range(100):
+            t = _trial(s, rng.choice([exp, exp, other]), rng.choice(states), rid)
+            for step in range(1, rng.choice([1, 1, 1, 2, 3]) + 1):
+                metric = rng.choice([None, NAN, math.inf, 0.5, round(rng.random(), 2)])
+                cid = _ckpt(s, t, root / f"t{t.id}" / f"ckpt-{step}", step, metric, 1)
+                c = s.get(Checkpoint, cid)
+                assert c is not None
+                c.pinned = rng.random() < 0.1
+                c.state = "DELETED" if rng.random() < 0.1 else "ACTIVE"
+        exp_id = exp.id
+    with store.read() as s:
+        rows, plan = experiment_plan(s, s.get(Experiment, exp_id))  # type: ignore[arg-type]
+    by_id = {c.id: c.path for c in rows}
+    report = gc(store, exp_id, dry_run=True)
+    assert sorted(report.deleted + report.missing + report.refused) == sorted(
+        by_id[i] for i in plan.delete
+    )
+    assert report.kept == len(plan.keep) == len(rows) - len(plan.delete)
+    store.close()
+
+
 def test_gc_missing_folder_and_path_outside_root(tmp_path: Path) -> None:
     store = Store(tmp_path / "home")
     root = tmp_path / "ckpt"
