@@ -294,15 +294,22 @@ class Status:
 
 
 # json.dumps with its defaults, less its per-call set-up (3 of a trial's 10 us): the C
-# encoder json.dumps builds on each call, built once (no cycle check: the model is a tree)
-_ENCODER = c_make_encoder(
-    None, json.JSONEncoder().default, encode_basestring_ascii,
-    None, ": ", ", ", False, False, True,
+# encoder json.dumps builds on each call, built once (no cycle check: the model is a tree).
+# c_make_encoder is CPython's private accelerator: where it is missing, json.dumps itself.
+_ENCODER = (
+    c_make_encoder(
+        None, json.JSONEncoder().default, encode_basestring_ascii,
+        None, ": ", ", ", False, False, True,
+    )
+    if c_make_encoder is not None
+    else None
 )  # fmt: skip
 
 
 def _dumps(value: Any) -> str:
     """``json.dumps(value)`` (the same text)."""
+    if _ENCODER is None:
+        return json.dumps(value)
     return "".join(_ENCODER(value, 0))
 
 

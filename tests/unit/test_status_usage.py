@@ -254,3 +254,21 @@ def test_a_limited_listing_picks_from_sql_what_a_pick_over_every_trial_would(
                 assert e["trial_counts"] == full["trial_counts"]
                 assert e["trials_total"] == full["trials_total"]
                 assert e["cpu_hours"] == pytest.approx(full["cpu_hours"], abs=0.01)
+
+
+@pytest.mark.parametrize("fallback", [False, True])
+def test_the_status_json_encoder_writes_what_json_dumps_writes(
+    fallback: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    import dlhpc.report.status_model as model
+
+    if fallback:  # an interpreter without CPython's C encoder
+        monkeypatch.setattr(model, "_ENCODER", None)
+    value = {
+        "a": [1, 2.5, float("nan"), float("inf"), -float("inf"), None, True],
+        "é ünïcode \u2028 \"q\" \\": {"nested": [{"x": 1e-300}], "": ""},
+        "big": 10**30,
+    }
+    assert model._dumps(value) == json.dumps(value)
