@@ -81,9 +81,6 @@ class TrialRecord:
     resolved: int = 0
     last: tuple[int, float] | None = None
 
-    def to_row(self) -> list[Any]:
-        return trial_rows([self])[0]
-
     @classmethod
     def from_row(cls, row: Any) -> TrialRecord:
         bracket, grant, status, resolved, last = row
@@ -274,7 +271,8 @@ def rank_keys(results: dict[int, float], smaller_is_better: bool) -> list[RankKe
 
 
 def trial_rows(trials: list[TrialRecord]) -> list[list[Any]]:
-    """:meth:`TrialRecord.to_row` of each trial, in one pass."""
+    """Each trial as its state row ``[bracket, grant, status, resolved, last]`` (the
+    inverse of :meth:`TrialRecord.from_row`), in one pass."""
     isfinite = math.isfinite
     return [
         [
