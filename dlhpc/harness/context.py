@@ -46,11 +46,12 @@ from dlhpc.protocol import (
     stop_requested,
     trial_file,
 )
+from dlhpc.scheduler.environment import JobEnvironment
+from dlhpc.scheduler.registry import default_registry
 
 if TYPE_CHECKING:
     from dlhpc.harness.state import TrainState
     from dlhpc.protocol.checkpoint import Checkpoint
-    from dlhpc.scheduler.environment import JobEnvironment
 
 __all__ = ["Saveable", "TrialContext", "init"]
 
@@ -68,10 +69,6 @@ def _int_env(name: str, default: int) -> int:
 
 def _job_environment() -> JobEnvironment:
     """This process's job environment; outside any backend's job, one process here."""
-    # imported here: importing dlhpc.harness (report reads its telemetry) stays scheduler-free
-    from dlhpc.scheduler.environment import JobEnvironment
-    from dlhpc.scheduler.registry import default_registry
-
     try:
         return default_registry().job_environment(os.environ)
     except DlhpcError:
