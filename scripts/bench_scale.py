@@ -59,6 +59,33 @@ def _child(argv: list[str]) -> int:
     return code
 
 
+def _upgrade(home: Path) -> int:
+    """Untimed: store each experiment's searcher state as this tree's code stores it.
+
+    What the first tick after an upgrade of dlhpc does once (a state written by an
+    older version is loaded and saved in the current format); run before the timed
+    commands so that they see the steady state of the tree being measured."""
+    import sqlite3
+
+    from dlhpc.config import ExperimentConfig
+    from dlhpc.config.serde import from_jsonable
+    from dlhpc.orchestrator.common import searcher_of, state_json
+
+    db = sqlite3.connect(home / "dlhpc.db")
+    rows = db.execute("SELECT id, config_json, searcher_state FROM experiments").fetchall()
+    changed = 0
+    for exp_id, config, state in rows:
+        cfg = from_jsonable(ExperimentConfig, json.loads(config))
+        new = state_json(searcher_of(cfg, state or ""))
+        if new != state:
+            db.execute("UPDATE experiments SET searcher_state = ? WHERE id = ?", (new, exp_id))
+            changed += 1
+    db.commit()
+    db.close()
+    print(changed)
+    return 0
+
+
 def _env(home: Path, tree: Path | None) -> dict[str, str]:
     env = {**os.environ, "DLHPC_HOME": str(home)}
     if tree is not None:  # the dlhpc package of another tree (the baseline)
@@ -110,6 +137,8 @@ REPORT = {"dlhpc report 1 (after the ticks)": ["report", "1", "-o", "{home}/exp-
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         return _child(sys.argv[2:])
+    if len(sys.argv) > 1 and sys.argv[1] == "--upgrade":
+        return _upgrade(Path(sys.argv[2]))
     if len(sys.argv) > 1 and sys.argv[1] == "--build":  # apart: the timed children fork small
         print(json.dumps(build(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))))
         return 0
@@ -158,6 +187,12 @@ def main() -> int:
             shutil.rmtree(home, ignore_errors=True)
             shutil.copytree(work / name / "pristine", home)
             freshen(home)
+            subprocess.run(  # untimed; see _upgrade
+                [sys.executable, __file__, "--upgrade", str(home)],
+                env=_env(home, tree),
+                check=True,
+                capture_output=True,
+            )
             os.sync()  # else the first timed commit flushes this copy (0.4 s at 100,000)
             for label, argv in commands.items():
                 loads.append(os.getloadavg()[0])
