@@ -23,13 +23,13 @@ from sqlalchemy.orm import Session, selectinload
 from dlhpc import _perms
 from dlhpc._failpoints import failpoint
 from dlhpc.errors import DlhpcError, LeaseHeldError, SchedulerError
+from dlhpc.orchestrator.adopt import recover_submissions
 from dlhpc.orchestrator.checkpoints import gc_pass
 from dlhpc.orchestrator.clock import SYSTEM_CLOCK, Clock
 from dlhpc.orchestrator.common import (
     SchedulerPool,
     config_of,
     log_event,
-    recover_submissions,
     searcher_of,
     state_json,
     submit_pending,
