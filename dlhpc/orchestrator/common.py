@@ -194,18 +194,17 @@ def submit_pending(
     submission refused for a limit (:class:`SubmitLimitError`) leaves its trials
     PENDING, the row DEFERRED (not FAILED), and raises nothing.
     """
-    with store.read() as session:
-        exp = session.get(Experiment, exp_id)
-        if exp is None or not _unsubmitted(session, exp_id):
-            return []
-        cfg = config_of(exp)
-    scheduler = pool.get(cfg.backend)
-    slots = scheduler.submit_slots(cfg.resources)  # sacctmgr/squeue outside the write lock
     with store.write() as session:
         exp = session.get(Experiment, exp_id)
-        trials = _unsubmitted(session, exp_id)
-        if exp is None or not trials:
+        if exp is None:
             return []
+        cfg = config_of(exp)
+        trials = _unsubmitted(session, exp_id)
+        if not trials:
+            return []
+        scheduler = pool.get(cfg.backend)
+        # readers are not blocked meanwhile: only the commit takes SQLite's exclusive lock
+        slots = scheduler.submit_slots(cfg.resources)
         if slots is not None and slots < len(trials):
             _note_waiting(session, exp_id, len(trials) - slots, slots)
             trials = trials[:slots]

@@ -20,19 +20,25 @@ The parsers here are pure; :func:`read_limits` takes the command runner.
 
 from __future__ import annotations
 
+import getpass
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from dlhpc.config import parse_slurm_time
+from dlhpc.config.model import SiteConfig
+from dlhpc.errors import SchedulerError
+from dlhpc.scheduler.registry import Check
 
 __all__ = [
     "ASSOC_FORMAT",
     "QOS_FORMAT",
     "Association",
     "Limits",
+    "NO_ACCOUNTING",
     "Qos",
     "is_limit_refusal",
+    "limits_check",
     "parse_assocs",
     "parse_qos",
     "read_limits",
@@ -215,3 +221,28 @@ def read_limits(run: Callable[[list[str]], str], user: str) -> Limits:
     assocs = run([*base, "assoc", f"user={user}", f"format={ASSOC_FORMAT}"])
     qos = run([*base, "qos", f"format={QOS_FORMAT}"])
     return Limits(tuple(parse_assocs(assocs)), parse_qos(qos))
+
+
+#: ``dlhpc doctor``'s line when sacct fails (``{why}``: its error).
+NO_ACCOUNTING = (
+    "sacct fails ({why}): dlhpc judges jobs that left the queue by their exit files;"
+    " without accounting it cannot learn the exit code or cause of a job that ended"
+    " without one (node failure, kill -9, out of memory)"
+)
+
+
+def limits_check(site: SiteConfig, run: Callable[[list[str]], tuple[int, str]]) -> Check:
+    """``dlhpc doctor``'s line of the limits that bind the site's account and QOS;
+    ``run(cmd)`` returns (exit code, output)."""
+
+    def checked(cmd: list[str]) -> str:
+        code, out = run(cmd)
+        if code != 0:
+            raise SchedulerError(out.splitlines()[-1] if out else f"exit {code}")
+        return out
+
+    try:
+        limits = read_limits(checked, getpass.getuser())
+    except SchedulerError as err:
+        return Check("site limits", "warn", f"sacctmgr cannot tell ({err}); none applied")
+    return Check("site limits", "ok", limits.describe(site.account, site.qos))
