@@ -59,11 +59,13 @@ class TrialState(str, enum.Enum):
 
 
 class SubmissionState(str, enum.Enum):
-    """``submissions.state``: SUBMITTING until the scheduler answered, then one of the others."""
+    """``submissions.state``: SUBMITTING until the scheduler answered, then one of the others
+    (DEFERRED: refused for a site limit, nothing submitted; its trials wait for a slot)."""
 
     SUBMITTING = "SUBMITTING"
     SUBMITTED = "SUBMITTED"
     FAILED = "FAILED"
+    DEFERRED = "DEFERRED"
 
 
 class JobState(str, enum.Enum):

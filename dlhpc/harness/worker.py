@@ -216,8 +216,9 @@ def run_entrypoint(trial_dir: Path) -> int:
     events.flush()
     if rank == 0 and reason == "requeue" and first and first == job.time_limit_signal:
         error = job.requeue_self()  # the scheduler kills this run and queues the task again
-        if error:
-            events.add("log", level="warning", message=error)
+        if error:  # e.g. not permitted: the job ends non-zero and the reconciler resubmits
+            message = f"{error}; the reconciler submits the trial again instead"
+            events.add("log", level="warning", message=message)
             events.flush()
     return code
 

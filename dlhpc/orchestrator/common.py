@@ -23,6 +23,7 @@ from dlhpc.orchestrator.request import job_request, new_uid
 from dlhpc.orchestrator.runfiles import trial_spec, write_trial_specs
 from dlhpc.protocol import trial_dir
 from dlhpc.scheduler import BaseScheduler, SubmittedTask, make_scheduler
+from dlhpc.scheduler.base import SubmitLimitError
 from dlhpc.scheduler.registry import Registry, default_registry
 from dlhpc.search import BaseSearcher, Create, make_searcher
 from dlhpc.states import JobState, SubmissionState, TrialState
@@ -31,11 +32,11 @@ from dlhpc.store.ingest import new_attempt
 
 __all__ = [
     "SchedulerPool",
+    "first_attempt",
     "add_trials",
     "config_of",
     "log_event",
     "mark_promotions_acted",
-    "recover_submissions",
     "searcher_of",
     "state_json",
     "submit_pending",
@@ -148,9 +149,7 @@ def add_trials(
     return trials
 
 
-def _first_attempt(
-    trial_id: int, sub_id: int, job_id: str, log_path: str, now: datetime
-) -> Attempt:
+def first_attempt(trial_id: int, sub_id: int, job_id: str, log_path: str, now: datetime) -> Attempt:
     """The first attempt of a freshly submitted task (restarts come from the job's files)."""
     key = f"{job_id}.r0"
     return new_attempt(
@@ -184,11 +183,16 @@ def _unsubmitted(session: Session, exp_id: int) -> list[Trial]:
 def submit_pending(
     store: Store, pool: SchedulerPool, exp_id: int, clock: Clock = SYSTEM_CLOCK
 ) -> list[SubmittedTask]:
-    """Submit every PENDING trial of the experiment that has no job yet, as one request.
+    """Submit the PENDING trials of the experiment that have no job yet, as one request.
 
     The submission row (with its unique job name) is committed before ``sbatch``
     runs and the attempt rows right after, so a crash in between leaves a
     SUBMITTING row whose jobs a later tick can find by name.
+
+    Site limits: only as many trials as the scheduler's ``submit_slots`` allows
+    are submitted (the others wait, with one ``submit.waiting`` event per wait); a
+    submission refused for a limit (:class:`SubmitLimitError`) leaves its trials
+    PENDING, the row DEFERRED (not FAILED), and raises nothing.
     """
     with store.write() as session:
         exp = session.get(Experiment, exp_id)
@@ -198,6 +202,14 @@ def submit_pending(
         trials = _unsubmitted(session, exp_id)
         if not trials:
             return []
+        scheduler = pool.get(cfg.backend)
+        # readers are not blocked meanwhile: only the commit takes SQLite's exclusive lock
+        slots = scheduler.submit_slots(cfg.resources)
+        if slots is not None and slots < len(trials):
+            _note_waiting(session, exp_id, len(trials) - slots, slots)
+            trials = trials[:slots]
+            if not trials:
+                return []
         dirs = [trial_dir(store.runs_root, exp_id, t.id) for t in trials]  # as specs write them
         request = job_request(cfg, exp_id, Path(exp.run_dir), dirs, new_uid())
         sub = Submission(
@@ -216,18 +228,40 @@ def submit_pending(
             for t in trials
         ]
     write_trial_specs(specs, store.runs_root)
-    scheduler = pool.get(cfg.backend)
+    limited = False
     try:
         tasks = scheduler.submit(request)
         error = ""
     except SchedulerError as err:
         tasks = [t for t in err.submitted if isinstance(t, SubmittedTask)]
         error = str(err)
+        limited = isinstance(err, SubmitLimitError)
     failpoint("submit.after_sbatch")
-    _record_tasks(store, sub.id, trials, tasks, error, clock.now())
-    if error:
+    _record_tasks(store, sub.id, trials, tasks, error, clock.now(), limited)
+    if error and not limited:
         raise SchedulerError(error, submitted=tasks)
     return tasks
+
+
+_WAIT_KINDS = ("submit", "submit.waiting", "submit.deferred")
+
+
+def _note_waiting(session: Session, exp_id: int, waiting: int, slots: int) -> None:
+    """One ``submit.waiting`` event per wait: none while the last submit event says so."""
+    last = session.scalar(
+        select(Event.kind)
+        .where(Event.experiment_id == exp_id, Event.kind.in_(_WAIT_KINDS))
+        .order_by(Event.id.desc())
+        .limit(1)
+    )
+    if last != "submit.waiting":
+        log_event(
+            session,
+            "submit.waiting",
+            f"{waiting} trial(s) wait for a free job slot: the site's MaxSubmitJobs leaves room"
+            f" for {slots} more job(s) now; they are submitted as jobs leave the queue",
+            exp_id,
+        )
 
 
 def _record_tasks(
@@ -237,13 +271,15 @@ def _record_tasks(
     tasks: list[SubmittedTask],
     error: str,
     now: datetime,
+    limited: bool = False,
 ) -> None:
     with store.write() as session:
         sub = session.get(Submission, sub_id)
         assert sub is not None  # committed by the caller before submitting
-        sub.state = (
-            SubmissionState.FAILED if error and not tasks else SubmissionState.SUBMITTED
-        ).value
+        if error and not tasks:
+            sub.state = (SubmissionState.DEFERRED if limited else SubmissionState.FAILED).value
+        else:
+            sub.state = SubmissionState.SUBMITTED.value
         sub.error = error
         done = list(zip(trials, tasks, strict=False))  # tasks may be a prefix
         rows = {
@@ -251,11 +287,20 @@ def _record_tasks(
             for t in session.scalars(select(Trial).where(Trial.id.in_([t.id for t, _ in done])))
         }
         for trial, task in done:
-            session.add(_first_attempt(trial.id, sub_id, task.job_id, str(task.stdout), now))
+            session.add(first_attempt(trial.id, sub_id, task.job_id, str(task.stdout), now))
             if trial.id in rows:
                 rows[trial.id].needs_job = False
         mark_promotions_acted(session, [t.id for t, _ in done], now)
         ids = ", ".join(t.job_id for t in tasks[:3]) + (" ..." if len(tasks) > 3 else "")
+        if limited:
+            log_event(
+                session,
+                "submit.deferred",
+                f"{len(tasks)}/{len(trials)} trials submitted ({ids}); the others wait (PENDING)"
+                f" because the site refused more jobs for a limit: {error}",
+                sub.experiment_id,
+            )
+            return
         log_event(
             session,
             "submit" if not error else "submit.error",
@@ -276,60 +321,3 @@ def mark_promotions_acted(session: Session, trial_ids: list[int], now: datetime)
         )
     ):
         d.acted_at = now
-
-
-def recover_submissions(store: Store, pool: SchedulerPool, exp_id: int) -> int:
-    """Adopt the jobs of submissions a crashed launch or tick left SUBMITTING.
-
-    Runs under the lease, and whoever submits holds the lease until the attempts
-    are recorded, so any SUBMITTING row seen here is orphaned. Its jobs are found
-    by their unique job name and matched to its trials in task order; when none
-    exist the row is marked FAILED and its trials are submitted again. Returns
-    the number of adopted jobs.
-    """
-    with store.read() as session:
-        exp = session.get(Experiment, exp_id)
-        orphans = session.scalars(
-            select(Submission).where(
-                Submission.experiment_id == exp_id,
-                Submission.state == SubmissionState.SUBMITTING.value,
-            )
-        ).all()
-        if exp is None or not orphans:
-            return 0
-        backend = exp.backend
-    adopted = 0
-    for sub in orphans:
-        job_ids = pool.get(backend).find_jobs(sub.name)
-        trial_ids = json.loads(sub.trial_ids_json)
-        now = utcnow()
-        with store.write() as session:
-            row = session.get(Submission, sub.id)
-            if row is None or row.state != SubmissionState.SUBMITTING.value:
-                continue
-            for trial_id, job_id in zip(trial_ids, job_ids, strict=False):
-                known = select(Attempt.id).where(
-                    Attempt.trial_id == trial_id, Attempt.job_id == job_id
-                )
-                if session.scalar(known):
-                    continue  # its files were ingested already
-                logs = pool.get(backend).log_paths(Path(row.folder), job_id)
-                session.add(
-                    _first_attempt(trial_id, row.id, job_id, str(logs[0]) if logs else "", now)
-                )
-                trial = session.get(Trial, trial_id)
-                if trial is not None:
-                    trial.needs_job = False
-                mark_promotions_acted(session, [trial_id], now)
-                adopted += 1
-            row.state = (SubmissionState.SUBMITTED if job_ids else SubmissionState.FAILED).value
-            row.error = (
-                "" if job_ids else "orphaned by a crash before its jobs were recorded; none found"
-            )
-            log_event(
-                session,
-                "submit.recovered" if job_ids else "submit.orphaned",
-                f"{row.name}: {len(job_ids)} job(s) found for {len(trial_ids)} trial(s)",
-                exp_id,
-            )
-    return adopted

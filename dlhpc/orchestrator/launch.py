@@ -11,9 +11,10 @@ from typing import Any
 
 from dlhpc import _perms
 from dlhpc._perms import make_dirs
+from dlhpc.config.lines import key_issue
 from dlhpc.config.model import ExperimentConfig
 from dlhpc.config.serde import to_jsonable
-from dlhpc.errors import SchedulerError
+from dlhpc.errors import ConfigError, SchedulerError
 from dlhpc.orchestrator.common import (
     SchedulerPool,
     add_trials,
@@ -110,6 +111,9 @@ def launch(
     its trials and the searcher state, then the run folder is published and the
     trials are submitted (see :func:`submit_pending`).
     """
+    problem = pool.get(cfg.backend).limit_problem(cfg.resources)  # e.g. above MaxWall
+    if problem is not None:
+        raise ConfigError([key_issue(cfg.source, ("resources", "time"), problem)])
     creates, searcher_state = _initial_trials(cfg)
     staging = stage_run_folder(cfg, store.runs_root, code_from)
     try:

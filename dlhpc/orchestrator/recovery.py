@@ -26,6 +26,7 @@ the scheduler's view of its job and the age of its heartbeat, it returns a
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -51,6 +52,8 @@ _INTERRUPTED_GRACE = timedelta(seconds=20)
 
 _LIVE = {JobState.PENDING, JobState.RUNNING, JobState.REQUEUED}
 _SETTLED = {JobState.FAILED, JobState.COMPLETED}
+# Slurm's state word for an earlier run of a requeued job -> the attempt's cause
+_CAUSE_OF_RUN = {"PREEMPTED": "preempted", "NODE_FAIL": "node_fail", "TIMEOUT": "timeout"}
 _CAUSE_OF_STATE = {
     JobState.NODE_FAIL: "node_fail",
     JobState.PREEMPTED: "preempted",
@@ -82,11 +85,17 @@ def _signal_cause(sig: str | None, reason: str) -> str:
     return "requeue" if reason == "requeue" else "signal"
 
 
-def superseded_cause(a: Attempt) -> str:
+def superseded_cause(a: Attempt, runs: Sequence[str] | None = None) -> str:
     """Why an attempt that a newer one (Slurm's requeue of the same task) replaced
-    ended: a time-limit signal in its exit record is a timeout, else "requeued"."""
+    ended: a time-limit signal in its exit record is a timeout; else Slurm's word
+    for that run when ``runs`` has it (its record of each run of the job, oldest
+    first, e.g. ``sacct -D``: ``PREEMPTED`` is how Slurm 24.11 shows a preempted
+    task it requeued whatever its exit), else "requeued"."""
     if a.exit_code is not None and a.exit_code != 0 and split_reason(a.exit_reason)[1] == "USR2":
         return "timeout"
+    _, _, restart = a.attempt_key.rpartition(".r")
+    if runs and restart.isdigit() and int(restart) < len(runs):
+        return _CAUSE_OF_RUN.get(runs[int(restart)], "requeued")
     return "requeued"
 
 

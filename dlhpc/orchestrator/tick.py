@@ -23,13 +23,13 @@ from sqlalchemy.orm import Session, selectinload
 from dlhpc import _perms
 from dlhpc._failpoints import failpoint
 from dlhpc.errors import DlhpcError, LeaseHeldError, SchedulerError
+from dlhpc.orchestrator.adopt import recover_submissions
 from dlhpc.orchestrator.checkpoints import gc_pass
 from dlhpc.orchestrator.clock import SYSTEM_CLOCK, Clock
 from dlhpc.orchestrator.common import (
     SchedulerPool,
     config_of,
     log_event,
-    recover_submissions,
     searcher_of,
     state_json,
     submit_pending,
@@ -45,7 +45,7 @@ from dlhpc.states import (
     SubmissionState,
     TrialState,
 )
-from dlhpc.store import Attempt, Experiment, IngestedFile, Store, Submission, Trial
+from dlhpc.store import Attempt, Event, Experiment, IngestedFile, Store, Submission, Trial
 from dlhpc.store.ingest import SETTLE_WINDOW, ingest_attempts
 from dlhpc.store.ingest import settling as settling_trials
 from dlhpc.store.summaries import refresh_metrics
@@ -135,10 +135,14 @@ def _tick(store: Store, pool: SchedulerPool, report: TickReport, clock: Clock) -
         except SchedulerError as err:
             report.errors.append(f"poll {backend}: {err}")  # no states this pass, retry next
 
+    _note_no_accounting(store, pool, by_backend, backend_of)
     failpoint("tick.after_poll")
     scanned = [t for t in live_trials if t.id not in quiet]
-    _ingest(store, _pending_attempt_dirs([*scanned, *settling], done_files), report, clock)
+    todo = _pending_attempt_dirs([*scanned, *settling], done_files)
+    _ingest(store, todo, report, clock)
     failpoint("tick.after_ingest")
+    trial_backend = {t.id: backend_of[t.experiment_id] for t in live_trials}
+    runs = _requeued_runs(pool, todo, done_files, trial_backend, report)
 
     for exp_id in exp_ids:
         try:
@@ -147,7 +151,7 @@ def _tick(store: Store, pool: SchedulerPool, report: TickReport, clock: Clock) -
             report.errors.append(f"experiment {exp_id}: recovering a submission: {err}")
             continue  # never resubmit while the orphan's jobs may exist
         try:
-            _reconcile_experiment(store, pool, exp_id, statuses, report, clock)
+            _reconcile_experiment(store, pool, exp_id, statuses, report, clock, runs)
         except (DlhpcError, ValueError) as err:
             # e.g. its searcher's optional dependency vanished, or its saved state does
             # not load: keep the other experiments moving, and say so every pass
@@ -158,6 +162,63 @@ def _tick(store: Store, pool: SchedulerPool, report: TickReport, clock: Clock) -
         except SchedulerError as err:
             report.errors.append(f"experiment {exp_id}: {err}")
         gc_pass(store, exp_id, report)  # the checkpoint keep policy; errors into the report
+
+
+_NO_ACCOUNTING = "scheduler.no_accounting"
+
+
+def _note_no_accounting(
+    store: Store, pool: SchedulerPool, polled: dict[str, list[str]], backend_of: dict[int, str]
+) -> None:
+    """Once per experiment, an event saying its backend cannot read ended jobs' states
+    (Slurm without accounting): its jobs are then judged by their exit files."""
+    blind = {b for b in polled if not pool.get(b).accounting_available}
+    exp_ids = [e for e, b in backend_of.items() if b in blind]
+    if not exp_ids:
+        return
+    with store.write() as s:
+        told = set(
+            s.scalars(
+                select(Event.experiment_id).where(
+                    Event.kind == _NO_ACCOUNTING, Event.experiment_id.in_(exp_ids)
+                )
+            )
+        )
+        for exp_id in sorted(set(exp_ids) - told):
+            log_event(
+                s,
+                _NO_ACCOUNTING,
+                f"{backend_of[exp_id]}: accounting (sacct) is unavailable; jobs that left the"
+                " queue are judged by their exit files (an ended job's exit code and cause are"
+                " known only from what its worker wrote)",
+                exp_id,
+            )
+
+
+def _requeued_runs(
+    pool: SchedulerPool,
+    todo: list[tuple[int, Path]],
+    done: dict[tuple[int, str], set[str]],
+    backend_of_trial: dict[int, str],
+    report: TickReport,
+) -> dict[str, list[str]]:
+    """The scheduler's record of every run of the jobs it restarted under the same id
+    (a new attempt folder ``<job>.r<k>``, k >= 1, this pass): one query per backend,
+    only on such passes. It names the cause of the attempt the restart replaced
+    (Slurm 24.11 requeues a preempted task whatever its exit)."""
+    by_backend: dict[str, set[str]] = defaultdict(set)
+    for trial_id, adir in todo:
+        job, sep, restart = adir.name.rpartition(".r")
+        new = (trial_id, adir.name) not in done
+        if sep and new and restart.isdigit() and int(restart) >= 1 and trial_id in backend_of_trial:
+            by_backend[backend_of_trial[trial_id]].add(job)
+    runs: dict[str, list[str]] = {}
+    for backend, jobs in by_backend.items():
+        try:
+            runs.update(pool.get(backend).run_states(sorted(jobs)))
+        except (SchedulerError, ValueError) as err:
+            report.errors.append(f"run states {backend}: {err}")
+    return runs
 
 
 def _ingested_names(s: Session, trial_ids: list[int]) -> dict[tuple[int, str], set[str]]:
@@ -234,6 +295,7 @@ def _reconcile_experiment(
     statuses: dict[str, JobStatus],
     report: TickReport,
     clock: Clock,
+    runs: dict[str, list[str]],
 ) -> None:
     """Reconcile the experiment's live trials and let its searcher decide. Only the
     trials not terminal yet are loaded (with their attempts), and those an operation
@@ -259,6 +321,7 @@ def _reconcile_experiment(
             cfg.max_restarts,
             cfg.searcher.max_length,
             promotions=pending_promotions(s, exp_id),
+            runs=runs,
         )
         for t in was_live:
             reconcile_trial(s, t, tp)

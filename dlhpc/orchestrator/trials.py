@@ -38,6 +38,8 @@ class TrialPass:
     final_length: int  # the searcher's max_length: a trial that reached it is done
     # promotions not acted on yet, by trial (decide.pending_promotions: one query)
     promotions: dict[int, list[Decision]] = field(default_factory=dict)
+    # the scheduler's word for each run of a job it restarted under one id (run_states)
+    runs: dict[str, list[str]] = field(default_factory=dict)
     cancels: list[str] = field(default_factory=list)  # job ids to scancel after commit
     stopping: list[Trial] = field(default_factory=list)  # stop requested, job still live
 
@@ -172,7 +174,7 @@ def reconcile_trial(s: Session, t: Trial, p: TrialPass) -> None:
         if a.state in LIVE_ATTEMPT_STATES:
             a.state = SUPERSEDED
         if not a.cause:
-            a.cause = superseded_cause(a)
+            a.cause = superseded_cause(a, p.runs.get(a.job_id))
             a.lost_steps = _lost_steps(t, a)
     t.restarts = sum(a.cause != "paused" for a in t.attempts[:-1])
     current = t.attempts[-1] if t.attempts else None

@@ -15,6 +15,8 @@ Contract every backend honours:
 * :meth:`BaseScheduler.poll` costs a constant number of scheduler queries
   whatever the number of jobs (Slurm: at most one ``squeue`` and one ``sacct``)
   and never hangs (every external command has a timeout).
+* :meth:`BaseScheduler.submit` raises :class:`SubmitLimitError` when the
+  scheduler refused for a site limit (too many jobs held): the trials wait.
 * Job ids are strings; an array task is ``"<array_job_id>_<index>"``.
 * Hyperparameters never reach a shell: a task only receives its trial folder,
   whose ``trial.json`` the job reads.
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from dlhpc.config.model import PreemptionConfig, Resources, SiteConfig
+from dlhpc.errors import SchedulerError
 from dlhpc.states import JobState
 
 __all__ = [
@@ -37,8 +40,15 @@ __all__ = [
     "JobRequest",
     "JobState",
     "JobStatus",
+    "SubmitLimitError",
     "SubmittedTask",
 ]
+
+
+class SubmitLimitError(SchedulerError):
+    """The scheduler refused a submission for a site limit (e.g. Slurm's
+    ``QOSMaxSubmitJobPerUserLimit``): nothing of the failed chunk was submitted, and
+    its trials can be submitted once the user's jobs leave the queue."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +117,30 @@ class BaseScheduler(ABC):
         in submission order. Used only to adopt the jobs of a launch that crashed
         between submitting and recording them; a backend that cannot tell returns []."""
         return []
+
+    def submit_slots(self, resources: Resources) -> int | None:
+        """How many more tasks with these resources (their account and QOS) may be
+        submitted now without breaking a site limit; None when nothing limits them.
+        Costs at most a constant number of scheduler queries per instance."""
+        return None
+
+    def limit_problem(self, resources: Resources) -> str | None:
+        """Why every job with these resources would break a site limit (e.g. a time
+        above the QOS's MaxWall), or None; checked at launch, before anything is
+        recorded."""
+        return None
+
+    @property
+    def accounting_available(self) -> bool:
+        """False once the backend found it cannot read ended jobs' final states (Slurm
+        without accounting); the reconciler then decides by the jobs' exit files."""
+        return True
+
+    def run_states(self, job_ids: Collection[str]) -> dict[str, list[str]]:
+        """The scheduler's own state word for each run of each job that it ran more than
+        once under one id (oldest first: run ``k`` is the job's restart ``k``), for the
+        cause of an attempt it requeued; {} when it cannot tell. One query."""
+        return {}
 
     def max_array_size(self) -> int:
         """Largest array (number of tasks) one submission may hold."""

@@ -13,6 +13,7 @@ from dlhpc.config.model import SiteConfig
 from dlhpc.scheduler.registry import Check
 from dlhpc.scheduler.slurm import sbatch_on_path
 from dlhpc.scheduler.slurm._pyslurm import poll_path
+from dlhpc.scheduler.slurm.limits import NO_ACCOUNTING, limits_check
 
 __all__ = ["doctor_checks", "pyslurm_check", "state_dir_problem", "version_record"]
 
@@ -51,9 +52,9 @@ def _cluster_checks(site: SiteConfig) -> list[Check]:
     if code == 0:
         checks.append(Check("accounting (sacct)", "ok", "sacct answers"))
     else:
-        checks.append(
-            Check("accounting (sacct)", "warn", "sacct fails; dlhpc falls back to job exit files")
-        )
+        why = out.splitlines()[-1] if out else f"exit {code}"
+        checks.append(Check("accounting (sacct)", "warn", NO_ACCOUNTING.format(why=why)))
+    checks.append(limits_check(site, _run))
     wanted = set(site.partitions) | ({site.partition} if site.partition else set())
     missing = sorted(wanted - parts)
     checks.append(

@@ -22,6 +22,7 @@ from dlhpc.scheduler.base import JobState, JobStatus
 
 __all__ = [
     "SACCT_FORMAT",
+    "SACCT_RUNS_FORMAT",
     "SQUEUE_FORMAT",
     "TASK_ID_RE",
     "base_id",
@@ -30,6 +31,7 @@ __all__ = [
     "parse_exit_code",
     "parse_max_array_size",
     "parse_sacct",
+    "parse_sacct_runs",
     "parse_squeue",
     "parse_time",
 ]
@@ -40,6 +42,9 @@ log = logging.getLogger(__name__)
 SQUEUE_FORMAT = "%i|%T|%r|%N|%S|%e"
 #: sacct ``--format`` (with ``--parsable2``, so ``|``-separated, no trailing ``|``).
 SACCT_FORMAT = "JobID,State,ExitCode,NodeList,Start,End,Reason"
+
+#: sacct ``--format`` of :func:`parse_sacct_runs` (with ``-D``: every run of a job).
+SACCT_RUNS_FORMAT = "JobID,State,Start"
 
 #: A job id dlhpc may ask about: ``123`` or the array task ``123_4``.
 TASK_ID_RE = re.compile(r"^(?P<base>\d+)(?:_(?P<index>\d+))?$")
@@ -222,3 +227,26 @@ def parse_max_array_size(text: str) -> int | None:
     """MaxArraySize from ``scontrol show config``; None when absent."""
     m = re.search(r"^\s*MaxArraySize\s*=\s*(\d+)\s*$", text, re.MULTILINE)
     return int(m.group(1)) if m else None
+
+
+def parse_sacct_runs(text: str) -> dict[str, list[str]]:
+    """Slurm's state word of each run of each task, oldest first, from
+    ``sacct -X -D --noheader --parsable2 --format=SACCT_RUNS_FORMAT``.
+
+    ``-D`` lists a requeued job once per run (Slurm 24.11: a first ``PREEMPTED``
+    record, then the run now queued or running). Runs are ordered by start time
+    (a run not started yet last), so that run ``k`` is the job's restart ``k``
+    whatever order sacct prints them in.
+    """
+    runs: dict[str, list[tuple[datetime, int, str]]] = {}
+    for n, line in enumerate(text.splitlines()):
+        fields = line.split("|")
+        if len(fields) != 3:
+            if line.strip():
+                log.warning("unexpected sacct line %r: ignored", line)
+            continue
+        _, word, _ = map_state(fields[1])
+        start = parse_time(fields[2]) or datetime.max
+        for jid in expand_job_id(fields[0]):
+            runs.setdefault(jid, []).append((start, n, word))
+    return {jid: [word for *_, word in sorted(rows)] for jid, rows in runs.items()}

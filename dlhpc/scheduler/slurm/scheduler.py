@@ -18,7 +18,14 @@ For an id squeue shows as ended, sacct's record wins if it is final too (it has
 the exit code), else squeue's (accounting lags the controller by seconds).
 When ``sacct`` fails or times out (accounting off, slurmdbd down) the ids it
 was asked about come back from squeue's view if it still has them, else
-UNKNOWN; the instance then stops calling sacct and logs one warning.
+UNKNOWN (the reconciler then decides by the job's own exit files); the instance
+stops calling sacct, logs one warning and says so in :attr:`accounting_available`.
+
+Site limits (:mod:`dlhpc.scheduler.slurm.limits`): ``submit_slots`` reads the
+user's associations and QOSes once per instance (two ``sacctmgr``) and counts
+the user's queued and running tasks from the last ``squeue`` of ``poll`` (one
+more ``squeue`` only when this instance has not polled); an sbatch refused for
+a limit raises :class:`~dlhpc.scheduler.base.SubmitLimitError`.
 """
 
 from __future__ import annotations
@@ -36,17 +43,28 @@ from typing import Any
 
 from submitit.core.utils import JobPaths
 
+from dlhpc.config.model import Resources
 from dlhpc.errors import SchedulerError
-from dlhpc.scheduler.base import BaseScheduler, JobRequest, JobState, JobStatus, SubmittedTask
+from dlhpc.scheduler.base import (
+    BaseScheduler,
+    JobRequest,
+    JobState,
+    JobStatus,
+    SubmitLimitError,
+    SubmittedTask,
+)
 from dlhpc.scheduler.slurm import checks
 from dlhpc.scheduler.slurm._pyslurm import PollPath, poll_path, queue_via_pyslurm
+from dlhpc.scheduler.slurm.limits import Limits, is_limit_refusal, read_limits
 from dlhpc.scheduler.slurm.parse import (
     SACCT_FORMAT,
+    SACCT_RUNS_FORMAT,
     SQUEUE_FORMAT,
     TASK_ID_RE,
     base_id,
     parse_max_array_size,
     parse_sacct,
+    parse_sacct_runs,
     parse_squeue,
 )
 from dlhpc.scheduler.slurm.sbatch import make_executor
@@ -96,6 +114,9 @@ class SlurmScheduler(BaseScheduler):
         self._submit_timeout = submit_timeout_s
         self._cluster_max_array: int | None = None
         self._accounting = True
+        self._limits: Limits | None = None
+        self._limits_read = False
+        self._held: int | None = None  # the user's queued+running tasks at the last squeue
 
     # -- external commands -------------------------------------------------
 
@@ -218,11 +239,14 @@ class SlurmScheduler(BaseScheduler):
                 executor = make_executor(request, len(chunk), throttle, self._sbatch)
                 jobs = executor.map_array(fn, [str(d) for d in chunk])
             except Exception as err:
-                raise SchedulerError(
+                kind = SubmitLimitError if is_limit_refusal(str(err)) else SchedulerError
+                raise kind(
                     f"submitting chunk {n + 1} ({len(chunk)} tasks) of {request.name!r} failed: "
                     f"{_one_line(str(err))}",
                     submitted=submitted,
                 ) from err
+            if self._held is not None:
+                self._held += len(jobs)
             for trial, job in zip(chunk, jobs, strict=True):
                 out, err_path = self.log_paths(request.folder, job.job_id)
                 submitted.append(SubmittedTask(trial, job.job_id, out, err_path))
@@ -267,7 +291,13 @@ class SlurmScheduler(BaseScheduler):
         path = self.queue_path
         if path.module is not None:
             self.calls["pyslurm"] += 1
-            return queue_via_pyslurm(path.module, getpass.getuser())
+            queue = queue_via_pyslurm(path.module, getpass.getuser())
+        else:
+            queue = self._squeue()
+        self._held = sum(not st.state.is_terminal for st in queue.values())
+        return queue
+
+    def _squeue(self) -> dict[str, JobStatus]:
         return parse_squeue(
             self._checked(
                 [
@@ -284,13 +314,17 @@ class SlurmScheduler(BaseScheduler):
 
     def _sacct(self, ids: list[str]) -> dict[str, JobStatus]:
         """One sacct for the arrays of ``ids``; {} (and no more sacct) once it fails."""
-        if not self._accounting:
-            return {}
         jobs = ",".join(sorted({base_id(j) for j in ids}, key=int))
-        args = ["sacct", "-X", "--noheader", "--parsable2", f"--jobs={jobs}"]
-        args.append(f"--format={SACCT_FORMAT}")
+        out = self._sacct_run([f"--jobs={jobs}", f"--format={SACCT_FORMAT}"])
+        return {} if out is None else parse_sacct(out)
+
+    def _sacct_run(self, args: list[str]) -> str | None:
+        """``sacct -X --noheader --parsable2 ARGS``'s output; None (and no more sacct
+        from this instance, one warning) once it fails or while accounting is off."""
+        if not self._accounting:
+            return None
         try:
-            proc = self._run(args, self._timeout)
+            proc = self._run(["sacct", "-X", "--noheader", "--parsable2", *args], self._timeout)
             if proc.returncode != 0:
                 raise SchedulerError(_failed("sacct", proc))
         except SchedulerError as err:
@@ -300,13 +334,56 @@ class SlurmScheduler(BaseScheduler):
                 "UNKNOWN, and sacct is not called again by this scheduler",
                 err,
             )
-            return {}
-        return parse_sacct(proc.stdout)
+            return None
+        return proc.stdout
 
     @property
     def accounting_available(self) -> bool:
         """False once sacct failed; this instance then no longer calls it."""
         return self._accounting
+
+    def run_states(self, job_ids: Collection[str]) -> dict[str, list[str]]:
+        """Every run of each job as ``sacct -D`` lists it (one sacct); {} without
+        accounting. Slurm 24.11 requeues a preempted task under the same id, and only
+        this record tells ``PREEMPTED`` from another requeue."""
+        ids = [j for j in dict.fromkeys(job_ids) if TASK_ID_RE.match(j)]
+        if not ids:
+            return {}
+        jobs = ",".join(sorted({base_id(j) for j in ids}, key=int))
+        out = self._sacct_run(["-D", f"--jobs={jobs}", f"--format={SACCT_RUNS_FORMAT}"])
+        runs = parse_sacct_runs(out or "")
+        return {j: runs[j] for j in ids if j in runs}
+
+    def limits(self) -> Limits | None:
+        """The user's associations and the QOS table (two ``sacctmgr``, once per
+        instance); None, with one warning, when sacctmgr cannot tell (no slurmdbd)."""
+        if not self._limits_read:
+            self._limits_read = True
+            try:
+                self._limits = read_limits(
+                    lambda args: self._checked(args, self._timeout), getpass.getuser()
+                )
+            except SchedulerError as err:
+                log.warning("cannot read the site's limits (%s): submitting without them", err)
+        return self._limits
+
+    def limit_problem(self, resources: Resources) -> str | None:
+        """The requested time against MaxWall (see :meth:`limits`)."""
+        limits = self.limits()
+        if limits is None:
+            return None
+        return limits.wall_problem(resources.account, resources.qos, resources.time_minutes)
+
+    def submit_slots(self, resources: Resources) -> int | None:
+        """MaxSubmitJobs (association or QOS, the smallest that may bind) less the
+        user's tasks held now: those of the last squeue plus those submitted since."""
+        limits = self.limits()
+        cap = limits.max_submit(resources.account, resources.qos) if limits else None
+        if cap is None:
+            return None
+        if self._held is None:
+            self._queue()  # not polled by this instance yet: one squeue
+        return max(0, cap - (self._held or 0))
 
     def cancel(self, job_ids: Collection[str]) -> None:
         """One scancel for all ids; ids Slurm no longer knows or that ended are ignored."""
@@ -328,7 +405,9 @@ class SlurmScheduler(BaseScheduler):
             raise SchedulerError(_failed("scancel", proc, " ".join(errors)))
 
     def find_jobs(self, name: str) -> list[str]:
-        """One squeue (and, when accounting works, one sacct) by job name."""
+        """One squeue (and, when accounting works, one sacct) by job name. Without
+        accounting, only the jobs squeue still shows (queued, running, or ended less
+        than ``MinJobAge`` ago): the caller finds the others by their files."""
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
             raise ValueError(f"unsafe job name {name!r}")
         out = self._checked(
@@ -336,21 +415,8 @@ class SlurmScheduler(BaseScheduler):
             self._timeout,
         )
         found = {j for j in out.split() if TASK_ID_RE.match(j)}
-        if self._accounting:
-            proc = self._run(
-                [
-                    "sacct",
-                    "-X",
-                    "--noheader",
-                    "--parsable2",
-                    f"--name={name}",
-                    "--format=JobID",
-                    "--starttime=now-7days",
-                ],
-                self._timeout,
-            )
-            if proc.returncode == 0:
-                found |= {j for j in proc.stdout.split() if TASK_ID_RE.match(j)}
+        ended = self._sacct_run([f"--name={name}", "--format=JobID", "--starttime=now-7days"])
+        found |= {j for j in (ended or "").split() if TASK_ID_RE.match(j)}
 
         def order(job_id: str) -> tuple[int, int]:
             m = TASK_ID_RE.match(job_id)
