@@ -69,7 +69,9 @@ def test_parse_associations_merges_lines_of_one_account() -> None:
 class FakeRun:
     """Answers sinfo and sacctmgr; counts calls."""
 
-    def __init__(self, sinfo: str = SINFO_2205_TYPED, sacctmgr: tuple[int, str, str] = (0, SACCTMGR, "")) -> None:  # fmt: skip
+    def __init__(
+        self, sinfo: str = SINFO_2205_TYPED, sacctmgr: tuple[int, str, str] = (0, SACCTMGR, "")
+    ) -> None:
         self.sinfo, self.sacctmgr = sinfo, sacctmgr
         self.calls: list[list[str]] = []
 
@@ -193,7 +195,9 @@ def _load(
     )
 
 
-def _errors(tmp_path: Path, resources: str, rules: Rules | None = CLUSTER, site: str = SITE) -> list[str]:  # fmt: skip
+def _errors(
+    tmp_path: Path, resources: str, rules: Rules | None = CLUSTER, site: str = SITE
+) -> list[str]:
     with pytest.raises(ConfigError) as info:
         _load(tmp_path, resources, rules, site)
     assert info.value.exit_code == 2
@@ -247,7 +251,7 @@ def test_an_unknown_gpu_type_lists_the_valid_ones(tmp_path: Path) -> None:
 def test_an_unknown_partition_is_reported_once(tmp_path: Path) -> None:
     assert _errors(
         tmp_path, "gpus_per_node: a100:2\npartition: nope\n", site="backend: slurm\n"
-    ) == [  # fmt: skip
+    ) == [
         "exp.yaml:6: resources.partition: partition 'nope' does not exist on this Slurm "
         "cluster; (valid: cpu, gpu, mixed)"
     ]
@@ -293,7 +297,9 @@ def test_without_accounting_the_account_is_not_checked(tmp_path: Path) -> None:
         ("--tres-per-task=gres/gpu:1", "--tres-per-task=gres/gpu:1"),
     ],
 )
-def test_a_gpu_request_in_sbatch_args_is_a_config_error(tmp_path: Path, arg: str, option: str) -> None:  # fmt: skip
+def test_a_gpu_request_in_sbatch_args_is_a_config_error(
+    tmp_path: Path, arg: str, option: str
+) -> None:
     assert _errors(tmp_path, f"sbatch_args: [--exclusive, '{arg}']\n", rules=None) == [
         f"exp.yaml:5: resources.sbatch_args[1]: {option} requests GPUs, which "
         "resources.gpus_per_node already does (2, or a typed a100:2); remove it"
@@ -301,7 +307,7 @@ def test_a_gpu_request_in_sbatch_args_is_a_config_error(tmp_path: Path, arg: str
 
 
 def test_other_gpu_options_pass(tmp_path: Path) -> None:
-    args = "['--gres=nvme:1', '--gpu-bind=closest', '--cpus-per-gpu=4', '--gres-flags=enforce-binding']"  # fmt: skip
+    args = "['--gres=nvme:1', '--gpu-bind=closest', '--cpus-per-gpu=4', '--gres-flags=x']"
     r = _load(tmp_path, f"sbatch_args: {args}\n", rules=None).resources
     assert len(r.sbatch_args) == 4
 
