@@ -18,7 +18,7 @@ Loading has no side effects and raises only :class:`~dlhpc.errors.ConfigError`
 (exit code 2), which lists every problem as ``file:line: field: message``.
 """
 
-from dlhpc.config._cluster import ClusterRules
+from dlhpc.config._cluster import ClusterRules, association_problems
 from dlhpc.config._experiment import load_experiment
 from dlhpc.config._names import MAX_NAME_LENGTH, name_slug
 from dlhpc.config._permissions import PRIVATE_UMASK, Permissions
@@ -58,6 +58,7 @@ __all__ = [
     "Resources",
     "SearcherConfig",
     "SiteConfig",
+    "association_problems",
     "list_sites",
     "load_experiment",
     "load_site",

@@ -21,7 +21,7 @@ from dlhpc.config._validate import Issues, did_you_mean
 from dlhpc.config.model import Resources, SiteConfig
 from dlhpc.errors import ConfigIssue
 
-__all__ = ["ClusterRules", "RulesFactory", "check_cluster"]
+__all__ = ["ClusterRules", "RulesFactory", "association_problems", "check_cluster"]
 
 
 class ClusterRules(Protocol):
@@ -79,7 +79,7 @@ def check_cluster(
     assoc = rules.associations()
     if assoc is None:
         return out
-    for key, message in _association_problems(res, assoc).items():
+    for key, message in association_problems(res.account, res.qos, assoc).items():
         out += _report(issues, site, key, None if given.get(key) else (key,), message)
     return out
 
@@ -134,23 +134,28 @@ def _gpu_problem(res: Resources, rules: ClusterRules) -> str | None:
     return None
 
 
-def _association_problems(res: Resources, assoc: Mapping[str, Collection[str]]) -> dict[str, str]:
+def association_problems(
+    account: str | None, qos: str | None, assoc: Mapping[str, Collection[str]]
+) -> dict[str, str]:
+    """``{"account"|"qos": message}`` for an account the user has no association with,
+    or a QOS none of the account's (else any of the user's) associations allows; each
+    message lists the valid values. A QOS is not checked where the list is empty."""
     out: dict[str, str] = {}
     accounts = sorted(assoc)
-    if res.account is not None and res.account not in assoc:
+    if account is not None and account not in assoc:
         out["account"] = (
-            f"account {res.account!r} is not one of your Slurm associations; "
-            f"{did_you_mean(res.account, accounts)}(valid: {', '.join(accounts) or 'none'})"
+            f"account {account!r} is not one of your Slurm associations; "
+            f"{did_you_mean(account, accounts)}(valid: {', '.join(accounts) or 'none'})"
         )
         return out
-    if res.qos is None:
+    if qos is None:
         return out
-    scope = [res.account] if res.account is not None else accounts
+    scope = [account] if account is not None else accounts
     allowed = sorted({q for a in scope for q in assoc[a]})
-    if allowed and res.qos not in allowed:
-        whose = f"account {res.account!r}" if res.account is not None else "your associations"
+    if allowed and qos not in allowed:
+        whose = f"account {account!r}" if account is not None else "your associations"
         out["qos"] = (
-            f"QOS {res.qos!r} is not allowed for {whose}; "
-            f"{did_you_mean(res.qos, allowed)}(valid: {', '.join(allowed)})"
+            f"QOS {qos!r} is not allowed for {whose}; "
+            f"{did_you_mean(qos, allowed)}(valid: {', '.join(allowed)})"
         )
     return out

@@ -349,3 +349,24 @@ def test_site_gpu_request_option(tmp_path: Path) -> None:
     assert _errors(tmp_path, "mem: 1G\n", site=SITE + "gpu_request: gpus\n", rules=None) == [
         "site.yaml:9: gpu_request: must be one of gpus-per-node, gres, got 'gpus'"
     ]
+
+
+def test_doctor_checks_the_sites_gpu_types_account_and_qos() -> None:
+    from dlhpc.config.model import PartitionInfo
+    from dlhpc.scheduler.slurm.site import doctor_checks
+
+    parts = {"debug": PartitionInfo("debug", 2, "a100"), "high": PartitionInfo("high", 2, "h100")}
+    site = SiteConfig("s", None, account="dlhpc-lab", qos="dlhpc-qos", partitions=parts)
+    checks = doctor_checks(site, SlurmRules(FakeRun(), user="u"))
+    assert [(c.name, c.status, c.detail) for c in checks] == [
+        ("site GPU types", "fail", "high: 'h100' not among a100, v100"),
+        ("site account and QOS", "ok", "dlhpc-lab / dlhpc-qos"),
+    ]
+    down = SlurmRules(FakeRun(sinfo=SINFO_2205_UNTYPED, sacctmgr=(1, "", "no db")), user="u")
+    checks = doctor_checks(SiteConfig("s", None, qos="x", partitions=parts), down)
+    assert [(c.name, c.status) for c in checks] == [
+        ("site GPU types", "fail"),
+        ("site account and QOS", "warn"),
+    ]
+    assert "sacctmgr failed (exit 1): no db" in checks[1].detail
+    assert doctor_checks(SiteConfig("s", None), down) == []

@@ -17,6 +17,7 @@ launch`` (and ``--dry-run``) and ``dlhpc doctor``:
   says so (the CLI prints it: never a silent skip).
 
 Each command runs only when a check needs it, at most once per instance.
+:func:`doctor_checks` applies the same rules to the site file's own values.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from dlhpc._perms import current_user
+from dlhpc.config import SiteConfig, association_problems
 from dlhpc.errors import SchedulerError
+from dlhpc.scheduler.registry import Check
 
 __all__ = [
     "SINFO_GRES",
@@ -35,6 +38,7 @@ __all__ = [
     "Runner",
     "SlurmRules",
     "associations_command",
+    "doctor_checks",
     "parse_associations",
     "parse_sinfo_gres",
 ]
@@ -173,3 +177,32 @@ class SlurmRules:
             self.warnings.append(f"{skip}: sacctmgr lists no association for user {user!r}")
             return None
         return found
+
+
+def doctor_checks(site: SiteConfig, rules: SlurmRules | None = None) -> list[Check]:
+    """``dlhpc doctor``'s lines for the site's GPU types (each listed partition's
+    ``gpu_type`` among its nodes' gres) and its default account and QOS (among the
+    user's associations; a warning where accounting cannot tell)."""
+    rules = rules if rules is not None else SlurmRules()
+    checks: list[Check] = []
+    typed = {p: i.gpu_type for p, i in sorted(site.partitions.items()) if i.gpu_type}
+    if typed:
+        try:
+            bad = [
+                f"{p}: {t!r} not among {', '.join(sorted(rules.gpu_types(p) or ())) or 'none'}"
+                for p, t in typed.items()
+                if p in rules.partitions() and t not in (rules.gpu_types(p) or ())
+            ]
+        except SchedulerError as exc:
+            bad = [str(exc)]
+        detail = "; ".join(bad) if bad else ", ".join(f"{p}: {t}" for p, t in typed.items())
+        checks.append(Check("site GPU types", "fail" if bad else "ok", detail))
+    if site.account is not None or site.qos is not None:
+        assoc = rules.associations()
+        if assoc is None:
+            checks.append(Check("site account and QOS", "warn", "; ".join(rules.warnings)))
+        else:
+            problems = association_problems(site.account, site.qos, assoc)
+            detail = "; ".join(problems.values()) or f"{site.account or '-'} / {site.qos or '-'}"
+            checks.append(Check("site account and QOS", "fail" if problems else "ok", detail))
+    return checks
