@@ -5,8 +5,8 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.live import Live
@@ -31,7 +31,6 @@ from dlhpc.orchestrator import launch as do_launch
 from dlhpc.orchestrator import tick as do_tick
 from dlhpc.orchestrator.common import SchedulerPool
 from dlhpc.report.status import status_data
-from dlhpc.scheduler import SlurmScheduler
 from dlhpc.scheduler.registry import default_registry
 from dlhpc.search import expected_trials
 from dlhpc.states import ExperimentState
@@ -53,9 +52,11 @@ def launch(
     experiment: Path, site: str | None, dry_run: bool, follow: bool, as_json: bool, interval: float
 ) -> None:
     """Launch EXPERIMENT (a YAML file) as Slurm job arrays."""
-    cfg = load_experiment(
-        experiment, site=site, partitions=_cluster_partitions(dry_run), backends=backends()
-    )
+    rules = _ClusterRules(dry_run)
+    try:
+        cfg = load_experiment(experiment, site=site, cluster=rules, backends=backends())
+    finally:
+        rules.warn()
     use_site(cfg.site)
     home = default_home(cfg.site.state_dir)
     problem = default_registry().get(cfg.backend).request_problem(home)
@@ -95,12 +96,30 @@ def launch(
         _follow(store, result.experiment_id, interval)
 
 
-def _cluster_partitions(dry_run: bool) -> Callable[[], list[str]] | None:
-    """Slurm's partitions for the loader's check (one sinfo, asked only when a Slurm
-    job names a partition); a dry run skips the check where sinfo is not installed."""
-    if dry_run and shutil.which("sinfo") is None:
-        return None
-    return SlurmScheduler().partitions
+class _ClusterRules:
+    """The loader's ``cluster=``: each backend's rules (Slurm: one sinfo, one sacctmgr,
+    asked only when a value needs them), made on first need; :meth:`warn` prints the
+    checks they skipped. A dry run skips Slurm's where sinfo is not installed (e.g.
+    rendering scripts on a laptop), and says so."""
+
+    def __init__(self, dry_run: bool) -> None:
+        self.dry_run = dry_run
+        self.made: list[Any] = []
+        self.skipped: list[str] = []
+
+    def __call__(self, backend: str) -> Any:
+        if self.dry_run and backend == "slurm" and shutil.which("sinfo") is None:
+            self.skipped.append("partition, GPU type, account and QOS not checked: no sinfo here")
+            return None
+        rules = default_registry().get(backend).cluster_rules()
+        if rules is not None:
+            self.made.append(rules)
+        return rules
+
+    def warn(self) -> None:
+        lines = self.skipped + [w for r in self.made for w in getattr(r, "warnings", [])]
+        for line in lines:
+            click.echo(f"warning: {line}", err=True)
 
 
 _LARGE_LAUNCH = 200  # trials: from here on a TTY shows a progress bar while launching

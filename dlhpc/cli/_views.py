@@ -204,7 +204,10 @@ def experiment_view(
     """The experiment's trial table (at most ``limit`` rows; None: all) and notes."""
     direction = "min" if exp.smaller_is_better else "max"
     table = Table(
-        title=f"experiment {exp.id} {exp.name} [{exp.state}]  metric: {exp.metric} ({direction})",
+        # Text, not markup: a name like "[bold]x" or "[/]" is shown as written
+        title=Text(
+            f"experiment {exp.id} {exp.name} [{exp.state}]  metric: {exp.metric} ({direction})"
+        ),
         title_justify="left",
     )
     metric = exp.metric

@@ -5,6 +5,8 @@ Public API:
 * :func:`load_experiment` -- an experiment YAML -> :class:`ExperimentConfig`
   (site defaults applied, paths expanded, ``backend`` resolved);
 * :func:`load_site` / :func:`site_search_path` / :func:`list_sites` -- site files;
+* :class:`ClusterRules` -- what a backend tells the loader about its cluster;
+* :func:`name_slug` -- an experiment name as ``[a-z0-9-]`` text;
 * :func:`parse_slurm_time` / :func:`parse_duration_s` -- Slurm time limits and
   short durations (raise :class:`ValueError`).
 
@@ -16,7 +18,9 @@ Loading has no side effects and raises only :class:`~dlhpc.errors.ConfigError`
 (exit code 2), which lists every problem as ``file:line: field: message``.
 """
 
+from dlhpc.config._cluster import ClusterRules, association_problems
 from dlhpc.config._experiment import load_experiment
+from dlhpc.config._names import MAX_NAME_LENGTH, name_slug
 from dlhpc.config._permissions import PRIVATE_UMASK, Permissions
 from dlhpc.config._site import list_sites, load_site, site_search_path
 from dlhpc.config._units import parse_duration_s, parse_slurm_time
@@ -37,9 +41,11 @@ from dlhpc.config.model import (
 )
 
 __all__ = [
+    "MAX_NAME_LENGTH",
     "PRIVATE_UMASK",
     "SCHEMA_VERSION",
     "CheckpointConfig",
+    "ClusterRules",
     "DataInput",
     "DeepSpeedConfig",
     "Environment",
@@ -52,9 +58,11 @@ __all__ = [
     "Resources",
     "SearcherConfig",
     "SiteConfig",
+    "association_problems",
     "list_sites",
     "load_experiment",
     "load_site",
+    "name_slug",
     "parse_duration_s",
     "parse_slurm_time",
     "site_search_path",

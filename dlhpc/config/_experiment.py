@@ -17,10 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from dlhpc.config import _fields as F
+from dlhpc.config._cluster import ClusterRules, RulesFactory, check_cluster
 from dlhpc.config._data import read_data
 from dlhpc.config._deepspeed import read_deepspeed
+from dlhpc.config._gpus import gpu_count, gpu_option, resolve_gpu_type
 from dlhpc.config._hparams import read_hyperparameters, read_searcher
-from dlhpc.config._partitions import PartitionLister, check_cluster_partition
+from dlhpc.config._names import experiment_name
+from dlhpc.config._partitions import PartitionLister, PartitionsOnly
 from dlhpc.config._paths import absolute
 from dlhpc.config._site import (
     Backends,
@@ -57,7 +60,6 @@ from dlhpc.errors import ConfigError, ConfigIssue
 __all__ = ["load_experiment"]
 
 _MAX_COUNT = 100_000  # nodes, CPUs, restarts, kept checkpoints: more is a typo
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _MEM = re.compile(r"[0-9]{1,12}[KMGT]?")
 _MEM_UNIT_MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2}
 _MAX_MEM_MB = 10**12  # far above any node; what Slurm's --mem parser takes
@@ -104,6 +106,12 @@ def _sbatch_arg(value: Any) -> str:
             f"(write '--partition=gpu', not '-p gpu'), got {describe(value)}"
         )
     option = value.split("=", 1)[0]
+    gpu = gpu_option(value)
+    if gpu is not None:
+        raise Invalid(
+            f"{gpu} requests GPUs, which resources.gpus_per_node already does (2, or a typed "
+            "a100:2); remove it"
+        )
     if option.startswith("--"):
         given = option[2:]
         for long in _OWNED:
@@ -118,14 +126,7 @@ def _sbatch_arg(value: Any) -> str:
 
 
 _TOP = {
-    "name": Field(
-        string(
-            pattern=_NAME,
-            what="must be 1-64 characters of letters, digits, "
-            "_ . - starting with a letter or digit",
-        ),
-        required=True,
-    ),
+    "name": Field(experiment_name, required=True),
     "description": Field(string(), default=""),
     "entrypoint": Field(string(nonempty=True), required=True),
     "workdir": Field(_passthrough, nullable=True),
@@ -143,7 +144,7 @@ _TOP = {
 }
 _RESOURCES = {
     "nodes": Field(integer(min=1, cap=_MAX_COUNT), default=1),
-    "gpus_per_node": Field(integer(min=0, cap=1024), default=0),
+    "gpus_per_node": Field(gpu_count, default=(None, 0)),
     "tasks_per_node": Field(integer(min=1, cap=_MAX_COUNT), nullable=True),
     "cpus_per_task": Field(integer(min=1, cap=_MAX_COUNT), default=1),
     "mem": Field(_mem, default="4G"),
@@ -171,6 +172,7 @@ def load_experiment(
     environ: Mapping[str, str] | None = None,
     partitions: PartitionLister | None = None,
     backends: Backends | None = None,
+    cluster: RulesFactory | None = None,
 ) -> ExperimentConfig:
     """Load, validate and resolve the experiment file ``path``.
 
@@ -179,9 +181,11 @@ def load_experiment(
     ``environ`` (default ``os.environ``) is used for ``~``, ``${VAR}``,
     ``$DLHPC_*`` and by ``backends`` (the scheduler registry: the backend names a
     site may use, and what ``backend: auto`` means there; needed for ``auto``).
-    ``partitions``: the Slurm cluster's partition names, asked (once) only when
-    the backend is Slurm and a partition is set (see :mod:`dlhpc.config._partitions`);
-    its errors propagate.
+    ``cluster``: the backend's :class:`ClusterRules` (for the resolved backend
+    name): the partition, GPU type, account and QOS are checked against the
+    cluster (see :mod:`dlhpc.config._cluster`); its errors propagate.
+    ``partitions`` (without ``cluster``): the Slurm cluster's partition names only,
+    asked (once) only when the backend is Slurm and a partition is set.
     """
     env: Mapping[str, str] = os.environ if environ is None else environ
     label = str(path)
@@ -197,12 +201,10 @@ def load_experiment(
 
     resources = _resources(issues, top["resources"], cfg_site, site_ok)
     backend = resolve_backend(site_cfg.backend, env, backends) if site_cfg else None
-    if partitions is not None and site_ok and backend == "slurm":
-        ours = isinstance(top["resources"], dict) and top["resources"].get("partition")
-        if issues.ok(("resources", "partition")):
-            site_issues += check_cluster_partition(
-                issues, cfg_site, resources.partition, bool(ours), partitions
-            )
+    rules = _rules(backend, cluster, partitions) if site_ok and backend is not None else None
+    if rules is not None:
+        given = top["resources"] if isinstance(top["resources"], dict) else {}
+        site_issues += check_cluster(issues, cfg_site, resources, given, rules)
     e = read_section(issues, top["environment"], ("environment",), _ENVIRONMENT)
     space = read_hyperparameters(issues, top["hyperparameters"])
     searcher = read_searcher(issues, top["searcher"], space)
@@ -267,6 +269,16 @@ def load_experiment(
     )
 
 
+def _rules(
+    backend: str, cluster: RulesFactory | None, partitions: PartitionLister | None
+) -> ClusterRules | None:
+    if cluster is not None:
+        return cluster(backend)
+    if partitions is not None and backend == "slurm":
+        return PartitionsOnly(partitions)
+    return None
+
+
 def _site(
     issues: Issues,
     arg: str | None,
@@ -299,7 +311,7 @@ def _resources(issues: Issues, value: Any, site: SiteConfig, site_ok: bool) -> R
     s = read_section(issues, value, path, _RESOURCES)
     partition = s["partition"] if s["partition"] is not None else site.partition
     time_text, minutes = s["time"]
-    gpus = s["gpus_per_node"]
+    given_type, gpus = s["gpus_per_node"]
     if site_ok and site.partitions and partition is not None and issues.ok((*path, "partition")):
         for part in partition.split(","):
             info = site.partitions.get(part)
@@ -310,6 +322,12 @@ def _resources(issues: Issues, value: Any, site: SiteConfig, site_ok: bool) -> R
                 issues.add(
                     (*path, "gpus_per_node"),
                     f"partition {part!r} has {info.gpus_per_node} GPU(s) per node, got {gpus}",
+                )
+            if given_type and info.gpu_type and given_type != info.gpu_type:
+                issues.add(
+                    (*path, "gpus_per_node"),
+                    f"partition {part!r} has GPUs of type {info.gpu_type!r} (site "
+                    f"{site.name!r}), got {given_type!r}",
                 )
             limit = info.max_time_minutes
             if limit is not None and minutes > limit and issues.ok((*path, "time")):
@@ -332,6 +350,7 @@ def _resources(issues: Issues, value: Any, site: SiteConfig, site_ok: bool) -> R
         qos=s["qos"] if s["qos"] is not None else site.qos,
         constraint=s["constraint"],
         sbatch_args=s["sbatch_args"],
+        gpu_type=resolve_gpu_type(site, partition, given_type, gpus),
     )
 
 

@@ -13,17 +13,34 @@ experiment, else ``partition`` in the site file; the message lists the valid one
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 
-from dlhpc.config._validate import Issues, did_you_mean
+from dlhpc.config._validate import Issues, did_you_mean, fmt_path
 from dlhpc.config._yaml import read_yaml_file
 from dlhpc.config.model import SiteConfig
 from dlhpc.errors import ConfigError, ConfigIssue
 
-__all__ = ["PartitionLister", "check_cluster_partition"]
+__all__ = ["PartitionLister", "PartitionsOnly", "check_cluster_partition", "site_issue"]
 
 #: Returns the partition names the cluster has (e.g. ``sinfo --all -h -o %R``).
 PartitionLister = Callable[[], Collection[str]]
+
+
+class PartitionsOnly:
+    """Cluster rules that know the partitions only (from a :data:`PartitionLister`):
+    default partition, GPU types and associations unknown (not checked)."""
+
+    def __init__(self, lister: PartitionLister) -> None:
+        self.partitions = lister
+
+    def default_partition(self) -> str | None:
+        return None
+
+    def gpu_types(self, partition: str) -> Collection[str] | None:
+        return None
+
+    def associations(self) -> Mapping[str, Collection[str]] | None:
+        return None
 
 
 def check_cluster_partition(
@@ -53,16 +70,20 @@ def check_cluster_partition(
         if from_experiment:
             issues.add(("resources", "partition"), message)
         else:
-            out.append(_site_issue(site, message))
+            out.append(site_issue(site, message))
     return out
 
 
-def _site_issue(site: SiteConfig, message: str) -> ConfigIssue:
+def site_issue(
+    site: SiteConfig, message: str, key: tuple[str, ...] = ("partition",)
+) -> ConfigIssue:
+    """``message`` as a problem of the site file at ``key`` (its line when the file
+    still reads)."""
     label = str(site.source) if site.source is not None else site.name
     line = None
     if site.source is not None:
         try:
-            line = read_yaml_file(site.source, label).lines.get(("partition",))
+            line = read_yaml_file(site.source, label).lines.get(key)
         except ConfigError:
             line = None  # the file changed since it loaded: name it without a line
-    return ConfigIssue(label, line, "partition", message)
+    return ConfigIssue(label, line, fmt_path(key), message)

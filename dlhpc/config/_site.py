@@ -71,11 +71,15 @@ class Backends(Protocol):
 
 
 _SITE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_GPU_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 REPO_SITES = Path(__file__).resolve().parents[2] / "site-configs"
 
 _PARTITION_FIELDS = {
     "gpus_per_node": Field(integer(min=0, max=1024), default=0),
-    "gpu_type": Field(F.TOKEN, nullable=True),
+    "gpu_type": Field(
+        string(pattern=_GPU_TYPE, what="must be a GPU type like a100 (letters, digits, _ . -)"),
+        nullable=True,
+    ),
     "max_time": Field(F.slurm_time(allow_unlimited=True), nullable=True),
     "preemptible": Field(boolean, default=False),
 }
@@ -219,6 +223,7 @@ def load_site_file(
         "max_array_size": Field(integer(min=1, max=10_000_000), nullable=True),
         "env": Field(F.env_vars, default={}),
         "journal_mode": Field(choice("delete", "wal"), default="delete"),
+        "gpu_request": Field(choice("gpus-per-node", "gres"), default="gpus-per-node"),
         "local_max_parallel": Field(integer(min=1, max=100_000), nullable=True),
         "permissions": Field(lambda value: value, nullable=True),  # read_permissions checks
     }
@@ -247,6 +252,7 @@ def load_site_file(
         journal_mode=s["journal_mode"],
         local_max_parallel=s["local_max_parallel"],
         permissions=permissions,
+        gpu_request=s["gpu_request"],
     )
     return _finish(site, environ, scratch=s["scratch"], state_dir=s["state_dir"])
 

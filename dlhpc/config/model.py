@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from dlhpc.config._names import name_slug
 from dlhpc.config._permissions import Permissions
 
 SCHEMA_VERSION = 1
@@ -38,7 +39,7 @@ class HParam:
 @dataclass(frozen=True)
 class Resources:
     nodes: int = 1
-    gpus_per_node: int = 0
+    gpus_per_node: int = 0  # the count N, also of a typed request ``TYPE:N``
     tasks_per_node: int = 1  # default max(1, gpus_per_node), resolved by the loader
     cpus_per_task: int = 1
     mem: str = "4G"
@@ -49,6 +50,9 @@ class Resources:
     qos: str | None = None
     constraint: str | None = None
     sbatch_args: tuple[str, ...] = ()
+    # The GPU type (``a100`` of ``gpus_per_node: a100:2``, else the site partition's
+    # ``gpu_type``); None: any GPU. Only set when gpus_per_node > 0.
+    gpu_type: str | None = None
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,8 @@ class SiteConfig:
     journal_mode: Literal["delete", "wal"] = "delete"  # WAL only on local disks
     local_max_parallel: int | None = None  # local backend: concurrent tasks (default: CPUs)
     permissions: Permissions = field(default_factory=Permissions)  # who may read what we create
+    # How a GPU request is written: ``--gpus-per-node=[TYPE:]N`` or ``--gres=gpu:[TYPE:]N``.
+    gpu_request: Literal["gpus-per-node", "gres"] = "gpus-per-node"
 
 
 @dataclass(frozen=True)
@@ -170,3 +176,8 @@ class ExperimentConfig:
     data: tuple[DataInput, ...] = ()  # declared data inputs (``data:``)
     backend: BackendName = "local"  # the site's backend with ``auto`` resolved by the loader
     raw: dict[str, Any] = field(default_factory=dict)  # the YAML mapping as given
+
+    @property
+    def slug(self) -> str:
+        """The name as ``[a-z0-9-]`` text (:func:`name_slug`), for file and job names."""
+        return name_slug(self.name)

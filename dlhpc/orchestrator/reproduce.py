@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 
 from dlhpc._perms import copy_file
 from dlhpc._safepath import inside
+from dlhpc.config import MAX_NAME_LENGTH
 from dlhpc.config.model import ExperimentConfig, HParam
 from dlhpc.config.serde import to_jsonable
 from dlhpc.errors import NotFoundError, UsageError
@@ -137,7 +138,7 @@ def _reproduction_config(
 ) -> ExperimentConfig:
     return replace(
         cfg,
-        name=f"{cfg.name}-repro-t{trial_id}"[:64],
+        name=f"{cfg.name}-repro-t{trial_id}"[:MAX_NAME_LENGTH],
         description=f"reproduction of trial {trial_id} (experiment {exp_id})",
         hyperparameters={k: HParam(k, "const", value=v) for k, v in sorted(hp.items())},
         searcher=replace(

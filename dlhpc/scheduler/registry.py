@@ -95,6 +95,9 @@ class Backend:
     ``available(environ)``: whether it can submit from here (cheap, no
     subprocess); ``doctor``: ``(site) -> list[Check]``; ``request_check``:
     ``(state_dir) -> str | None``, why this state folder cannot hold its jobs;
+    ``site_rules``: ``() -> ClusterRules`` (:mod:`dlhpc.config._cluster`), what the
+    cluster allows (partitions, GPU types, accounts, QOS) for the loader's checks,
+    with a ``warnings`` list of the checks it had to skip;
     ``runs_here``: its jobs run on this machine; ``auto_priority``: rank for
     ``backend: auto`` (None: never chosen automatically). Each callable may be
     given as a ``"module:attribute"`` string, imported on first use.
@@ -106,6 +109,7 @@ class Backend:
     available: Callable[[Mapping[str, str]], bool] = field(default=lambda _env: True)
     doctor: str | Callable[[Any], list[Check]] | None = None
     request_check: str | Callable[[Path], str | None] | None = None
+    site_rules: str | Callable[[], Any] | None = None
     runs_here: bool = False
     auto_priority: int | None = None
 
@@ -125,6 +129,14 @@ class Backend:
             return []
         checks: Callable[[Any], list[Check]] = _resolve(self.doctor)
         return checks(site)
+
+    def cluster_rules(self) -> Any:
+        """A new instance of the backend's cluster rules, or None without any (typed
+        loosely: this module never imports the config layer)."""
+        if self.site_rules is None:
+            return None
+        factory: Callable[[], Any] = _resolve(self.site_rules)
+        return factory()
 
     def request_problem(self, state_dir: Path) -> str | None:
         """Why this backend's jobs cannot use ``state_dir``, or None."""

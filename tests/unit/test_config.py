@@ -346,7 +346,8 @@ def test_site_file_errors_name_the_site_file(tmp_path: Path, env: dict[str, str]
         "bad.yaml:6: journal_mode: must be one of delete, wal, got 'WAL'",
         "bad.yaml:7: max_array_size: must be an integer between 1 and 10000000, got 0",
         "bad.yaml:8: scratch: undefined environment variable $UNDEFINED",
-        "bad.yaml:9: preemptible: unknown key; (valid: account, backend, env, journal_mode, "
+        "bad.yaml:9: preemptible: unknown key; (valid: account, backend, env, gpu_request, "
+        "journal_mode, "
         "lead_time, local_max_parallel, max_array_size, modules, name, partition, partitions, "
         "permissions, "
         "qos, scratch, signal, state_dir)",
@@ -574,11 +575,18 @@ def test_required_fields_and_name_rules(env: dict[str, str]) -> None:
         "exp.yaml: name: required field missing",
         "exp.yaml: entrypoint: required field missing",
     ]
-    bad_name = "exp.yaml:1: name: must be 1-64 characters of letters, digits, _ . - starting "
-    assert errors(env, "name: -x\nentrypoint: a\n") == [
-        bad_name + "with a letter or digit, got '-x'"
+    # Names are free-form printable text up to 128 characters (issue 15).
+    assert errors(env, "name: '  '\nentrypoint: a\n") == ["exp.yaml:1: name: must not be empty"]
+    assert errors(env, f"name: {'a' * 129}\nentrypoint: a\n") == [
+        "exp.yaml:1: name: must be at most 128 characters, got 129"
     ]
-    assert errors(env, f"name: {'a' * 65}\nentrypoint: a\n")[0].startswith(bad_name)
+    assert errors(env, 'name: "a\\x1b[31mb"\nentrypoint: a\n') == [
+        "exp.yaml:1: name: must be printable text (no control characters), got '\\x1b' "
+        "(U+001B) in 'a\\x1b[31mb'"
+    ]
+    assert errors(env, "name: 12\nentrypoint: a\n") == [
+        "exp.yaml:1: name: must be text (put it in quotes), got 12"
+    ]
     assert errors(env, "name: x\nentrypoint: '  '\n") == [
         "exp.yaml:2: entrypoint: must be a non-empty string, got '  '"
     ]

@@ -4,7 +4,8 @@
 Importing this package is cheap (standard library only): the scheduler
 (:mod:`~dlhpc.scheduler.slurm.scheduler`, which imports submitit), the job
 environment (:mod:`~dlhpc.scheduler.slurm.environment`) and the checks
-(:mod:`~dlhpc.scheduler.slurm.checks`) load on first use.
+(:mod:`~dlhpc.scheduler.slurm.checks`) and the cluster's rules for the config
+checks (:mod:`~dlhpc.scheduler.slurm.site`) load on first use.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ BACKEND = Backend(
     available=sbatch_on_path,
     doctor="dlhpc.scheduler.slurm.checks:doctor_checks",
     request_check="dlhpc.scheduler.slurm.checks:state_dir_problem",
+    site_rules="dlhpc.scheduler.slurm.site:SlurmRules",
     auto_priority=10,
 )
 

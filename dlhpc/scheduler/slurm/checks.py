@@ -12,6 +12,7 @@ from typing import Any
 from dlhpc.config.model import SiteConfig
 from dlhpc.scheduler.registry import Check
 from dlhpc.scheduler.slurm import sbatch_on_path
+from dlhpc.scheduler.slurm import site as site_rules
 from dlhpc.scheduler.slurm._pyslurm import poll_path
 from dlhpc.scheduler.slurm.limits import NO_ACCOUNTING, limits_check
 
@@ -76,7 +77,7 @@ def doctor_checks(site: SiteConfig) -> list[Check]:
         status = "fail" if site.backend == "slurm" else "skip"
         checks = [Check("slurm", status, "sbatch not on PATH (the local backend runs trials here)")]
     else:
-        checks = _cluster_checks(site)
+        checks = [*_cluster_checks(site), *site_rules.doctor_checks(site)]
     return [*checks, pyslurm_check()]
 
 

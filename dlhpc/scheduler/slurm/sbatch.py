@@ -133,6 +133,19 @@ def _setup_lines(env: dict[str, str]) -> list[str]:
     return lines
 
 
+def _gpu_request(request: JobRequest) -> dict[str, Any]:
+    """``--gpus-per-node=[TYPE:]N`` or, where the site says ``gpu_request: gres``,
+    ``--gres=gpu:[TYPE:]N`` (merged with a non-GPU ``--gres`` of sbatch_args)."""
+    res = request.resources
+    if not res.gpus_per_node:
+        return {}
+    spec = f"{res.gpu_type}:{res.gpus_per_node}" if res.gpu_type else str(res.gpus_per_node)
+    if request.site.gpu_request != "gres":
+        return {"gpus_per_node": spec}
+    other = parse_sbatch_args(res.sbatch_args).get("gres")
+    return {"gres": f"gpu:{spec}" + (f",{other}" if isinstance(other, str) else "")}
+
+
 def sbatch_parameters(request: JobRequest, n_tasks: int, throttle: int) -> dict[str, Any]:
     """submitit ``update_parameters`` keywords for one chunk of ``n_tasks`` run at
     most ``throttle`` at a time (``%throttle``; 0 = no limit)."""
@@ -147,6 +160,8 @@ def sbatch_parameters(request: JobRequest, n_tasks: int, throttle: int) -> dict[
         "requeue": True,
     }
     additional.update(parse_sbatch_args(res.sbatch_args))
+    if res.gpus_per_node and request.site.gpu_request == "gres":
+        additional.pop("gres", None)  # merged into the GPU request
     params: dict[str, Any] = {
         "job_name": request.name,
         "partition": res.partition,
@@ -156,7 +171,7 @@ def sbatch_parameters(request: JobRequest, n_tasks: int, throttle: int) -> dict[
         "nodes": res.nodes,
         "ntasks_per_node": res.tasks_per_node,
         "cpus_per_task": res.cpus_per_task,
-        "gpus_per_node": res.gpus_per_node or None,
+        **_gpu_request(request),
         "mem": res.mem,
         "time": res.time_minutes,
         "wckey": None,
