@@ -39,7 +39,9 @@ from dlhpc.store import Attempt, Store, Trial, utcnow
 from dlhpc.store.ingest import ingest_attempt
 from tests.unit._db import exp_and_trial
 
-FAKE_MODULE = 'module() { [ "$1" = load ] && [ "$2" != nonexistent ] && export LOADEDMODULES="$2"; }'
+FAKE_MODULE = (
+    'module() { [ "$1" = load ] && [ "$2" != nonexistent ] && export LOADEDMODULES="$2"; }'
+)
 
 
 def make_experiment(
