@@ -182,8 +182,10 @@ def cron(
     scrontab: bool,
     time_limit: str,
 ) -> None:
-    """Print the crontab line for this user and site (install it with `crontab -e`), or
-    with --scrontab the scrontab entry (for clusters without cron on the login node)."""
+    """Print the crontab line for this user and site (install it with `crontab -e`).
+
+    With --scrontab: the Slurm scrontab entry instead, for clusters without cron on the
+    login node (install it with `scrontab FILE`)."""
     if scrontab:
         entry, env = scrontab_entry(site, every, out_dir, notify, time_limit)
         # Slurm does not create a log's folder: a job whose --output it cannot open fails

@@ -45,18 +45,16 @@ def _landed(tmp: str, path: Path, data: bytes) -> bool:
         return False
 
 
-def atomic_write_bytes(path: Path, data: bytes, *, private: bool = False) -> None:
+def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Publish ``data`` at ``path`` atomically: readers see all of it or nothing.
 
     A rename that reports an error but happened (NFS) counts as done, so a caller
-    never publishes the same records again under another name. ``private``: the file
-    stays mode 0600 whatever the site's permissions policy (it may hold secrets).
+    never publishes the same records again under another name.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        if not private:
-            fix_fd_mode(fd)  # mkstemp's 0600 -> what the umask (the site's policy) gives
+        fix_fd_mode(fd)  # mkstemp's 0600 -> what the umask (the site's policy) gives
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -73,9 +71,9 @@ def atomic_write_bytes(path: Path, data: bytes, *, private: bool = False) -> Non
     fsync_dir(path.parent)
 
 
-def atomic_write_text(path: Path, text: str, *, private: bool = False) -> None:
+def atomic_write_text(path: Path, text: str) -> None:
     """:func:`atomic_write_bytes` of ``text`` encoded as UTF-8."""
-    atomic_write_bytes(path, text.encode("utf-8"), private=private)
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def read_small_json(path: Path) -> dict[str, Any] | None:

@@ -5,7 +5,7 @@ Layout under the runs folder (one per store)::
     exp-000007/                  experiment_dir()
       experiment.json            EXPERIMENT_FILE: resolved config (written at launch)
       entry.sh                   ENTRY_SCRIPT: site modules + environment.setup + entrypoint
-      launch-env.json            LAUNCH_ENV_FILE: the launch's environment (mode 0600), which
+      launch-env.json            LAUNCH_ENV_FILE: the launch's environment (policy's mode), which
                                  later submissions (cron, scrontab ticks) run sbatch in
       code/                      CODE_DIR: snapshot of the workdir at launch
       jobs/                      JOBS_DIR: the scheduler backend's folder (scripts, logs)
