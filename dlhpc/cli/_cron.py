@@ -32,7 +32,7 @@ from dlhpc.cli._common import backends, open_store, site_option
 from dlhpc.config import load_site
 from dlhpc.store import Store, default_home
 
-__all__ = ["COMMANDS", "cron_line"]
+__all__ = ["COMMANDS", "cron_line", "scrontab_entry"]
 
 _FIRST_DIGEST = timedelta(hours=24)  # a first digest looks back this far
 _MAIL_TIMEOUT_S = 120
@@ -111,6 +111,40 @@ def cron_line(
     return f"{_schedule(every)} {command}", env
 
 
+def scrontab_entry(
+    site: str | None = None,
+    every: int = 1,
+    out_dir: Path | None = None,
+    notify: str | None = None,
+    time_limit: str = "00:10:00",
+) -> tuple[str, dict[str, str]]:
+    """The scrontab entry (``#SCRON`` option lines, then :func:`cron_line`'s line) for
+    clusters without cron on the login node, and the environment it fixes. Slurm runs
+    it as a job of its own that is queued again for its next time, so two runs never
+    overlap (and a tick that finds the lease taken exits quietly, as from cron). It
+    takes the site's partition, account and QOS; its log is appended to
+    ``$DLHPC_HOME/cron/scrontab.log``."""
+    line, env = cron_line(site, every, out_dir, notify)
+    cfg = load_site(site, backends=backends())
+    options = {
+        "job-name": "dlhpc-tick",
+        "partition": (cfg.partition or "").split(",")[0] or None,
+        "account": cfg.account,
+        "qos": cfg.qos,
+        "time": time_limit,
+        "cpus-per-task": "1",
+        "output": str(Path(env["DLHPC_HOME"]) / "cron" / "scrontab.log"),
+        "open-mode": "append",
+    }
+    head = []
+    for key, value in options.items():
+        if value is not None:
+            if any(c.isspace() for c in value):
+                raise click.BadParameter(f"the scrontab option --{key} {value!r} holds a space")
+            head.append(f"#SCRON --{key}={value}")
+    return "\n".join([*head, line]), env
+
+
 @click.command()
 @site_option
 @click.option(
@@ -128,8 +162,42 @@ def cron_line(
     metavar="FILE|mail:ADDRESS",
     help="Also send a digest (finished experiments, failed trials, idle GPUs) of what is new.",
 )
-def cron(site: str | None, every: int, out_dir: Path | None, notify: str | None) -> None:
-    """Print the crontab line for this user and site (install it with `crontab -e`)."""
+@click.option(
+    "--scrontab",
+    is_flag=True,
+    help="Print a Slurm scrontab entry instead (install it with `scrontab FILE`).",
+)
+@click.option(
+    "--time",
+    "time_limit",
+    default="00:10:00",
+    show_default=True,
+    help="With --scrontab: the tick job's time limit.",
+)
+def cron(
+    site: str | None,
+    every: int,
+    out_dir: Path | None,
+    notify: str | None,
+    scrontab: bool,
+    time_limit: str,
+) -> None:
+    """Print the crontab line for this user and site (install it with `crontab -e`).
+
+    With --scrontab: the Slurm scrontab entry instead, for clusters without cron on the
+    login node (install it with `scrontab FILE`)."""
+    if scrontab:
+        entry, env = scrontab_entry(site, every, out_dir, notify, time_limit)
+        # Slurm does not create a log's folder: a job whose --output it cannot open fails
+        (Path(env["DLHPC_HOME"]) / "cron").mkdir(parents=True, exist_ok=True)
+        click.echo(
+            f"# dlhpc: tick every {every} min and refresh the reports, as a Slurm scrontab\n"
+            "# job (runs never overlap). Save this to a file and run `scrontab FILE` (that\n"
+            "# replaces your scrontab: merge it with `scrontab -l` first); state in\n"
+            f"# {env['DLHPC_HOME']}, site {env['DLHPC_SITE']}."
+        )
+        click.echo(entry)
+        return
     line, env = cron_line(site, every, out_dir, notify)
     click.echo(
         f"# dlhpc: tick every {every} min and refresh the reports; prints (and cron mails)\n"

@@ -145,6 +145,10 @@ class SiteConfig:
     signal: str = "USR2"
     lead_time_s: int = 120
     modules: tuple[str, ...] = ()  # shell lines (e.g. "module load cuda/12.1") run before setup
+    # the in-job worker's interpreter, started after the modules and setup: a path, or a
+    # command looked up on PATH after the setup (e.g. "python3" of an activated env);
+    # None: the interpreter dlhpc was launched with
+    python: str | None = None
     max_array_size: int | None = None  # overrides (lowers) the cluster's MaxArraySize
     env: dict[str, str] = field(default_factory=dict)  # e.g. NCCL_SOCKET_IFNAME
     journal_mode: Literal["delete", "wal"] = "delete"  # WAL only on local disks

@@ -46,6 +46,7 @@ from dlhpc.protocol import (
     HEARTBEAT_INTERVAL_S,
     PROGRESS_FILE,
     REQUEUE_EXIT_CODE,
+    SETUP_DONE_VAR,
     EventWriter,
     TrialSpec,
     atomic_write_text,
@@ -88,8 +89,10 @@ def _child_env(spec: TrialSpec, trial_dir: Path, attempt_dir: Path) -> dict[str,
         cpus = None
     env.update(spec.env)
     # `python` in the entrypoint means the interpreter that has dlhpc, unless the
-    # user's environment.setup activates another environment (it runs later).
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    # user's environment.setup activates another environment: it runs later (entry.sh),
+    # or it ran before this worker (a job script that put this folder first before it).
+    if env.get(SETUP_DONE_VAR) != "done":
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.setdefault("OMP_NUM_THREADS", cpus or "1")
     env["PYTHONUNBUFFERED"] = "1"
     env[ENV_TRIAL_DIR] = str(trial_dir)

@@ -14,7 +14,9 @@ the scheduler's view of its job and the age of its heartbeat, it returns a
   The cause says which signal: TERM is ``preempted`` (``cancelled`` when Slurm
   says CANCELLED: ``scancel`` sends TERM too), USR2 ``timeout``, also on an
   attempt superseded by Slurm's requeue of the task (else ``requeued``);
-* any other non-zero exit is a crash: it counts toward ``max_restarts``;
+* any other non-zero exit is a crash: it counts toward ``max_restarts`` (cause
+  ``setup`` when the job script's setup failed before the worker started, else
+  ``crash``);
 * no exit record: the worker itself died (node loss, ``kill -9`` of the job, the
   whole job OOM-killed), which is not the script's fault (a crashing script leaves
   the worker alive to record its exit code). While the job runs, a heartbeat older
@@ -138,7 +140,9 @@ def judge(
             if not settled and (live or gone_for is None or gone_for <= _INTERRUPTED_GRACE):
                 return Verdict(TrialState.PENDING, cause=cause)  # Slurm may bring it back
             return Verdict(TrialState.PENDING, cause=cause, resubmit=True)
-        return Verdict(TrialState.PENDING, cause="crash", resubmit=True, counted=True)
+        # a failed setup line (module load, activation) counts like a crash of the code
+        cause = "setup" if reason == "setup" else "crash"
+        return Verdict(TrialState.PENDING, cause=cause, resubmit=True, counted=True)
     if live:
         assert st is not None  # live implies a status
         if (

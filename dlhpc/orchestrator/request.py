@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dlhpc.config.model import ExperimentConfig
+from dlhpc.orchestrator.runfiles import read_launch_environment, setup_sections
 from dlhpc.protocol import jobs_dir
 from dlhpc.scheduler import JobRequest
 
@@ -37,8 +38,10 @@ def job_request(
 ) -> JobRequest:
     """The request submitting ``trial_dirs`` (one task each, in order) of experiment
     ``exp_id`` (run folder ``exp_dir``): job name ``dlhpc-e<exp_id>-<uid>``, the
-    backend's files under ``<exp_dir>/jobs``, the in-job worker run by this
-    interpreter."""
+    backend's files under ``<exp_dir>/jobs``, the in-job worker run by the site's
+    ``python`` (default: this interpreter) after the site modules and
+    ``environment.setup``, submitted in the environment saved at launch (when there is
+    one: a dry run has none yet)."""
     return JobRequest(
         experiment_id=exp_id,
         name=f"dlhpc-e{exp_id}-{uid}",
@@ -48,5 +51,7 @@ def job_request(
         preemption=cfg.preemption,
         site=cfg.site,
         max_concurrent=cfg.searcher.max_concurrent_trials,
-        python=sys.executable,
+        python=cfg.site.python or sys.executable,
+        setup=setup_sections(cfg),
+        submit_env=read_launch_environment(exp_dir),
     )

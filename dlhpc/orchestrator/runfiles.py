@@ -7,9 +7,11 @@ atomic writes; jobs only read it (see :mod:`dlhpc.protocol` for the layout).
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from dlhpc._perms import copy_file
@@ -18,6 +20,7 @@ from dlhpc.config.model import ExperimentConfig
 from dlhpc.config.serde import to_jsonable
 from dlhpc.errors import UsageError
 from dlhpc.protocol import (
+    SETUP_DONE_VAR,
     TrialSpec,
     atomic_write_text,
     checkpoint_trial_dir,
@@ -25,6 +28,7 @@ from dlhpc.protocol import (
     entry_script,
     experiment_dir,
     experiment_file,
+    launch_env_file,
     trial_dir,
     trial_file,
 )
@@ -32,7 +36,10 @@ from dlhpc.protocol import (
 __all__ = [
     "SNAPSHOT_LIMIT_BYTES",
     "entry_script_text",
+    "launch_environment",
     "publish_staging",
+    "read_launch_environment",
+    "setup_sections",
     "stage_run_folder",
     "trial_spec",
     "write_trial_spec",
@@ -40,6 +47,8 @@ __all__ = [
 ]
 
 SNAPSHOT_LIMIT_BYTES = 200 * 1024 * 1024
+# the launch's own job context (it may run inside an allocation): never a later job's
+_JOB_CONTEXT = re.compile(r"^(SLURM_(?!CONF$)|SLURMD_|SRUN_|SALLOC_|PMIX?_|OMPI_)")
 _IGNORED = {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".mypy_cache", ".pytest_cache"}
 
 
@@ -74,6 +83,44 @@ def snapshot_code(workdir: Path, dest: Path, skip: Path, limit: int = SNAPSHOT_L
     return total
 
 
+def setup_sections(cfg: ExperimentConfig) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The shell lines a job runs before its worker: the site's modules, then the
+    experiment's ``environment.setup`` (one line per element)."""
+    sections: list[tuple[str, tuple[str, ...]]] = []
+    if cfg.site.modules:
+        sections.append(("site modules", tuple(cfg.site.modules)))
+    if cfg.environment.setup.strip():
+        sections.append(
+            ("environment.setup", tuple(cfg.environment.setup.rstrip("\n").split("\n")))
+        )
+    return tuple(sections)
+
+
+def launch_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment later submissions run sbatch in (jobs get it: ``--export=ALL``):
+    ``environ`` without the launch's own job context (``SLURM_*`` but ``SLURM_CONF``,
+    ``SRUN_*``, ``PMI*``: a launch from inside an allocation), and with ``PATH``'s
+    entries that are not absolute left out (a tick starts in another folder)."""
+    env = {k: v for k, v in environ.items() if not _JOB_CONTEXT.match(k)}
+    if "PATH" in env:
+        env["PATH"] = os.pathsep.join(e for e in env["PATH"].split(os.pathsep) if os.path.isabs(e))
+    return env
+
+
+def read_launch_environment(exp_dir: Path) -> dict[str, str] | None:
+    """The saved launch environment of an experiment; None for one launched before it
+    was saved (its jobs then get the submitting process's environment)."""
+    try:
+        data = json.loads(launch_env_file(exp_dir).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in data.items()
+    ):
+        raise UsageError(f"{launch_env_file(exp_dir)} is not a map of names to strings")
+    return data
+
+
 def entry_script_text(cfg: ExperimentConfig, experiment_id: int) -> str:
     lines = [
         "#!/bin/bash",
@@ -84,10 +131,16 @@ def entry_script_text(cfg: ExperimentConfig, experiment_id: int) -> str:
         "# limit). The training process handles them; this shell must not die of them first.",
         "trap ':' TERM USR2 INT",
     ]
+    if cfg.site.modules or cfg.environment.setup.strip():
+        # a Slurm job script runs them before the worker's Python starts (set -e) and
+        # says so; a backend that does not (local) gets them here, as before
+        lines += ["", f'if [ "${{{SETUP_DONE_VAR}:-}}" != done ]; then']
     if cfg.site.modules:
         lines += ["", "# site modules", *cfg.site.modules]
     if cfg.environment.setup.strip():
         lines += ["", "# environment.setup", cfg.environment.setup.rstrip("\n")]
+    if cfg.site.modules or cfg.environment.setup.strip():
+        lines += ["fi"]
     lines += ["", "# entrypoint", cfg.entrypoint, ""]
     return "\n".join(lines)
 
@@ -118,6 +171,10 @@ def publish_staging(staging: Path, cfg: ExperimentConfig, runs_root: Path, exp_i
         staging.rename(exp_dir)
     code_dir(exp_dir).mkdir(exist_ok=True)
     atomic_write_text(entry_script(exp_dir), entry_script_text(cfg, exp_id))
+    env = launch_environment(os.environ)
+    # the permissions policy's mode, like the run folder (private: 0600); in group mode
+    # the lab reads it as it reads the DB and trial.json (docs/CLUSTERS.md)
+    atomic_write_text(launch_env_file(exp_dir), json.dumps(env, sort_keys=True))
     atomic_write_text(
         experiment_file(exp_dir), json.dumps(to_jsonable(cfg), indent=2, sort_keys=True)
     )

@@ -15,8 +15,10 @@ Event records (one JSON object per line, ``type`` first):
 * ``{"type": "exit", "time", "code", "reason", "signal", "step", "checkpoint_step"}``;
   reason is ``completed``, ``requeue`` (the script checkpointed and exited with
   :data:`REQUEUE_EXIT_CODE` to be run again), ``signal`` (it died of a signal Slurm
-  sent, e.g. at preemption) or ``error``; ``signal`` names the first signal the
-  worker saw (``TERM``, ``USR2``...) or is null
+  sent, e.g. at preemption), ``error``, or ``setup`` (written by the job script, stream
+  ``setup``, when a setup line failed before the worker started; a ``log`` record
+  names the line); ``signal`` names the first signal the worker saw (``TERM``,
+  ``USR2``...) or is null
 * ``{"type": "checkpoint", "time", "step", "path", "size", "metric", "metric_step"}``: a
   checkpoint was published; ``metric`` is the searcher metric reported since the
   previous checkpoint (null: none was; absent in older jobs' records)

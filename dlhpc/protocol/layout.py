@@ -5,13 +5,16 @@ Layout under the runs folder (one per store)::
     exp-000007/                  experiment_dir()
       experiment.json            EXPERIMENT_FILE: resolved config (written at launch)
       entry.sh                   ENTRY_SCRIPT: site modules + environment.setup + entrypoint
+      launch-env.json            LAUNCH_ENV_FILE: the launch's environment (policy's mode), which
+                                 later submissions (cron, scrontab ticks) run sbatch in
       code/                      CODE_DIR: snapshot of the workdir at launch
       jobs/                      JOBS_DIR: the scheduler backend's folder (scripts, logs)
       trials/trial-000042/       trial_dir()
         trial.json               TRIAL_FILE: TrialSpec (hyperparameters never go through a shell)
         stop.json                STOP_FILE: the searcher stopped the trial (request_stop)
         attempts/<attempt_key>/  attempt_dir()
-          <stream>-<seq:08d>.jsonl   immutable event batches (dlhpc.protocol.events)
+          <stream>-<seq:08d>.jsonl   immutable event batches (dlhpc.protocol.events);
+                                 stream SETUP_STREAM: the job script's setup failed
           heartbeat.json         HEARTBEAT_FILE: the worker's liveness, rewritten in place
           progress.json          PROGRESS_FILE: step and last checkpoint step, rewritten
 
@@ -40,6 +43,9 @@ __all__ = [
     "HEARTBEAT_FILE",
     "HEARTBEAT_INTERVAL_S",
     "JOBS_DIR",
+    "LAUNCH_ENV_FILE",
+    "SETUP_DONE_VAR",
+    "SETUP_STREAM",
     "PROGRESS_FILE",
     "STOP_FILE",
     "TRIAL_FILE",
@@ -53,6 +59,7 @@ __all__ = [
     "experiment_dir",
     "experiment_file",
     "jobs_dir",
+    "launch_env_file",
     "request_stop",
     "stop_file",
     "stop_requested",
@@ -62,6 +69,13 @@ __all__ = [
 
 EXPERIMENT_FILE = "experiment.json"
 ENTRY_SCRIPT = "entry.sh"
+LAUNCH_ENV_FILE = "launch-env.json"
+# the event stream a job script writes when a setup line (module load, activation) fails
+# before the worker starts: an ``exit`` record with reason ``setup`` and a ``log`` record
+SETUP_STREAM = "setup"
+# set to "done" by a job script that ran the site modules and environment.setup before
+# the worker started (entry.sh then skips them, the worker leaves PATH as they made it)
+SETUP_DONE_VAR = "DLHPC_JOB_SETUP"
 CODE_DIR = "code"
 JOBS_DIR = "jobs"
 TRIALS_DIR = "trials"
@@ -99,6 +113,11 @@ def experiment_file(exp_dir: Path) -> Path:
 
 def entry_script(exp_dir: Path) -> Path:
     return exp_dir / ENTRY_SCRIPT
+
+
+def launch_env_file(exp_dir: Path) -> Path:
+    """The environment ``dlhpc launch`` ran in, which later submissions use."""
+    return exp_dir / LAUNCH_ENV_FILE
 
 
 def code_dir(exp_dir: Path) -> Path:

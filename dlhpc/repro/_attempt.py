@@ -9,6 +9,7 @@ that fails says why under ``error``), returns a JSON-able dict::
      "gpu": {"driver", "cuda_driver", "nvml", "devices": [{"index", "name", "uuid",
              "memory_total"}]} | {"devices": [], "unavailable": "why"},
      "python": {"version", "executable"},
+     "modules": {"loaded": [...], "files": [...]},   # in effect in the job (after the setup)
      "env": {NAME: value | "<redacted>"},              # allowlist, secrets redacted
      "data": [fingerprint, ...]}                       # rank 0 only (see _files)
 
@@ -158,6 +159,16 @@ def _gpu(
     return out
 
 
+def _modules(environ: Mapping[str, str]) -> dict[str, list[str]]:
+    """The environment modules in effect (Lmod and Tcl modules both keep
+    ``LOADEDMODULES`` and ``_LMFILES_``): in a job, what the site's ``module load``
+    lines and the setup really loaded, not what the site file asked for."""
+    return {
+        "loaded": [m for m in environ.get("LOADEDMODULES", "").split(":") if m],
+        "files": [f for f in environ.get("_LMFILES_", "").split(":") if f],
+    }
+
+
 def attempt_record(
     environ: Mapping[str, str],
     *,
@@ -180,6 +191,7 @@ def attempt_record(
         "cpu": _cpu,
         "gpu": lambda: _gpu(environ, nvml_loader),
         "python": lambda: {"version": platform.python_version(), "executable": sys.executable},
+        "modules": lambda: _modules(environ),
         "env": lambda: redacted_env(environ, declared, scheduler_vars),
         "data": lambda: fingerprint_data(data),
     }

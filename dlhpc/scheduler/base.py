@@ -25,7 +25,7 @@ Contract every backend honours:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -77,6 +77,13 @@ class JobRequest:
     max_concurrent: int = 0  # array throttle (%N); 0 = none
     python: str = ""  # interpreter for the in-job worker; "" = sys.executable
     env: dict[str, str] = field(default_factory=dict)  # exported to the job
+    # (label, shell lines) run in the job before the worker's interpreter starts
+    # (site modules, environment.setup); a failing line fails the attempt
+    setup: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # the environment the submission command runs in (the launch's, saved at launch),
+    # so that a tick from cron or scrontab submits jobs that run like the launch's;
+    # None: this process's environment
+    submit_env: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)

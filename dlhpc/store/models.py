@@ -166,7 +166,8 @@ class Attempt(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime)
     # first tick that saw the job terminal without its exit record (grace for FS lag)
     terminal_seen_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
-    # why the attempt ended: completed, crash, preempted, timeout, requeued, lost, cancelled (v2)
+    # why the attempt ended: completed, crash, setup, preempted, timeout, requeued, lost,
+    # cancelled (v2)
     cause: Mapped[str] = mapped_column(String(32), default="", server_default="")
     # steps trained since the last published checkpoint when it was interrupted (v2)
     lost_steps: Mapped[int | None] = mapped_column(Integer, nullable=True)

@@ -349,7 +349,7 @@ def test_site_file_errors_name_the_site_file(tmp_path: Path, env: dict[str, str]
         "bad.yaml:9: preemptible: unknown key; (valid: account, backend, env, gpu_request, "
         "journal_mode, "
         "lead_time, local_max_parallel, max_array_size, modules, name, partition, partitions, "
-        "permissions, "
+        "permissions, python, "
         "qos, scratch, signal, state_dir)",
     ]
     write(tmp_path / "bad2.yaml", "partition: gpuu\npartitions: {gpu: {}}\n")

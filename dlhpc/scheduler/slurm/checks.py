@@ -14,6 +14,7 @@ from dlhpc.scheduler.registry import Check
 from dlhpc.scheduler.slurm import sbatch_on_path
 from dlhpc.scheduler.slurm import site as site_rules
 from dlhpc.scheduler.slurm._pyslurm import poll_path
+from dlhpc.scheduler.slurm.features import feature_checks
 from dlhpc.scheduler.slurm.limits import NO_ACCOUNTING, limits_check
 
 __all__ = ["doctor_checks", "pyslurm_check", "state_dir_problem", "version_record"]
@@ -49,12 +50,14 @@ def _cluster_checks(site: SiteConfig) -> list[Check]:
         return [Check("slurm reachable", "fail", out.splitlines()[-1] if out else f"exit {code}")]
     parts = {p.rstrip("*") for p in out.split()}
     checks = [Check("slurm reachable", "ok", f"partitions: {', '.join(sorted(parts))}")]
+    checks += feature_checks(_run)  # version, cons_tres, scrontab, requeue
     code, out = _run(["sacct", "-n", "-X", "-P", "-S", "now-1hours", "--format=JobID"])
     if code == 0:
         checks.append(Check("accounting (sacct)", "ok", "sacct answers"))
     else:
         why = out.splitlines()[-1] if out else f"exit {code}"
-        checks.append(Check("accounting (sacct)", "warn", NO_ACCOUNTING.format(why=why)))
+        fix = " fix: ask the admins for AccountingStorageType=accounting_storage/slurmdbd"
+        checks.append(Check("accounting (sacct)", "warn", NO_ACCOUNTING.format(why=why) + fix))
     checks.append(limits_check(site, _run))
     wanted = set(site.partitions) | ({site.partition} if site.partition else set())
     missing = sorted(wanted - parts)
@@ -69,7 +72,8 @@ def _cluster_checks(site: SiteConfig) -> list[Check]:
 
 
 def doctor_checks(site: SiteConfig) -> list[Check]:
-    """Slurm's lines for a site whose backend is ``slurm`` or ``auto``: reachable,
+    """Slurm's lines for a site whose backend is ``slurm`` or ``auto``: reachable, the
+    version and the features dlhpc relies on (:mod:`~dlhpc.scheduler.slurm.features`),
     accounting, the site's partitions, and how the queue is polled."""
     if site.backend not in ("slurm", "auto"):
         return [Check("slurm", "skip", f"site {site.name} uses the {site.backend} backend")]

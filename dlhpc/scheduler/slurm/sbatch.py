@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import sys
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -31,13 +32,15 @@ from submitit.slurm.slurm import SlurmExecutor, SlurmJob
 
 from dlhpc.errors import SchedulerError
 from dlhpc.scheduler.base import JobRequest
+from dlhpc.scheduler.slurm.jobsetup import setup_section
 
 __all__ = ["ArrayExecutor", "make_executor", "sbatch_parameters", "parse_sbatch_args"]
 
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ARG_RE = re.compile(r"^--(?P<key>[A-Za-z][A-Za-z0-9_-]*)(?:=(?P<value>.*))?$")
 # sbatch options dlhpc owns: overriding them would break log paths or arrays.
-_RESERVED = {"array", "output", "error", "open-mode", "wrap", "parsable", "wckey"}
+# --export: jobs get the environment sbatch runs in (the launch's, see JobRequest.submit_env).
+_RESERVED = {"array", "output", "error", "open-mode", "wrap", "parsable", "wckey", "export"}
 
 SbatchRunner = Callable[[Path], str]
 """Runs ``sbatch <script>`` and returns its stdout; raises SchedulerError on failure."""
@@ -158,6 +161,9 @@ def sbatch_parameters(request: JobRequest, n_tasks: int, throttle: int) -> dict[
         # cluster (Slurm 22.05), see tests/integration/test_scheduler_cluster.py.
         "signal": f"{pre.signal}@{pre.lead_time_s}",
         "requeue": True,
+        # explicit, whatever the site's default: the job's environment is the one sbatch
+        # runs in, which dlhpc sets to the launch's (JobRequest.submit_env)
+        "export": "ALL",
     }
     additional.update(parse_sbatch_args(res.sbatch_args))
     if res.gpus_per_node and request.site.gpu_request == "gres":
@@ -179,7 +185,8 @@ def sbatch_parameters(request: JobRequest, n_tasks: int, throttle: int) -> dict[
         "array_parallelism": throttle or n_tasks,
         "additional_parameters": additional,
     }
-    setup = _setup_lines(request.env)
+    python = shlex.quote(request.python or sys.executable)
+    setup = setup_section(request.setup, request.trial_dirs, python) + _setup_lines(request.env)
     if setup:
         params["setup"] = setup
     if res.cpus_per_task > 1:

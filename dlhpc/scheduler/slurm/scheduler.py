@@ -37,7 +37,8 @@ import logging
 import os
 import re
 import subprocess
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -120,13 +121,16 @@ class SlurmScheduler(BaseScheduler):
 
     # -- external commands -------------------------------------------------
 
-    def _run(self, args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-        """Run a Slurm command (counted); SchedulerError when it cannot run or times out.
+    def _run(
+        self, args: list[str], timeout: float, environ: Mapping[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm command (counted) in ``environ`` (default: this process's);
+        SchedulerError when it cannot run or times out.
 
         A non-zero exit is returned, not raised: callers judge it.
         """
         self.calls[args[0]] += 1
-        env = dict(os.environ, SLURM_TIME_FORMAT="standard")
+        env = dict(os.environ if environ is None else environ, SLURM_TIME_FORMAT="standard")
         try:
             return subprocess.run(
                 args,
@@ -142,14 +146,24 @@ class SlurmScheduler(BaseScheduler):
         except OSError as err:
             raise SchedulerError(f"cannot run {args[0]}: {err}") from err
 
-    def _checked(self, args: list[str], timeout: float) -> str:
-        proc = self._run(args, timeout)
+    def _checked(
+        self, args: list[str], timeout: float, environ: Mapping[str, str] | None = None
+    ) -> str:
+        proc = self._run(args, timeout, environ)
         if proc.returncode != 0:
             raise SchedulerError(_failed(args[0], proc))
         return proc.stdout
 
     def _sbatch(self, script: Path) -> str:
         return self._checked(["sbatch", str(script)], self._submit_timeout)
+
+    def _sbatch_in(self, request: JobRequest) -> Callable[[Path], str]:
+        """sbatch run in the request's environment (the launch's; the job gets it, as
+        ``--export=ALL``), else in this process's."""
+        if request.submit_env is None:
+            return self._sbatch
+        environ = request.submit_env
+        return lambda script: self._checked(["sbatch", str(script)], self._submit_timeout, environ)
 
     def partitions(self) -> list[str]:
         """The cluster's partition names, hidden ones included (one ``sinfo``)."""
@@ -215,7 +229,8 @@ class SlurmScheduler(BaseScheduler):
         """The sbatch script of each chunk, as submit writes it; no files, no sbatch."""
         texts = []
         for chunk, throttle in self._chunks(request):
-            executor = make_executor(request, len(chunk), throttle, self._sbatch)
+            part = replace(request, trial_dirs=chunk)  # the script maps its tasks to folders
+            executor = make_executor(part, len(chunk), throttle, self._sbatch)
             command = executor._submitit_command_str
             texts.append(executor._make_submission_file_text(command, "dry-run"))
         return texts
@@ -236,7 +251,8 @@ class SlurmScheduler(BaseScheduler):
         submitted: list[SubmittedTask] = []
         for n, (chunk, throttle) in enumerate(self._chunks(request)):
             try:
-                executor = make_executor(request, len(chunk), throttle, self._sbatch)
+                part = replace(request, trial_dirs=chunk)
+                executor = make_executor(part, len(chunk), throttle, self._sbatch_in(request))
                 jobs = executor.map_array(fn, [str(d) for d in chunk])
             except Exception as err:
                 kind = SubmitLimitError if is_limit_refusal(str(err)) else SchedulerError
