@@ -34,6 +34,8 @@ ASHA); :class:`~dlhpc.search._hyperband.HyperbandSearcher` plans several.
 from __future__ import annotations
 
 import bisect
+from itertools import compress
+from operator import itemgetter
 from typing import Any
 
 from dlhpc.config.model import HParam, SearcherConfig
@@ -45,16 +47,22 @@ from dlhpc.search._rungs import (
     STOPPING,
     BracketPlan,
     RankKey,
-    RungState,
     TrialRecord,
     check_adaptive_config,
     check_max_new,
-    decode_metric,
-    encode_results,
     rank_key,
-    rank_keys,
     rung_results,
     sample_config,
+)
+from dlhpc.search._rungstate import (
+    RungState,
+    TrialTable,
+    decode_results,
+    encode_results,
+    rank_order,
+    rank_sorted,
+    results_dict,
+    results_from_rows,
 )
 from dlhpc.search.base import BaseSearcher, Continue, Create, Operation, Stop
 
@@ -84,6 +92,7 @@ class ASHASearcher(RungState, BaseSearcher):
     """
 
     kind = "asha"
+    state_version = 2  # 2: columns (dlhpc.search._rungstate); version 1 states still load
     _other = "rungs or brackets"
 
     def __init__(self, space: dict[str, HParam], config: SearcherConfig) -> None:
@@ -108,7 +117,7 @@ class ASHASearcher(RungState, BaseSearcher):
 
     def _reset(self) -> None:
         self._b = [_Bracket(plan) for plan in self.brackets]
-        self._trials: list[TrialRecord] = []
+        self._trials = TrialTable()
         self._stops: list[int] = []
         self._exited = 0
 
@@ -278,44 +287,69 @@ class ASHASearcher(RungState, BaseSearcher):
         }
 
     def _state(self) -> dict[str, Any]:
+        rid = itemgetter(2)
         return {
-            "results": [encode_results(b.results) for b in self._b],
+            "results": [
+                [
+                    encode_results(map(rid, keys), r)
+                    for keys, r in zip(b.ranked, b.results, strict=True)
+                ]
+                for b in self._b
+            ],
             "stops": list(self._stops),
             "finalised": [b.finalised for b in self._b],
         }
 
+    def _upgrade(self, state: dict[str, Any]) -> dict[str, Any]:
+        sib = self.config.smaller_is_better
+        results = [[results_from_rows(rows) for rows in rungs] for rungs in state["results"]]
+        return {
+            **state,
+            "version": self.state_version,
+            "trials": TrialTable.from_rows(state["trials"]).encode(),
+            "results": [[encode_results(rank_sorted(r, sib), r) for r in rs] for rs in results],
+        }
+
     def _load(self, state: dict[str, Any]) -> None:
+        """Counters from the trial columns, rankings checked in their stored order
+        (no per-trial work in Python but for the paused trials)."""
         self._reset()
-        trials = [TrialRecord.from_row(row) for row in state["trials"]]
+        trials = TrialTable.decode(state["trials"])
         if len(trials) > self.total or len(state["results"]) != len(self._b):
             raise ValueError("too many trials or wrong number of brackets")
-        if any(not 0 <= t.bracket < len(self._b) for t in trials):
-            raise ValueError("a trial names a bracket that does not exist")
+        for (i, grant, resolved, status), n in trials.combos().items():
+            if not 0 <= i < len(self._b):
+                raise ValueError("a trial names a bracket that does not exist")
+            b = self._b[i]
+            if not 0 <= grant < len(b.lengths) or not 0 <= resolved <= len(b.lengths):
+                rid = trials.first(i, grant, resolved, status)
+                raise ValueError(f"request {rid}: grant or rung out of range")
+            b.created += n
+            b.running += n if status == RUNNING else 0
+        if any(b.created > b.target for b in self._b):
+            raise ValueError("a bracket has more trials than planned")
+        paused = trials.paused()
         for i, (b, rungs) in enumerate(zip(self._b, state["results"], strict=True)):
             if len(rungs) != len(b.lengths):
                 raise ValueError("wrong number of rungs")
-            for k, rows in enumerate(rungs):
-                results = b.results[k]
-                for rid, v in rows:
-                    if not 0 <= int(rid) < len(trials) or trials[int(rid)].bracket != i:
-                        raise ValueError(f"result of request {rid} not in this bracket")
-                    results[int(rid)] = decode_metric(v)
-                # what _record's insorts build, in one sort (a long search: 10,000s)
-                b.ranked[k] = sorted(rank_keys(results, self.config.smaller_is_better))
+            for k, data in enumerate(rungs):
+                self._load_rung(trials, i, k, data, paused.get((i, k), set()))
         for b, flag in zip(self._b, state["finalised"], strict=True):
             b.finalised = bool(flag)
-        for rid, t in enumerate(trials):
-            b = self._b[t.bracket]
-            if not 0 <= t.grant < len(b.lengths) or not 0 <= t.resolved <= len(b.lengths):
-                raise ValueError(f"request {rid}: grant or rung out of range")
-            if t.status == PAUSED and rid not in b.results[t.grant]:
-                raise ValueError(f"request {rid}: paused without a result at its grant")
-            status, t.status = t.status, STOPPING  # a status that no counter tracks
-            self._trials.append(t)
-            b.created += 1
-            self._move(rid, t, status)
-        if any(b.created > b.target for b in self._b):
-            raise ValueError("a bracket has more trials than planned")
+        self._trials, self._exited = trials, trials.count(EXITED)
         self._stops = [int(rid) for rid in state["stops"]]
         if any(not 0 <= rid < len(trials) for rid in self._stops):
             raise ValueError("a pending stop names a request never created")
+
+    def _load_rung(self, trials: TrialTable, i: int, k: int, data: Any, paused: set[int]) -> None:
+        """Rung ``k`` of bracket ``i``: its results, ranking, and paused trials waiting."""
+        b = self._b[i]
+        ids, metrics = decode_results(data, len(trials))
+        if not trials.in_bracket(ids, i):
+            raise ValueError(f"a result of bracket {i} names a request of another bracket")
+        b.results[k] = results_dict(ids, metrics)
+        b.ranked[k] = rank_order(ids, metrics, self.config.smaller_is_better)
+        if not paused <= b.results[k].keys():
+            rid = min(paused - b.results[k].keys())
+            raise ValueError(f"request {rid}: paused without a result at its grant")
+        b.waiting[k] = list(compress(b.ranked[k], map(paused.__contains__, ids)))
