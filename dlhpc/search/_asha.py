@@ -314,10 +314,10 @@ class ASHASearcher(RungState, BaseSearcher):
         """Counters from the trial columns, rankings checked in their stored order
         (no per-trial work in Python but for the paused trials)."""
         self._reset()
-        trials = TrialTable.decode(state["trials"])
+        trials, combos = TrialTable.decode(state["trials"])
         if len(trials) > self.total or len(state["results"]) != len(self._b):
             raise ValueError("too many trials or wrong number of brackets")
-        for (i, grant, resolved, status), n in trials.combos().items():
+        for (i, grant, resolved, status), n in combos.items():
             if not 0 <= i < len(self._b):
                 raise ValueError("a trial names a bracket that does not exist")
             b = self._b[i]
@@ -326,9 +326,10 @@ class ASHASearcher(RungState, BaseSearcher):
                 raise ValueError(f"request {rid}: grant or rung out of range")
             b.created += n
             b.running += n if status == RUNNING else 0
+            self._exited += n if status == EXITED else 0
         if any(b.created > b.target for b in self._b):
             raise ValueError("a bracket has more trials than planned")
-        paused = trials.paused()
+        paused = trials.paused() if any(c[3] == PAUSED for c in combos) else {}
         for i, (b, rungs) in enumerate(zip(self._b, state["results"], strict=True)):
             if len(rungs) != len(b.lengths):
                 raise ValueError("wrong number of rungs")
@@ -336,7 +337,7 @@ class ASHASearcher(RungState, BaseSearcher):
                 self._load_rung(trials, i, k, data, paused.get((i, k), set()))
         for b, flag in zip(self._b, state["finalised"], strict=True):
             b.finalised = bool(flag)
-        self._trials, self._exited = trials, trials.count(EXITED)
+        self._trials = trials
         self._stops = [int(rid) for rid in state["stops"]]
         if any(not 0 <= rid < len(trials) for rid in self._stops):
             raise ValueError("a pending stop names a request never created")
@@ -345,7 +346,7 @@ class ASHASearcher(RungState, BaseSearcher):
         """Rung ``k`` of bracket ``i``: its results, ranking, and paused trials waiting."""
         b = self._b[i]
         ids, metrics = decode_results(data, len(trials))
-        if not trials.in_bracket(ids, i):
+        if len(self._b) > 1 and not trials.in_bracket(ids, i):  # one: checked by combos
             raise ValueError(f"a result of bracket {i} names a request of another bracket")
         b.results[k] = results_dict(ids, metrics)
         b.ranked[k] = rank_order(ids, metrics, self.config.smaller_is_better)

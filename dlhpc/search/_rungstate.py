@@ -70,6 +70,9 @@ _SIZES = {"B": 1, "H": 2, "I": 4, "q": 8, "d": 8}
 _INT_CODES = tuple(c for c in "BHIq" if array(c).itemsize == _SIZES[c])
 _SWAP = sys.byteorder == "big"  # the stored bytes are little-endian
 
+#: How many trials have each ``(bracket, grant, resolved, status)``.
+Combos = Counter[tuple[int, int, int, str]]
+
 
 def _encode(values: array[Any]) -> str:
     if _SWAP:
@@ -117,7 +120,8 @@ def decode_results(data: Any, trials: int) -> tuple[array[int], array[float]]:
     ids, metrics = decode_ints(data["ids"]), _decode(data["metrics"], "d")
     if len(ids) != len(metrics):
         raise ValueError("rung results: ids and metrics differ in length")
-    if ids and not 0 <= min(ids) <= max(ids) < trials:
+    # an unsigned column holds no negative id: min() only for "q"
+    if ids and (max(ids) >= trials or (ids.typecode == "q" and min(ids) < 0)):
         raise ValueError("a rung result names a request never created")
     return ids, metrics
 
@@ -184,9 +188,10 @@ class TrialTable:
         return table
 
     @classmethod
-    def decode(cls, data: Any) -> TrialTable:
-        """Inverse of :meth:`encode`; a :class:`ValueError` (or ``KeyError``/``TypeError``)
-        when a column is missing or malformed, their lengths differ or a status or
+    def decode(cls, data: Any) -> tuple[TrialTable, Combos]:
+        """Inverse of :meth:`encode`, and how many trials have each ``(bracket, grant,
+        resolved, status)``; a :class:`ValueError` (or ``KeyError``/``TypeError``) when
+        a column is missing or malformed, their lengths differ or a status or
         ``has_last`` code is unknown."""
         if not isinstance(data, dict):
             raise TypeError("trials: expected the table of columns")
@@ -194,10 +199,13 @@ class TrialTable:
         cols["last_metric"] = _decode(data["last_metric"], "d")
         if len({len(c) for c in cols.values()}) != 1:
             raise ValueError("trials: the columns differ in length")
-        for name, top in (("status", len(STATUS_CODES) - 1), ("has_last", 1)):
-            if cols[name] and not 0 <= min(cols[name]) <= max(cols[name]) <= top:
-                raise ValueError(f"trials: unknown {name} code")
-        return cls(cols)
+        keys = ("bracket", "grant", "resolved", "status", "has_last")
+        combos: Combos = Counter()
+        for (b, g, r, s, last), n in Counter(zip(*(cols[k] for k in keys), strict=True)).items():
+            if not (0 <= s < len(STATUS_CODES) and last in (0, 1)):
+                raise ValueError("trials: unknown status or has_last code")
+            combos[b, g, r, STATUS_CODES[s]] += n
+        return cls(cols), combos
 
     def encode(self) -> dict[str, str]:
         """The columns (after :meth:`flush`), as the state's ``trials``."""
@@ -245,30 +253,12 @@ class TrialTable:
             self._cols[name] = array("q", self._cols[name])
             self._cols[name][rid] = value
 
-    def combos(self) -> Counter[tuple[int, int, int, str]]:
-        """How many trials have each ``(bracket, grant, resolved, status)``."""
-        self.flush()
-        c = self._cols
-        found = Counter(zip(c["bracket"], c["grant"], c["resolved"], c["status"], strict=True))
-        return Counter({(b, g, r, STATUS_CODES[s]): n for (b, g, r, s), n in found.items()})
-
     def first(self, bracket: int, grant: int, resolved: int, status: str) -> int:
         """The first request id with these values (for error messages)."""
         self.flush()
         c, wanted = self._cols, (bracket, grant, resolved, _CODE[status])
         rows = zip(c["bracket"], c["grant"], c["resolved"], c["status"], strict=True)
         return next(rid for rid, row in enumerate(rows) if row == wanted)
-
-    def count(self, status: str) -> int:
-        """How many trials have ``status``."""
-        self.flush()
-        return self._cols["status"].count(_CODE[status])
-
-    def span(self, name: str) -> tuple[int, int]:
-        """The smallest and largest value of an integer column (``(0, 0)`` when empty)."""
-        self.flush()
-        col = self._cols[name]
-        return (min(col), max(col)) if col else (0, 0)
 
     def paused(self) -> dict[tuple[int, int], set[int]]:
         """The paused trials by ``(bracket, grant)``."""

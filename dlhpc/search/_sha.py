@@ -217,11 +217,11 @@ class SHASearcher(RungState, BaseSearcher):
 
     def _load(self, state: dict[str, Any]) -> None:
         self._reset()
-        trials = TrialTable.decode(state["trials"])
+        trials, combos = TrialTable.decode(state["trials"])
         n = len(trials)
         if n > self.config.max_trials or len(state["results"]) != len(self.lengths):
             raise ValueError("too many trials or wrong number of rungs")
-        if not 0 <= trials.span("grant")[0] <= trials.span("grant")[1] < len(self.lengths):
+        if any(not 0 <= grant < len(self.lengths) for _, grant, _, _ in combos):
             raise ValueError("a grant is out of range")
         results = [results_dict(*decode_results(rows, n)) for rows in state["results"]]
         members = [list(decode_ints(m)) for m in state["members"]]
@@ -234,4 +234,4 @@ class SHASearcher(RungState, BaseSearcher):
             raise ValueError("wrong number of rungs")
         self._trials, self._results, self._members = trials, results, members
         self._continues, self._stops = continues, stops
-        self._exited = trials.count(EXITED)
+        self._exited = sum(n for (*_, status), n in combos.items() if status == EXITED)
