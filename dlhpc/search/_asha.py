@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import bisect
 from itertools import compress
-from operator import itemgetter
 from typing import Any
 
 from dlhpc.config.model import HParam, SearcherConfig
@@ -58,6 +57,7 @@ from dlhpc.search._rungstate import (
     RungState,
     TrialTable,
     decode_results,
+    encode_ranked,
     encode_results,
     rank_order,
     rank_sorted,
@@ -287,13 +287,10 @@ class ASHASearcher(RungState, BaseSearcher):
         }
 
     def _state(self) -> dict[str, Any]:
-        rid = itemgetter(2)
+        sib = self.config.smaller_is_better
         return {
             "results": [
-                [
-                    encode_results(map(rid, keys), r)
-                    for keys, r in zip(b.ranked, b.results, strict=True)
-                ]
+                [encode_ranked(keys, r, sib) for keys, r in zip(b.ranked, b.results, strict=True)]
                 for b in self._b
             ],
             "stops": list(self._stops),

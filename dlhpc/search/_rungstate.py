@@ -25,6 +25,7 @@ searcher upgrade it (:meth:`RungState._upgrade`) and loads the result.
 from __future__ import annotations
 
 import base64
+import bisect
 import math
 import operator
 import sys
@@ -54,6 +55,7 @@ __all__ = [
     "decode_ints",
     "decode_results",
     "encode_ints",
+    "encode_ranked",
     "encode_results",
     "rank_order",
     "rank_sorted",
@@ -111,6 +113,20 @@ def encode_results(order: Iterable[int], results: Mapping[int, float]) -> dict[s
     """A rung's ``results`` (request id -> metric) as columns, the ids in ``order``."""
     ids = array("q", order)
     return {"ids": encode_ints(ids), "metrics": _encode(array("d", map(results.__getitem__, ids)))}
+
+
+def encode_ranked(
+    keys: list[RankKey], results: Mapping[int, float], smaller_is_better: bool
+) -> dict[str, str]:
+    """:func:`encode_results` of a rung kept as rank keys (ASHA's), best first: the
+    inverse of :func:`rank_order`. The finite metrics come from the keys (negated
+    back when larger is better: exact), the NaN ones from ``results``."""
+    finite = bisect.bisect_left(keys, (1, -math.inf, -1))  # before the first NaN's key
+    ids = array("q", map(operator.itemgetter(2), keys))
+    head = map(operator.itemgetter(1), islice(keys, finite))
+    metrics = array("d", head if smaller_is_better else map(operator.neg, head))
+    metrics.extend(map(results.__getitem__, islice(ids, finite, None)))
+    return {"ids": encode_ints(ids), "metrics": _encode(metrics)}
 
 
 def decode_results(data: Any, trials: int) -> tuple[array[int], array[float]]:
