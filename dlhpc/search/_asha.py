@@ -34,6 +34,7 @@ ASHA); :class:`~dlhpc.search._hyperband.HyperbandSearcher` plans several.
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from itertools import compress
 from typing import Any
 
@@ -314,6 +315,7 @@ class ASHASearcher(RungState, BaseSearcher):
         trials, combos = TrialTable.decode(state["trials"])
         if len(trials) > self.total or len(state["results"]) != len(self._b):
             raise ValueError("too many trials or wrong number of brackets")
+        paused: Counter[tuple[int, int]] = Counter()  # by bracket and grant
         for (i, grant, resolved, status), n in combos.items():
             if not 0 <= i < len(self._b):
                 raise ValueError("a trial names a bracket that does not exist")
@@ -324,14 +326,18 @@ class ASHASearcher(RungState, BaseSearcher):
             b.created += n
             b.running += n if status == RUNNING else 0
             self._exited += n if status == EXITED else 0
+            paused[i, grant] += n if status == PAUSED else 0
         if any(b.created > b.target for b in self._b):
             raise ValueError("a bracket has more trials than planned")
-        paused = trials.paused() if any(c[3] == PAUSED for c in combos) else {}
+        marks = trials.pause_marks() if paused.total() else []
         for i, (b, rungs) in enumerate(zip(self._b, state["results"], strict=True)):
             if len(rungs) != len(b.lengths):
                 raise ValueError("wrong number of rungs")
             for k, data in enumerate(rungs):
-                self._load_rung(trials, i, k, data, paused.get((i, k), set()))
+                self._load_rung(trials, i, k, data, marks)
+                if len(b.waiting[k]) != paused[i, k]:
+                    rid = min(self._unresulted(trials, marks, i, k))
+                    raise ValueError(f"request {rid}: paused without a result at its grant")
         for b, flag in zip(self._b, state["finalised"], strict=True):
             b.finalised = bool(flag)
         self._trials = trials
@@ -339,15 +345,23 @@ class ASHASearcher(RungState, BaseSearcher):
         if any(not 0 <= rid < len(trials) for rid in self._stops):
             raise ValueError("a pending stop names a request never created")
 
-    def _load_rung(self, trials: TrialTable, i: int, k: int, data: Any, paused: set[int]) -> None:
-        """Rung ``k`` of bracket ``i``: its results, ranking, and paused trials waiting."""
+    def _load_rung(self, trials: TrialTable, i: int, k: int, data: Any, marks: list[int]) -> None:
+        """Rung ``k`` of bracket ``i``: its results, ranking, and the paused trials waiting
+        (``marks``: :meth:`TrialTable.pause_marks`, empty when none is paused)."""
         b = self._b[i]
         ids, metrics = decode_results(data, len(trials))
         if len(self._b) > 1 and not trials.in_bracket(ids, i):  # one: checked by combos
             raise ValueError(f"a result of bracket {i} names a request of another bracket")
         b.results[k] = results_dict(ids, metrics)
         b.ranked[k] = rank_order(ids, metrics, self.config.smaller_is_better)
-        if not paused <= b.results[k].keys():
-            rid = min(paused - b.results[k].keys())
-            raise ValueError(f"request {rid}: paused without a result at its grant")
-        b.waiting[k] = list(compress(b.ranked[k], map(paused.__contains__, ids)))
+        if marks:
+            waits = map((k + 1).__eq__, map(marks.__getitem__, ids))
+            b.waiting[k] = list(compress(b.ranked[k], waits))
+
+    def _unresulted(self, trials: TrialTable, marks: list[int], i: int, k: int) -> list[int]:
+        """The trials paused at rung ``k`` of bracket ``i`` without a result there."""
+        return [
+            rid
+            for rid, mark in enumerate(marks)
+            if mark == k + 1 and trials[rid].bracket == i and rid not in self._b[i].results[k]
+        ]

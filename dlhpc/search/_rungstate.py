@@ -32,7 +32,7 @@ import sys
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from itertools import compress, count, islice, repeat
+from itertools import islice, repeat
 from typing import Any, ClassVar
 
 from dlhpc.search._rungs import (
@@ -276,14 +276,12 @@ class TrialTable:
         rows = zip(c["bracket"], c["grant"], c["resolved"], c["status"], strict=True)
         return next(rid for rid, row in enumerate(rows) if row == wanted)
 
-    def paused(self) -> dict[tuple[int, int], set[int]]:
-        """The paused trials by ``(bracket, grant)``."""
+    def pause_marks(self) -> list[int]:
+        """Per request id: its grant plus one when it is paused, else 0."""
         self.flush()
         c = self._cols
-        out: dict[tuple[int, int], set[int]] = {}
-        for rid in compress(count(), map(_CODE[PAUSED].__eq__, c["status"])):
-            out.setdefault((c["bracket"][rid], c["grant"][rid]), set()).add(rid)
-        return out
+        paused = map(_CODE[PAUSED].__eq__, c["status"])
+        return list(map(operator.mul, paused, map(operator.add, c["grant"], repeat(1))))
 
     def in_bracket(self, ids: Iterable[int], bracket: int) -> bool:
         """Whether every trial of ``ids`` is in ``bracket``."""
