@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from pathlib import Path
 from types import SimpleNamespace
@@ -223,12 +224,38 @@ def _metrics(state: dict[str, Any], *path: Any) -> list[float]:
     return list(_rungstate._decode(node["metrics"], "d"))
 
 
+# What the error says for each corruption of _asha_corruptions.
+REFUSALS = {
+    "not base64": "base64",
+    "unknown typecode": "not a column of typecode",
+    "not a column table": "expected the table of columns",
+    "a column missing": "not a column of typecode",
+    "columns of two lengths": "columns differ in length",
+    "unknown status": "unknown status or has_last code",
+    "has_last 2": "unknown status or has_last code",
+    "grant out of range": "request 0: grant or rung out of range",
+    "bracket out of range": "a trial names a bracket that does not exist",
+    "result of a request never created": "a rung result names a request never created",
+    "results out of rank order": "not in rank order",
+    "a result twice": "a request has two results in one rung",
+    "paused without a result": "paused without a result at its grant",
+    "ids and metrics of two lengths": "ids and metrics differ in length",
+    "too many trials": "too many trials",
+    "a stop never created": "a pending stop names a request never created",
+    "finalised of two brackets": "zip()",
+    "wrong number of rungs": "wrong number of rungs",
+}
+
+
 def test_corrupt_version_2_states_are_refused() -> None:
     s, state = _mid_run()
     assert 1 in _column(state, "trials", "status")  # some paused
-    for label, bad in _asha_corruptions(state).items():
+    corruptions = _asha_corruptions(state)
+    assert corruptions.keys() == REFUSALS.keys()
+    for label, bad in corruptions.items():
         fresh = make_searcher(SPACE, s.config)
-        with pytest.raises(ValueError, match="asha searcher: malformed state"):
+        message = "asha searcher: malformed state: .*" + re.escape(REFUSALS[label])
+        with pytest.raises(ValueError, match=message):
             fresh.load_state_dict(bad)
         assert isinstance(fresh, ASHASearcher) and fresh.created == 0, label
         assert fresh.state_dict() == make_searcher(SPACE, s.config).state_dict(), label
