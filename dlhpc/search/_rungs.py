@@ -62,7 +62,7 @@ EXITED = "exited"  # tell_exited came
 _STATUSES = frozenset({RUNNING, PAUSED, FINISHED, STOPPING, EXITED})
 
 
-@dataclass(slots=True)  # slots: a long search restores 100,000s each pass
+@dataclass(slots=True)  # slots: a long search holds 100,000s
 class TrialRecord:
     """What a searcher keeps of one trial.
 

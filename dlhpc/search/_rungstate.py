@@ -184,7 +184,8 @@ class TrialTable:
     built on first access and kept, so the searcher reads and changes it in
     place; :meth:`flush` (and so :meth:`encode`) writes the records back and
     drops them: a record is valid until the next flush. A restored search of
-    100,000 trials so builds records only for those a pass touches.
+    100,000 trials so builds records only for those a pass touches. Lengths are
+    64-bit integers, as the database stores steps (a longer one cannot be saved).
     """
 
     _INTS = ("bracket", "grant", "resolved", "status", "has_last", "last_length")
