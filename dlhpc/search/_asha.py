@@ -34,6 +34,8 @@ ASHA); :class:`~dlhpc.search._hyperband.HyperbandSearcher` plans several.
 from __future__ import annotations
 
 import bisect
+from collections import Counter
+from itertools import compress
 from typing import Any
 
 from dlhpc.config.model import HParam, SearcherConfig
@@ -45,16 +47,23 @@ from dlhpc.search._rungs import (
     STOPPING,
     BracketPlan,
     RankKey,
-    RungState,
     TrialRecord,
     check_adaptive_config,
     check_max_new,
-    decode_metric,
-    encode_results,
     rank_key,
-    rank_keys,
     rung_results,
     sample_config,
+)
+from dlhpc.search._rungstate import (
+    RungState,
+    TrialTable,
+    decode_results,
+    encode_ranked,
+    encode_results,
+    rank_order,
+    rank_sorted,
+    results_dict,
+    results_from_rows,
 )
 from dlhpc.search.base import BaseSearcher, Continue, Create, Operation, Stop
 
@@ -84,6 +93,7 @@ class ASHASearcher(RungState, BaseSearcher):
     """
 
     kind = "asha"
+    state_version = 2  # 2: columns (dlhpc.search._rungstate); version 1 states still load
     _other = "rungs or brackets"
 
     def __init__(self, space: dict[str, HParam], config: SearcherConfig) -> None:
@@ -108,7 +118,7 @@ class ASHASearcher(RungState, BaseSearcher):
 
     def _reset(self) -> None:
         self._b = [_Bracket(plan) for plan in self.brackets]
-        self._trials: list[TrialRecord] = []
+        self._trials = TrialTable()
         self._stops: list[int] = []
         self._exited = 0
 
@@ -278,44 +288,80 @@ class ASHASearcher(RungState, BaseSearcher):
         }
 
     def _state(self) -> dict[str, Any]:
+        sib = self.config.smaller_is_better
         return {
-            "results": [encode_results(b.results) for b in self._b],
+            "results": [
+                [encode_ranked(keys, r, sib) for keys, r in zip(b.ranked, b.results, strict=True)]
+                for b in self._b
+            ],
             "stops": list(self._stops),
             "finalised": [b.finalised for b in self._b],
         }
 
+    def _upgrade(self, state: dict[str, Any]) -> dict[str, Any]:
+        sib = self.config.smaller_is_better
+        results = [[results_from_rows(rows) for rows in rungs] for rungs in state["results"]]
+        return {
+            **state,
+            "version": self.state_version,
+            "trials": TrialTable.from_rows(state["trials"]).encode(),
+            "results": [[encode_results(rank_sorted(r, sib), r) for r in rs] for rs in results],
+        }
+
     def _load(self, state: dict[str, Any]) -> None:
+        """Counters from the trial columns, rankings checked in their stored order
+        (no per-trial work in Python but for the paused trials)."""
         self._reset()
-        trials = [TrialRecord.from_row(row) for row in state["trials"]]
+        trials, combos = TrialTable.decode(state["trials"])
         if len(trials) > self.total or len(state["results"]) != len(self._b):
             raise ValueError("too many trials or wrong number of brackets")
-        if any(not 0 <= t.bracket < len(self._b) for t in trials):
-            raise ValueError("a trial names a bracket that does not exist")
+        paused: Counter[tuple[int, int]] = Counter()  # by bracket and grant
+        for (i, grant, resolved, status), n in combos.items():
+            if not 0 <= i < len(self._b):
+                raise ValueError("a trial names a bracket that does not exist")
+            b = self._b[i]
+            if not 0 <= grant < len(b.lengths) or not 0 <= resolved <= len(b.lengths):
+                rid = trials.first(i, grant, resolved, status)
+                raise ValueError(f"request {rid}: grant or rung out of range")
+            b.created += n
+            b.running += n if status == RUNNING else 0
+            self._exited += n if status == EXITED else 0
+            paused[i, grant] += n if status == PAUSED else 0
+        if any(b.created > b.target for b in self._b):
+            raise ValueError("a bracket has more trials than planned")
+        marks = trials.pause_marks() if paused.total() else []
         for i, (b, rungs) in enumerate(zip(self._b, state["results"], strict=True)):
             if len(rungs) != len(b.lengths):
                 raise ValueError("wrong number of rungs")
-            for k, rows in enumerate(rungs):
-                results = b.results[k]
-                for rid, v in rows:
-                    if not 0 <= int(rid) < len(trials) or trials[int(rid)].bracket != i:
-                        raise ValueError(f"result of request {rid} not in this bracket")
-                    results[int(rid)] = decode_metric(v)
-                # what _record's insorts build, in one sort (a long search: 10,000s)
-                b.ranked[k] = sorted(rank_keys(results, self.config.smaller_is_better))
+            for k, data in enumerate(rungs):
+                self._load_rung(trials, i, k, data, marks)
+                if len(b.waiting[k]) != paused[i, k]:
+                    rid = min(self._unresulted(trials, marks, i, k))
+                    raise ValueError(f"request {rid}: paused without a result at its grant")
         for b, flag in zip(self._b, state["finalised"], strict=True):
             b.finalised = bool(flag)
-        for rid, t in enumerate(trials):
-            b = self._b[t.bracket]
-            if not 0 <= t.grant < len(b.lengths) or not 0 <= t.resolved <= len(b.lengths):
-                raise ValueError(f"request {rid}: grant or rung out of range")
-            if t.status == PAUSED and rid not in b.results[t.grant]:
-                raise ValueError(f"request {rid}: paused without a result at its grant")
-            status, t.status = t.status, STOPPING  # a status that no counter tracks
-            self._trials.append(t)
-            b.created += 1
-            self._move(rid, t, status)
-        if any(b.created > b.target for b in self._b):
-            raise ValueError("a bracket has more trials than planned")
+        self._trials = trials
         self._stops = [int(rid) for rid in state["stops"]]
         if any(not 0 <= rid < len(trials) for rid in self._stops):
             raise ValueError("a pending stop names a request never created")
+
+    def _load_rung(self, trials: TrialTable, i: int, k: int, data: Any, marks: list[int]) -> None:
+        """Rung ``k`` of bracket ``i``: its results, ranking, and the paused trials waiting
+        (``marks``: :meth:`TrialTable.pause_marks`, empty when none is paused)."""
+        b = self._b[i]
+        ids, metrics = decode_results(data, len(trials))
+        if len(self._b) > 1 and not trials.in_bracket(ids, i):  # one: checked by combos
+            raise ValueError(f"a result of bracket {i} names a request of another bracket")
+        b.results[k] = results_dict(ids, metrics)
+        b.ranked[k] = rank_order(ids, metrics, self.config.smaller_is_better)
+        if marks:
+            waits = map((k + 1).__eq__, map(marks.__getitem__, ids))
+            b.waiting[k] = list(compress(b.ranked[k], waits))
+
+    def _unresulted(self, trials: TrialTable, marks: list[int], i: int, k: int) -> list[int]:
+        """The trials paused at rung ``k`` of bracket ``i`` without a result there."""
+        return [
+            rid
+            for rid, mark in enumerate(marks)
+            if mark == k + 1 and trials[rid].bracket == i and rid not in self._b[i].results[k]
+        ]

@@ -11,18 +11,18 @@ Everything here is a pure function of its arguments:
   request id);
 * :class:`TrialRecord`: the per-trial bookkeeping (grant, status, results);
 * :func:`sample_config`, :func:`check_max_new`, :func:`encode_metric` /
-  :func:`decode_metric`: shared plumbing;
-* :class:`RungState`: ``state_dict`` / ``load_state_dict`` of SHA and ASHA.
+  :func:`decode_metric`: shared plumbing.
+
+The searchers' saved state is :mod:`dlhpc.search._rungstate`'s.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, ClassVar
+from typing import Any
 
 from dlhpc.config.model import HParam, SearcherConfig
 from dlhpc.search._space import sample
@@ -35,20 +35,16 @@ __all__ = [
     "RUNNING",
     "STOPPING",
     "BracketPlan",
-    "RungState",
     "TrialRecord",
     "bracket_size",
     "check_adaptive_config",
     "check_max_new",
     "decode_metric",
     "encode_metric",
-    "encode_results",
     "hyperband_plan",
     "rank_key",
-    "rank_keys",
     "rung_lengths",
     "rung_results",
-    "trial_rows",
     "sample_config",
     "split_trials",
 ]
@@ -66,7 +62,7 @@ EXITED = "exited"  # tell_exited came
 _STATUSES = frozenset({RUNNING, PAUSED, FINISHED, STOPPING, EXITED})
 
 
-@dataclass(slots=True)  # slots: a long search restores 100,000s each pass
+@dataclass(slots=True)  # slots: a long search holds 100,000s
 class TrialRecord:
     """What a searcher keeps of one trial.
 
@@ -256,103 +252,3 @@ def encode_metric(metric: float) -> float | str:
 def decode_metric(value: float | str) -> float:
     """Inverse of :func:`encode_metric`."""
     return float(value)
-
-
-def encode_results(rungs: list[dict[int, float]]) -> list[list[list[Any]]]:
-    """Rung results as JSON: per rung, ``[request id, metric]`` rows by request id."""
-    isfinite = math.isfinite  # encode_metric, inlined: a long search has 100,000s
-    return [[[rid, v if isfinite(v) else repr(v)] for rid, v in sorted(r.items())] for r in rungs]
-
-
-def rank_keys(results: dict[int, float], smaller_is_better: bool) -> list[RankKey]:
-    """:func:`rank_key` of each result (``request id -> metric``), in one pass."""
-    sign = 1.0 if smaller_is_better else -1.0
-    return [(1, 0.0, rid) if v != v else (0, sign * v, rid) for rid, v in results.items()]
-
-
-def trial_rows(trials: list[TrialRecord]) -> list[list[Any]]:
-    """Each trial as its state row ``[bracket, grant, status, resolved, last]`` (the
-    inverse of :meth:`TrialRecord.from_row`), in one pass."""
-    isfinite = math.isfinite
-    return [
-        [
-            t.bracket,
-            t.grant,
-            t.status,
-            t.resolved,
-            None if (p := t.last) is None else [p[0], p[1] if isfinite(p[1]) else repr(p[1])],
-        ]
-        for t in trials
-    ]
-
-
-class RungState:
-    """``state_dict`` / ``load_state_dict`` of the SHA and ASHA searchers (a mixin).
-
-    The state is ``kind``, ``version``, the keys of :meth:`_fingerprint` (the
-    config the state belongs to), the trials, then the searcher's own part
-    (:meth:`_state`). A state of another kind or version, or for another
-    config (for other :attr:`_other`, the error says), raises
-    :class:`ValueError`; so does a malformed one, after :meth:`_reset`.
-    """
-
-    kind: ClassVar[str]
-    state_version: ClassVar[int]
-    _trials: list[TrialRecord]
-    # The settings rules the rung searchers share (see dlhpc.search.base).
-    options: ClassVar[frozenset[str]] = frozenset({"min_length", "stop_once"})
-    learns: ClassVar[bool] = True
-    _other = "rungs"
-
-    @classmethod
-    def rung_plan(cls, settings: Mapping[str, Any]) -> tuple[int, ...]:
-        """The rung lengths of the stored ``searcher`` section (``()`` when malformed)."""
-        try:
-            lengths = rung_lengths(
-                int(settings.get("max_length", 1)),
-                int(settings.get("divisor", 3)),
-                int(settings.get("max_rungs", 5)),
-                int(settings.get("min_length") or 1),
-            )
-        except (TypeError, ValueError):
-            return ()
-        return tuple(lengths)
-
-    def _fingerprint(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def _state(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def _load(self, state: dict[str, Any]) -> None:
-        raise NotImplementedError
-
-    def _reset(self) -> None:
-        raise NotImplementedError
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "version": self.state_version,
-            **self._fingerprint(),
-            "trials": trial_rows(self._trials),
-            **self._state(),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        kind, version = self.kind, self.state_version
-        if state.get("kind") != kind or state.get("version") != version:
-            raise ValueError(
-                f"{kind} searcher: cannot load state of kind {state.get('kind')!r} "
-                f"version {state.get('version')!r}"
-            )
-        if any(state.get(k) != v for k, v in self._fingerprint().items()):
-            raise ValueError(
-                f"{kind} searcher: state is for other {self._other} "
-                "(did the searcher config change?)"
-            )
-        try:
-            self._load(state)
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
-            self._reset()
-            raise ValueError(f"{kind} searcher: malformed state: {exc}") from exc

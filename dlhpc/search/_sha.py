@@ -33,15 +33,22 @@ from dlhpc.search._rungs import (
     RUNNING,
     STOPPING,
     BracketPlan,
-    RungState,
     TrialRecord,
     check_adaptive_config,
     check_max_new,
-    decode_metric,
-    encode_results,
     rank_key,
     rung_results,
     sample_config,
+)
+from dlhpc.search._rungstate import (
+    RungState,
+    TrialTable,
+    decode_ints,
+    decode_results,
+    encode_ints,
+    encode_results,
+    results_dict,
+    results_from_rows,
 )
 from dlhpc.search.base import BaseSearcher, Continue, Create, Operation, Stop
 
@@ -52,6 +59,7 @@ class SHASearcher(RungState, BaseSearcher):
     """Synchronous successive halving (see the module doc); request ids ``0, 1, 2, ...``."""
 
     kind = "sha"
+    state_version = 2  # 2: columns (dlhpc.search._rungstate); version 1 states still load
     _other = "rungs or trials"
 
     def __init__(self, space: dict[str, HParam], config: SearcherConfig) -> None:
@@ -66,7 +74,7 @@ class SHASearcher(RungState, BaseSearcher):
         self._reset()
 
     def _reset(self) -> None:
-        self._trials: list[TrialRecord] = []
+        self._trials = TrialTable()
         self._results: list[dict[int, float]] = [{} for _ in self.lengths]
         self._members: list[list[int]] = [[]]  # members[k]: the trials that entered rung k
         self._continues: list[int] = []  # survivors waiting for a slot, best first
@@ -191,29 +199,39 @@ class SHASearcher(RungState, BaseSearcher):
 
     def _state(self) -> dict[str, Any]:
         return {
-            "results": encode_results(self._results),
-            "members": [list(m) for m in self._members],
+            "results": [encode_results(sorted(r), r) for r in self._results],
+            "members": [encode_ints(m) for m in self._members],
             "continues": list(self._continues),
             "stops": list(self._stops),
         }
 
+    def _upgrade(self, state: dict[str, Any]) -> dict[str, Any]:
+        results = [results_from_rows(rows) for rows in state["results"]]
+        return {
+            **state,
+            "version": self.state_version,
+            "trials": TrialTable.from_rows(state["trials"]).encode(),
+            "results": [encode_results(sorted(r), r) for r in results],
+            "members": [encode_ints(int(rid) for rid in m) for m in state["members"]],
+        }
+
     def _load(self, state: dict[str, Any]) -> None:
         self._reset()
-        trials = [TrialRecord.from_row(row) for row in state["trials"]]
+        trials, combos = TrialTable.decode(state["trials"])
         n = len(trials)
         if n > self.config.max_trials or len(state["results"]) != len(self.lengths):
             raise ValueError("too many trials or wrong number of rungs")
-        if any(not 0 <= t.grant < len(self.lengths) for t in trials):
+        if any(not 0 <= grant < len(self.lengths) for _, grant, _, _ in combos):
             raise ValueError("a grant is out of range")
-        results = [{int(rid): decode_metric(v) for rid, v in rows} for rows in state["results"]]
-        members = [[int(rid) for rid in m] for m in state["members"]]
+        results = [results_dict(*decode_results(rows, n)) for rows in state["results"]]
+        members = [list(decode_ints(m)) for m in state["members"]]
         continues = [int(rid) for rid in state["continues"]]
         stops = [int(rid) for rid in state["stops"]]
-        named = [*(r for rs in results for r in rs), *(r for m in members for r in m)]
+        named = [*(min(m) for m in members if m), *(max(m) for m in members if m)]
         if any(not 0 <= rid < n for rid in (*named, *continues, *stops)):
             raise ValueError("state names a request never created")
         if not 1 <= len(members) <= len(self.lengths):
             raise ValueError("wrong number of rungs")
         self._trials, self._results, self._members = trials, results, members
         self._continues, self._stops = continues, stops
-        self._exited = sum(t.status == EXITED for t in trials)
+        self._exited = sum(n for (*_, status), n in combos.items() if status == EXITED)

@@ -42,8 +42,9 @@ simulator ask the class and never list searcher names themselves):
 * :attr:`BaseSearcher.kind`: its name, in experiment files (``searcher.name``)
   and in its state; unique among the registered searchers.
 * :attr:`BaseSearcher.state_version`: the version its ``state_dict`` carries;
-  bump it when the state's shape changes (a stored state of another version is
-  refused with :class:`ValueError`, never misread).
+  bump it when the state's shape changes (a stored state of a version it cannot
+  read is refused with :class:`ValueError`, never misread; one it can, e.g. the
+  rung searchers' version 1, is upgraded on load).
 * Its settings rules, applied by the experiment loader while it reads the
   ``searcher`` section (:class:`dlhpc.config.searchers.SearcherRules`):
   :attr:`BaseSearcher.default_max_length`, :attr:`BaseSearcher.options`,
