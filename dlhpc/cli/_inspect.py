@@ -15,7 +15,7 @@ from dlhpc.cli._common import open_store, site_option
 from dlhpc.cli._console import console
 from dlhpc.cli._views import ROW_LIMIT, experiment_view, experiments_table
 from dlhpc.report.quota import quota_warning
-from dlhpc.report.status import iter_status, status_data
+from dlhpc.report.status import iter_status_json, status_data
 from dlhpc.report.status_model import ExperimentStatus, write_json
 from dlhpc.store.queries import latest_attempt
 
@@ -67,7 +67,7 @@ def status(
 
     if as_json:
         with store.read() as s:  # streamed: 100,000s of trials are never held at once
-            pieces = iter_status(s, experiment_id)
+            pieces = iter_status_json(s, experiment_id)
             write_json(((with_quota(e), trials) for e, trials in pieces), sys.stdout)
         return
     if not watch:
