@@ -16,8 +16,8 @@ import json
 from typing import Any
 
 from dlhpc.report._status_trials import TRIAL_COLS, Ctx, attempts_of, target_length
-from dlhpc.report.status_model import GpuUse, c_encoder, iso
 from dlhpc.report.status_model import _dumps as dumps
+from dlhpc.report.status_model import c_encoder, iso
 
 __all__ = ["trial_json"]
 
@@ -49,10 +49,6 @@ def _encoded(values: list[Any]) -> list[str]:
     return "".join(_FLAT(values, 0))[1:-1].split(_SEP)
 
 
-def _gpu_values(gpu: GpuUse) -> tuple[Any, Any, Any]:
-    return gpu.gpus, gpu.util_mean, iso(gpu.last_sample_at)
-
-
 def trial_json(t: Any, rows: list[Any], c: Ctx) -> str:
     """The trial of ``t`` (its :data:`TRIAL_COLS`) and its listing ``rows`` as
     ``json.dumps(trial(t, rows, c).to_json())`` writes it."""
@@ -60,14 +56,15 @@ def trial_json(t: Any, rows: list[Any], c: Ctx) -> str:
     values: list[Any] = []  # per attempt: _ATTEMPT_N scalars, and its GPU's 3
     has_gpu = []
     jobs: dict[str, None] = {}
-    latest: tuple[Any, GpuUse] | None = None
+    latest: tuple[Any, ...] | None = None  # the attempt key and its GPU's values
     hours = 0.0
     for row, started, ended, _seen, h, gpu in attempts_of(rows, c):
         values += row[_NT + 2 : _NT + 9]  # key, job_id, state, cause, exit_code, lost, nodes
         values += (iso(started), iso(ended), round(h * gpus, 4), round(h * cpus, 4))
         if gpu is not None:
-            values += _gpu_values(gpu)
-            latest = (row[_NT + 2], gpu)
+            gpu_values = (gpu.gpus, gpu.util_mean, gpu.last_sample_at.isoformat() + "Z")
+            values += gpu_values
+            latest = (row[_NT + 2], *gpu_values)
         has_gpu.append(gpu is not None)
         jobs[row[_NT + 3]] = None
         hours += h
@@ -78,7 +75,7 @@ def trial_json(t: Any, rows: list[Any], c: Ctx) -> str:
     ]  # fmt: skip
     head += jobs
     if latest is not None:
-        head += (latest[0], *_gpu_values(latest[1]))
+        head += latest
     parts = _encoded(head + values)
     at = _HEAD + len(jobs)
     trial_gpu = "null"

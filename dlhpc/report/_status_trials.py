@@ -83,6 +83,9 @@ def raw(col: Any) -> Any:
     return type_coerce(col, String).label(col.key)
 
 
+_fromiso = datetime.fromisoformat
+
+
 def when(text: str | None) -> datetime | None:
     """A time read by :func:`raw` as the DB's naive UTC datetime."""
     return None if text is None else datetime.fromisoformat(text)
@@ -168,9 +171,11 @@ if tuple(c.key for c in ATTEMPT_COLS) != _ATTEMPT_ORDER:  # read by position bel
 def _derive(rows: list[Any], start: int, stop: int, c: Ctx) -> Derived:
     """The attempt of ``rows[start:stop]`` (one per GPU summary)."""
     row = rows[start]
-    state = row[_NT + 4]
-    started, ended, seen = when(row[_NT + 9]), when(row[_NT + 10]), when(row[_NT + 11])
-    hours = run_hours(state, started, ended, seen, c.now)
+    started, ended, seen = row[_NT + 9 : _NT + 12]  # when() inline: 100,000s of attempts
+    started = None if started is None else _fromiso(started)
+    ended = None if ended is None else _fromiso(ended)
+    seen = None if seen is None else _fromiso(seen)
+    hours = run_hours(row[_NT + 4], started, ended, seen, c.now)
     live = c.live_gpu.get(row[_NT])
     gpu = gpu_summary(live) if live is not None else _ended_gpu(rows, start, stop)
     return row, started, ended, seen, hours, gpu

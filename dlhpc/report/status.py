@@ -139,9 +139,13 @@ def _plan(
         else:
             shown = None
     hours: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    of_exp: int | None = None  # rows come grouped by experiment, mostly
+    per_trial: dict[int, float] = {}
     for exp_id, trial_id, state, started, ended, seen in conn.execute(attempts):
-        h = run_hours(state, when(started), when(ended), when(seen), now)
-        hours[exp_id][trial_id] += h
+        if exp_id != of_exp:
+            of_exp, per_trial = exp_id, hours[exp_id]
+        seen_at = when(seen) if ended is None else None  # (run_hours reads it only then)
+        per_trial[trial_id] += run_hours(state, when(started), when(ended), seen_at, now)
     live, idle = live_idle(session, ids, *idle_rule)
     return _Plan(counts, shown, hours, unlisted, live, idle)
 

@@ -318,6 +318,9 @@ def _dumps(value: Any) -> str:
     return "".join(_ENCODER(value, 0))
 
 
+_BATCH = 256  # trial lines per write
+
+
 def write_json(
     experiments: Iterable[tuple[ExperimentStatus, Iterable[TrialStatus | str]]], out: TextIO
 ) -> None:
@@ -329,10 +332,16 @@ def write_json(
     for i, (e, trials) in enumerate(experiments):
         head = _dumps(e.head_json())
         out.write(("," if i else "") + "\n  " + head[:-1] + ', "trials": [')
+        lines: list[str] = []  # written _BATCH at a time: one write per trial costs more
         any_trial = False
         for t in trials:
-            text = t if isinstance(t, str) else t.json_text()
-            out.write(("," if any_trial else "") + "\n    " + text)
+            lines.append(t if isinstance(t, str) else t.json_text())
+            if len(lines) == _BATCH:
+                out.write(("," if any_trial else "") + "\n    " + ",\n    ".join(lines))
+                lines.clear()
+                any_trial = True
+        if lines:
+            out.write(("," if any_trial else "") + "\n    " + ",\n    ".join(lines))
             any_trial = True
         out.write("\n  ]}" if any_trial else "]}")
     out.write("\n]}\n")

@@ -108,3 +108,11 @@ def test_the_text_without_the_c_encoder_is_the_same(
         fast = [list(ts) for _, ts in iter_status_json(s, idle_window_s=60)]
         monkeypatch.setattr(_status_json, "_FLAT", None)
         assert [list(ts) for _, ts in iter_status_json(s, idle_window_s=60)] == fast
+
+
+def test_status_help_names_the_listings_row_limit() -> None:
+    """``dlhpc status`` says its default listing size without importing rich (--json
+    does not need it): the number is cli._views's."""
+    from dlhpc.cli import _inspect, _views
+
+    assert _inspect._ROW_LIMIT == _views.ROW_LIMIT
