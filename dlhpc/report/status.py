@@ -5,12 +5,13 @@ A number of queries that does not grow with the trials (a few per experiment), r
 as plain rows (no ORM objects), in two passes (:func:`iter_status`): first the totals
 (trial counts by state, each trial's hours from its attempts' times, the live attempts'
 GPU telemetry and idle GPUs, decisions, checkpoint use), then the listed trials, one
-query joining each trial's attempts and their summed ``gpu_summaries`` rows (kept by a
-trigger at ingest), read as the caller consumes them: ``status --json`` writes 100,000
-trials without holding them. A live attempt (``RUNNING``, no exit record yet) gets its
-telemetry from an aggregate of its own samples instead, one row per GPU with the first
-and last busy sample time. From it each attempt gets a ``gpu`` summary (GPUs seen,
-mean utilization over the attempt, newest sample) and each live attempt the idle rule of
+query per experiment joining each trial's attempts and their ``gpu_summaries`` rows (kept
+by a trigger at ingest; summed per attempt in Python), read in index order as the caller
+consumes them: ``status --json`` writes 100,000 trials without holding them. A live
+attempt (``RUNNING``, no exit record yet) gets its telemetry from an aggregate of its own
+samples instead, one row per GPU with the first and last busy sample time. From it each
+attempt gets a ``gpu`` summary (GPUs seen, mean utilization over the attempt, newest
+sample) and each live attempt the idle rule of
 :func:`dlhpc.protocol.gpu.idle_since`, judged at the attempt's newest sample: every
 idle GPU is listed in ``idle_gpus``, per trial and per experiment.
 
