@@ -6,20 +6,22 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-from rich.console import Group
-from rich.live import Live
 
 from dlhpc.cli._common import open_store, site_option
-from dlhpc.cli._console import console
-from dlhpc.cli._views import ROW_LIMIT, experiment_view, experiments_table
 from dlhpc.report.quota import quota_warning
-from dlhpc.report.status import iter_status, status_data
+from dlhpc.report.status import iter_status_json, status_data
 from dlhpc.report.status_model import ExperimentStatus, write_json
 from dlhpc.store.queries import latest_attempt
 
+if TYPE_CHECKING:  # rich loads only to print a table: not for --json
+    from rich.console import Group
+
 __all__ = ["COMMANDS"]
+
+_ROW_LIMIT = 40  # cli._views.ROW_LIMIT, for the help text without importing rich
 
 
 @click.command()
@@ -29,7 +31,7 @@ __all__ = ["COMMANDS"]
 @click.option("--watch", is_flag=True, help="Refresh in place every few seconds.")
 @click.option("--interval", default=5.0, show_default=True)
 @click.option(
-    "--all", "show_all", is_flag=True, help=f"List every trial (default: {ROW_LIMIT}, live first)."
+    "--all", "show_all", is_flag=True, help=f"List every trial (default: {_ROW_LIMIT}, live first)."
 )
 def status(
     experiment_id: int | None,
@@ -53,6 +55,17 @@ def status(
         disk = replace(e.disk, quota_warning=warnings[ck_dir], quota_checked=True)
         return replace(e, disk=disk)
 
+    if as_json:
+        with store.read() as s:  # streamed: 100,000s of trials are never held at once
+            pieces = iter_status_json(s, experiment_id)
+            write_json(((with_quota(e), trials) for e, trials in pieces), sys.stdout)
+        return
+    from rich.console import Group
+    from rich.live import Live
+
+    from dlhpc.cli._console import console
+    from dlhpc.cli._views import ROW_LIMIT, experiment_view, experiments_table
+
     def render() -> Group:
         limit = None if show_all else ROW_LIMIT
         with store.read() as s:
@@ -65,11 +78,6 @@ def status(
         # the list, then the newest experiment's trials (what one usually wants to see)
         return Group(experiments_table(data), experiment_view(shown, limit=limit))
 
-    if as_json:
-        with store.read() as s:  # streamed: 100,000s of trials are never held at once
-            pieces = iter_status(s, experiment_id)
-            write_json(((with_quota(e), trials) for e, trials in pieces), sys.stdout)
-        return
     if not watch:
         console.print(render())
         return

@@ -10,7 +10,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import and_, func, select, union
 from sqlalchemy.orm import Session
 
 from dlhpc.report._status_gpu import Row
@@ -104,15 +104,14 @@ def candidates(conn: Any, exps: Sequence[Experiment], limit: int) -> dict[int, l
         signed = Trial.best_metric if e.smaller_is_better else -Trial.best_metric
         newest = select(Trial.id).where(of_exp).order_by(Trial.id.desc()).limit(limit)
         best = select(Trial.id).where(ended).order_by(signed, Trial.id).limit(limit)
-        query = select(*PICK_COLS).where(
-            of_exp,
-            or_(
-                Trial.id.in_(newest.scalar_subquery()),
-                Trial.id.in_(best.scalar_subquery()),
-                Trial.state.not_in(TERMINAL_TRIAL_STATES),
-                Trial.id.in_(with_live_attempt),
-            ),
+        # a UNION of the ids, then their rows: not an OR tested on every trial's row
+        ids = union(
+            select(newest.subquery().c.id),
+            select(best.subquery().c.id),
+            select(Trial.id).where(of_exp, Trial.state.not_in(TERMINAL_TRIAL_STATES)),
+            with_live_attempt,
         )
+        query = select(*PICK_COLS).where(of_exp, Trial.id.in_(ids))
         trials_of[e.id].extend(conn.execute(query.order_by(Trial.id)))
     return trials_of
 

@@ -1,6 +1,9 @@
 """Building a listed trial of :mod:`dlhpc.report.status` from its rows: one row of
-:func:`listing_columns` per attempt (the trial's columns, the attempt's, and the
-attempt's GPU summaries summed over its GPUs), times read as their stored text.
+:func:`listing_columns` per attempt and GPU (the trial's columns, the attempt's, and one
+of the attempt's ``gpu_summaries`` rows: an attempt's rows follow each other, and a
+trial without attempts, or an attempt without GPU rows, has one row of NULLs there),
+times read as their stored text. :func:`attempts_of` reads a trial's rows once for
+both renderings: the typed :func:`trial` and ``report._status_json``'s text.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import String, func, type_coerce
+from sqlalchemy import String, type_coerce
 
 from dlhpc.report._status_gpu import ATTEMPT_COLS, GpuRows, Row, gpu_summary
 from dlhpc.report.status_model import AttemptStatus, GpuUse, IdleGpu, TrialStatus
@@ -22,11 +25,14 @@ from dlhpc.store.models import GpuSummary
 __all__ = [
     "TRIAL_COLS",
     "Ctx",
+    "Derived",
     "Shape",
     "TrialRow",
+    "attempts_of",
     "listing_columns",
     "raw",
     "run_hours",
+    "target_length",
     "trial",
     "when",
 ]
@@ -77,6 +83,9 @@ def raw(col: Any) -> Any:
     return type_coerce(col, String).label(col.key)
 
 
+_fromiso = datetime.fromisoformat
+
+
 def when(text: str | None) -> datetime | None:
     """A time read by :func:`raw` as the DB's naive UTC datetime."""
     return None if text is None else datetime.fromisoformat(text)
@@ -85,15 +94,14 @@ def when(text: str | None) -> datetime | None:
 _TIMES = {"started_at", "ended_at", "terminal_seen_at"}
 RAW_ATTEMPT_COLS = tuple(raw(c) if c.key in _TIMES else c for c in ATTEMPT_COLS)
 TrialRow = namedtuple("TrialRow", [c.key for c in TRIAL_COLS])  # type: ignore[misc]
-# per attempt, its ended GPU telemetry summed over its GPUs (gpu_summaries)
-_GPU_COLS = (
-    func.count(GpuSummary.attempt_id),
-    func.sum(GpuSummary.n_util),
-    func.sum(GpuSummary.sum_util),
-    func.max(GpuSummary.newest),
-)
+# one of an attempt's GPUs' summaries (its ended telemetry), summed per attempt here: a
+# GROUP BY in SQL costs more than the listing's other work (docs/BENCHMARKS.md)
+_GPU_COLS = (GpuSummary.n_util, GpuSummary.sum_util, GpuSummary.newest)
 _NT = len(TRIAL_COLS)
 _GPU_AT = _NT + len(ATTEMPT_COLS)
+# an attempt as :func:`attempts_of` reads it: its first listing row, started, ended,
+# terminal_seen_at, its hours and its GPU use
+Derived = tuple[Any, datetime | None, datetime | None, datetime | None, float, GpuUse | None]
 
 
 def run_hours(
@@ -125,11 +133,18 @@ class Ctx:
     now: datetime
 
 
-def _ended_gpu(row: Any) -> GpuUse | None:
-    """An ended attempt's GPU use from its GPUs' summed summaries (as :func:`gpu_summary`)."""
-    gpus, n_util, sum_util, newest = row[_GPU_AT : _GPU_AT + 4]
-    if not gpus or newest is None:
+def _ended_gpu(rows: list[Any], start: int, stop: int) -> GpuUse | None:
+    """An ended attempt's GPU use from its GPUs' summaries, ``rows[start:stop]`` (as
+    :func:`gpu_summary`)."""
+    n_util, sum_util, newest = rows[start][_GPU_AT : _GPU_AT + 3]
+    if newest is None:  # no summary (NOT NULL in the table): the outer join's NULLs
         return None
+    gpus = stop - start
+    if gpus > 1:
+        sums = [r[_GPU_AT : _GPU_AT + 3] for r in rows[start:stop]]
+        n_util = sum(g[0] for g in sums)
+        sum_util = sum(g[1] for g in sums)
+        newest = max(g[2] for g in sums)
     mean = round((sum_util or 0) / n_util, 1) if n_util else None
     return GpuUse(gpus, mean, datetime.fromtimestamp(newest, tz=timezone.utc).replace(tzinfo=None))
 
@@ -149,50 +164,69 @@ _ATTEMPT_ORDER = (
     "terminal_seen_at",
     "exit_reason",
 )
-if tuple(c.key for c in ATTEMPT_COLS) != _ATTEMPT_ORDER:  # _attempt_status unpacks them so
+if tuple(c.key for c in ATTEMPT_COLS) != _ATTEMPT_ORDER:  # read by position below
     raise ImportError("report._status_gpu.ATTEMPT_COLS changed: update _ATTEMPT_ORDER")
 
 
-def _attempt_status(row: Any, c: Ctx) -> tuple[AttemptStatus, float]:
-    """An attempt (a row of :func:`listing_columns`) and its hours."""
-    aid, _, key, job, state, cause, code, lost, nodes, started, ended, seen, reason = row[
-        _NT:_GPU_AT
-    ]
-    started, ended, seen = when(started), when(ended), when(seen)
-    hours = run_hours(state, started, ended, seen, c.now)
-    live = c.live_gpu.get(aid)
-    gpu = gpu_summary(live) if live is not None else _ended_gpu(row)
-    gpus, cpus = c.shape.gpus, c.shape.cpus
-    attempt = AttemptStatus(
-        key, job, state, cause, code, lost, nodes, started, ended, gpu,
-        round(hours * gpus, 4), round(hours * cpus, 4), reason, seen,
-    )  # fmt: skip
-    return attempt, hours
+def _derive(rows: list[Any], start: int, stop: int, c: Ctx) -> Derived:
+    """The attempt of ``rows[start:stop]`` (one per GPU summary)."""
+    row = rows[start]
+    started, ended, seen = row[_NT + 9 : _NT + 12]  # when() inline: 100,000s of attempts
+    started = None if started is None else _fromiso(started)
+    ended = None if ended is None else _fromiso(ended)
+    seen = None if seen is None else _fromiso(seen)
+    hours = run_hours(row[_NT + 4], started, ended, seen, c.now)
+    live = c.live_gpu.get(row[_NT])
+    gpu = gpu_summary(live) if live is not None else _ended_gpu(rows, start, stop)
+    return row, started, ended, seen, hours, gpu
+
+
+def attempts_of(rows: list[Any], c: Ctx) -> list[Derived]:
+    """A trial's attempts, in order, from its listing rows (none for the outer join's
+    row of a trial without attempts)."""
+    out = []
+    i, n = 0, len(rows)
+    while i < n:
+        aid = rows[i][_NT]
+        j = i + 1
+        while j < n and rows[j][_NT] == aid:
+            j += 1
+        if aid is not None:
+            out.append(_derive(rows, i, j, c))
+        i = j
+    return out
+
+
+def target_length(state: str, max_length: int, shape: Shape) -> int:
+    """What a trial's progress counts toward (see :mod:`dlhpc.report.status`)."""
+    if state in _RUNG_STATES and shape.max_length:
+        return max(max_length, int(shape.max_length))
+    return max_length
 
 
 def trial(t: Row, rows: list[Any], c: Ctx) -> TrialStatus:
-    """A listed trial from its joined rows (one per attempt: trial, attempt, GPU sums)."""
+    """A listed trial from its joined rows (:func:`listing_columns`)."""
     attempts = []
     latest_gpu = None
     hours = 0.0
-    for row in rows:
-        if row[_NT] is None:  # no attempt yet (the outer join's row)
-            continue
-        attempt, h = _attempt_status(row, c)
+    gpus, cpus = c.shape.gpus, c.shape.cpus
+    for row, started, ended, seen, h, gpu in attempts_of(rows, c):
+        key, job, state, cause, code, lost, nodes = row[_NT + 2 : _NT + 9]
+        attempt = AttemptStatus(
+            key, job, state, cause, code, lost, nodes, started, ended, gpu,
+            round(h * gpus, 4), round(h * cpus, 4), row[_NT + 12], seen,
+        )  # fmt: skip
         hours += h
-        if attempt.gpu is not None:
-            latest_gpu = (attempt.key, attempt.gpu)
+        if gpu is not None:
+            latest_gpu = (key, gpu)
         attempts.append(attempt)
-    target = t.max_length
-    if t.state in _RUNG_STATES and c.shape.max_length:
-        target = max(t.max_length, int(c.shape.max_length))
     return TrialStatus(
         id=t.id,
         state=t.state,
         hparams_json=t.hparams_json,
         steps_completed=t.steps_completed,
         max_length=t.max_length,
-        target_length=target,
+        target_length=target_length(t.state, t.max_length, c.shape),
         best_metric=t.best_metric,
         latest_metric=t.latest_metric,
         restarts=t.restarts,
@@ -201,8 +235,8 @@ def trial(t: Row, rows: list[Any], c: Ctx) -> TrialStatus:
         error=t.error,
         gpu=latest_gpu,
         idle_gpus=tuple(c.idle.get(t.id, ())),
-        gpu_hours=round(hours * c.shape.gpus, 4),
-        cpu_hours=round(hours * c.shape.cpus, 4),
+        gpu_hours=round(hours * gpus, 4),
+        cpu_hours=round(hours * cpus, 4),
         attempts=tuple(attempts),
         run_dir=t.run_dir,
     )

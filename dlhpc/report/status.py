@@ -5,12 +5,13 @@ A number of queries that does not grow with the trials (a few per experiment), r
 as plain rows (no ORM objects), in two passes (:func:`iter_status`): first the totals
 (trial counts by state, each trial's hours from its attempts' times, the live attempts'
 GPU telemetry and idle GPUs, decisions, checkpoint use), then the listed trials, one
-query joining each trial's attempts and their summed ``gpu_summaries`` rows (kept by a
-trigger at ingest), read as the caller consumes them: ``status --json`` writes 100,000
-trials without holding them. A live attempt (``RUNNING``, no exit record yet) gets its
-telemetry from an aggregate of its own samples instead, one row per GPU with the first
-and last busy sample time. From it each attempt gets a ``gpu`` summary (GPUs seen,
-mean utilization over the attempt, newest sample) and each live attempt the idle rule of
+query per experiment joining each trial's attempts and their ``gpu_summaries`` rows (kept
+by a trigger at ingest; summed per attempt in Python), read in index order as the caller
+consumes them: ``status --json`` writes 100,000 trials without holding them. A live
+attempt (``RUNNING``, no exit record yet) gets its telemetry from an aggregate of its own
+samples instead, one row per GPU with the first and last busy sample time. From it each
+attempt gets a ``gpu`` summary (GPUs seen, mean utilization over the attempt, newest
+sample) and each live attempt the idle rule of
 :func:`dlhpc.protocol.gpu.idle_since`, judged at the attempt's newest sample: every
 idle GPU is listed in ``idle_gpus``, per trial and per experiment.
 
@@ -25,15 +26,15 @@ was only a rung), else the grant.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from itertools import groupby
 from operator import itemgetter
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import and_, or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from dlhpc.errors import NotFoundError
 from dlhpc.protocol.gpu import IDLE_BELOW_PCT, IDLE_WINDOW_S
@@ -42,6 +43,7 @@ from dlhpc.report._status_gpu import (
     idle_gpus,
     live_idle,
 )
+from dlhpc.report._status_json import trial_json
 from dlhpc.report._status_sql import (
     candidates,
     decision_stats,
@@ -76,11 +78,14 @@ from dlhpc.store.models import GpuSummary
 __all__ = [
     "idle_gpus",
     "iter_status",
+    "iter_status_json",
     "pick_trials",
     "status_data",
 ]
 
 _FULL_ROWS_MAX = 5000  # listed trials fetched by id (IN list) up to this many, else all
+_T = TypeVar("_T")
+Render = Callable[[TrialRow, list[Any], Ctx], _T]  # a trial from its rows
 
 
 @dataclass
@@ -135,9 +140,13 @@ def _plan(
         else:
             shown = None
     hours: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    of_exp: int | None = None  # rows come grouped by experiment, mostly
+    per_trial: dict[int, float] = {}
     for exp_id, trial_id, state, started, ended, seen in conn.execute(attempts):
-        h = run_hours(state, when(started), when(ended), when(seen), now)
-        hours[exp_id][trial_id] += h
+        if exp_id != of_exp:
+            of_exp, per_trial = exp_id, hours[exp_id]
+        seen_at = when(seen) if ended is None else None  # (run_hours reads it only then)
+        per_trial[trial_id] += run_hours(state, when(started), when(ended), seen_at, now)
     live, idle = live_idle(session, ids, *idle_rule)
     return _Plan(counts, shown, hours, unlisted, live, idle)
 
@@ -180,30 +189,82 @@ def _head(
     )
 
 
-def _listing(ids: list[int], shown: dict[int, set[int]] | None) -> Any:
-    """The listed trials joined with their attempts and each attempt's summed GPU
-    summaries: one row per attempt (one per trial without any), by experiment (newest
-    first), trial and attempt."""
+def _listing(exp_id: int, shown: set[int] | None) -> Any:
+    """The experiment's listed trials joined with their attempts and each attempt's GPU
+    summaries: one row per attempt and GPU (one per trial without any), by trial and
+    attempt, in the order of the indexes it is read by (no sort before the first row)."""
     query = (
         select(*listing_columns())
         .select_from(Trial)
         .outerjoin(Attempt, Attempt.trial_id == Trial.id)
         .outerjoin(GpuSummary, GpuSummary.attempt_id == Attempt.id)
-        .where(Trial.experiment_id.in_(ids))
-        .group_by(Trial.id, Attempt.id)
-        .order_by(Trial.experiment_id.desc(), Trial.id, Attempt.id)
+        .where(Trial.experiment_id == exp_id)
+        .order_by(Trial.id, Attempt.id)
     )
-    listed = [tid for tids in (shown or {}).values() for tid in tids]
-    if shown is not None and len(listed) <= _FULL_ROWS_MAX:
-        query = query.where(Trial.id.in_(listed))
+    if shown is not None and len(shown) <= _FULL_ROWS_MAX:
+        query = query.where(Trial.id.in_(shown))
     return query
 
 
-def _trials(rows: Iterator[Any], keep: set[int] | None, ctx: Ctx) -> Iterator[TrialStatus]:
+def _trials(
+    session: Session, exp_id: int, keep: set[int] | None, ctx: Ctx, render: Render[_T]
+) -> Iterator[_T]:
+    """The experiment's listed trials (all without ``keep``), read as they are consumed."""
+    if keep is not None and not keep:
+        return
+    rows = session.connection().execute(_listing(exp_id, keep))
     for tid, trial_rows in groupby(rows, key=itemgetter(0)):
         if keep is None or tid in keep:
             block = list(trial_rows)
-            yield trial(TrialRow._make(block[0][: len(TRIAL_COLS)]), block, ctx)
+            yield render(TrialRow._make(block[0][: len(TRIAL_COLS)]), block, ctx)
+
+
+def _iter(
+    session: Session,
+    experiment_id: int | None,
+    idle_rule: tuple[float, float],
+    limit: int | None,
+    render: Render[_T],
+) -> Iterator[tuple[ExperimentStatus, Iterator[_T]]]:
+    """:func:`iter_status`, each trial built by ``render``."""
+    query = select(Experiment).order_by(Experiment.id.desc())
+    # the searcher's state (megabytes in a long search) is never shown
+    query = query.options(defer(Experiment.searcher_state, raiseload=True))
+    if experiment_id is not None:
+        query = query.where(Experiment.id == experiment_id)
+    exps = list(session.scalars(query).all())
+    if experiment_id is not None and not exps:
+        raise NotFoundError(f"no experiment {experiment_id}")
+    if not exps:
+        return iter(())
+    ids = [e.id for e in exps]
+    now = _now()
+    plan = _plan(session, exps, limit, now, idle_rule)
+    heads = [
+        _head(e, plan, Shape.of(e.config_json), stats, disk)
+        for e, stats, disk in zip(
+            exps,
+            map(decision_stats(session, ids).get, ids),
+            map(disk_usage(session, exps).get, ids),
+            strict=True,
+        )
+    ]
+    return _pieces(session, heads, plan, now, render)
+
+
+def _pieces(
+    session: Session,
+    heads: list[ExperimentStatus],
+    plan: _Plan,
+    now: datetime,
+    render: Render[_T],
+) -> Iterator[tuple[ExperimentStatus, Iterator[_T]]]:
+    """Each experiment's status and its listed trials."""
+    for head in heads:
+        shape = Shape(head.gpus_per_job, head.cpus_per_job, head.max_length)
+        ctx = Ctx(plan.live, plan.idle, shape, now)
+        keep = None if plan.shown is None else plan.shown[head.id]
+        yield head, _trials(session, head.id, keep, ctx, render)
 
 
 def iter_status(
@@ -221,45 +282,21 @@ def iter_status(
     100,000s of trials are never held at once. Raises
     :class:`~dlhpc.errors.NotFoundError` for an unknown id (here, not when iterated:
     nothing is written before it)."""
-    query = select(Experiment).order_by(Experiment.id.desc())
-    if experiment_id is not None:
-        query = query.where(Experiment.id == experiment_id)
-    exps = list(session.scalars(query).all())
-    if experiment_id is not None and not exps:
-        raise NotFoundError(f"no experiment {experiment_id}")
-    if not exps:
-        return iter(())
-    ids = [e.id for e in exps]
-    now = _now()
-    plan = _plan(session, exps, limit, now, (idle_below_pct, idle_window_s))
-    heads = [
-        _head(e, plan, Shape.of(e.config_json), stats, disk)
-        for e, stats, disk in zip(
-            exps,
-            map(decision_stats(session, ids).get, ids),
-            map(disk_usage(session, exps).get, ids),
-            strict=True,
-        )
-    ]
-    rows = session.connection().execute(_listing(ids, plan.shown))
-    return _pieces(heads, plan, rows, now)
+    return _iter(session, experiment_id, (idle_below_pct, idle_window_s), limit, trial)
 
 
-def _pieces(
-    heads: list[ExperimentStatus], plan: _Plan, rows: Iterator[Any], now: datetime
-) -> Iterator[tuple[ExperimentStatus, Iterator[TrialStatus]]]:
-    """Each experiment's status and its listed trials, from the listing ``rows``."""
-    groups = groupby(rows, key=itemgetter(1))
-    pending = next(groups, None)
-    for head in heads:
-        if pending is None or pending[0] != head.id:
-            yield head, iter(())
-            continue
-        shape = Shape(head.gpus_per_job, head.cpus_per_job, head.max_length)
-        ctx = Ctx(plan.live, plan.idle, shape, now)
-        keep = None if plan.shown is None else plan.shown[head.id]
-        yield head, _trials(pending[1], keep, ctx)
-        pending = next(groups, None)
+def iter_status_json(
+    session: Session,
+    experiment_id: int | None = None,
+    *,
+    idle_below_pct: float = IDLE_BELOW_PCT,
+    idle_window_s: float = IDLE_WINDOW_S,
+    limit: int | None = None,
+) -> Iterator[tuple[ExperimentStatus, Iterator[str]]]:
+    """:func:`iter_status` with each trial as its JSON text, ``json.dumps`` of its
+    ``to_json()``, written from its rows without the typed objects (``status --json``;
+    :func:`~dlhpc.report.status_model.write_json` takes either)."""
+    return _iter(session, experiment_id, (idle_below_pct, idle_window_s), limit, trial_json)
 
 
 def status_data(
@@ -276,11 +313,5 @@ def status_data(
     ``limit``: each experiment's ``trials`` holds at most that many (see
     :func:`pick_trials`); its totals, ``trial_counts`` (by state) and
     ``trials_total`` still cover every trial."""
-    pieces = iter_status(
-        session,
-        experiment_id,
-        idle_below_pct=idle_below_pct,
-        idle_window_s=idle_window_s,
-        limit=limit,
-    )
+    pieces = _iter(session, experiment_id, (idle_below_pct, idle_window_s), limit, trial)
     return Status(tuple(replace(head, trials=tuple(trials)) for head, trials in pieces))

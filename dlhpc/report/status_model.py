@@ -29,6 +29,7 @@ __all__ = [
     "Latency",
     "Status",
     "TrialStatus",
+    "c_encoder",
     "iso",
     "write_json",
 ]
@@ -293,17 +294,21 @@ class Status:
         return {"experiments": [e.to_json() for e in self.experiments]}
 
 
-# json.dumps with its defaults, less its per-call set-up (3 of a trial's 10 us): the C
-# encoder json.dumps builds on each call, built once (no cycle check: the model is a tree).
-# c_make_encoder is CPython's private accelerator: where it is missing, json.dumps itself.
-_ENCODER = (
-    c_make_encoder(
+def c_encoder(item_separator: str) -> Any:
+    """The C encoder json.dumps builds on each call, with its defaults but
+    ``item_separator``, or None where CPython's private accelerator is missing. No cycle
+    check: what it encodes is a tree. ``"".join(enc(value, 0))`` is the text."""
+    if c_make_encoder is None:
+        return None
+    return c_make_encoder(
         None, json.JSONEncoder().default, encode_basestring_ascii,
-        None, ": ", ", ", False, False, True,
-    )
-    if c_make_encoder is not None
-    else None
-)  # fmt: skip
+        None, ": ", item_separator, False, False, True,
+    )  # fmt: skip
+
+
+# json.dumps, less its per-call set-up (3 of a trial's 10 us): its encoder built once;
+# where it is missing, json.dumps itself.
+_ENCODER = c_encoder(", ")
 
 
 def _dumps(value: Any) -> str:
@@ -313,19 +318,30 @@ def _dumps(value: Any) -> str:
     return "".join(_ENCODER(value, 0))
 
 
+_BATCH = 256  # trial lines per write
+
+
 def write_json(
-    experiments: Iterable[tuple[ExperimentStatus, Iterable[TrialStatus]]], out: TextIO
+    experiments: Iterable[tuple[ExperimentStatus, Iterable[TrialStatus | str]]], out: TextIO
 ) -> None:
     """Write ``{"experiments": [...]}`` (:meth:`Status.to_json`) to ``out`` piece by
     piece: each experiment's keys (its ``trials`` taken from the pair's second item, not
-    from the status), then its trials one line each."""
+    from the status), then its trials one line each (a ``str`` is a trial's JSON text
+    already, as :meth:`TrialStatus.json_text` writes it)."""
     out.write('{"experiments": [')
     for i, (e, trials) in enumerate(experiments):
         head = _dumps(e.head_json())
         out.write(("," if i else "") + "\n  " + head[:-1] + ', "trials": [')
+        lines: list[str] = []  # written _BATCH at a time: one write per trial costs more
         any_trial = False
         for t in trials:
-            out.write(("," if any_trial else "") + "\n    " + t.json_text())
+            lines.append(t if isinstance(t, str) else t.json_text())
+            if len(lines) == _BATCH:
+                out.write(("," if any_trial else "") + "\n    " + ",\n    ".join(lines))
+                lines.clear()
+                any_trial = True
+        if lines:
+            out.write(("," if any_trial else "") + "\n    " + ",\n    ".join(lines))
             any_trial = True
         out.write("\n  ]}" if any_trial else "]}")
     out.write("\n]}\n")
