@@ -37,14 +37,16 @@ def job_request(
     cfg: ExperimentConfig, exp_id: int, exp_dir: Path, trial_dirs: Sequence[Path], uid: str
 ) -> JobRequest:
     """The request submitting ``trial_dirs`` (one task each, in order) of experiment
-    ``exp_id`` (run folder ``exp_dir``): job name ``dlhpc-e<exp_id>-<uid>``, the
+    ``exp_id`` (run folder ``exp_dir``): job name ``dlhpc-e<exp_id>-<uid>``, then
+    ``-<slug>`` (the name's :attr:`~dlhpc.config.model.ExperimentConfig.slug`, so that
+    ``squeue -o %j`` tells experiments apart; the prefix alone identifies the job), the
     backend's files under ``<exp_dir>/jobs``, the in-job worker run by the site's
     ``python`` (default: this interpreter) after the site modules and
     ``environment.setup``, submitted in the environment saved at launch (when there is
     one: a dry run has none yet)."""
     return JobRequest(
         experiment_id=exp_id,
-        name=f"dlhpc-e{exp_id}-{uid}",
+        name=f"dlhpc-e{exp_id}-{uid}-{cfg.slug}",
         folder=jobs_dir(exp_dir),
         trial_dirs=list(trial_dirs),
         resources=cfg.resources,

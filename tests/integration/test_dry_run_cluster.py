@@ -58,9 +58,9 @@ def test_dry_run_script_is_the_script_submitit_wrote(cli: Cli, tmp_path: Path) -
         names = {m for s in submitted for m in re.findall(r"dlhpc-e1-[0-9a-f]{8}", s)}
         assert len(names) == 1, names  # one submission, one unique job name
         uid = names.pop().rsplit("-", 1)[1]
-        dry_name = f"--job-name=dlhpc-e1-{DRY_RUN_UID}\n"
+        dry_name = f"--job-name=dlhpc-e1-{DRY_RUN_UID}-dry-run-check\n"  # the name's slug
         assert all(dry_name in s for s in dry["scripts"])
-        real_name = f"--job-name=dlhpc-e1-{uid}\n"
+        real_name = f"--job-name=dlhpc-e1-{uid}-dry-run-check\n"
         assert [s.replace(dry_name, real_name) for s in dry["scripts"]] == submitted
     finally:
         cli("kill", str(real["experiment_id"]), check=False)
