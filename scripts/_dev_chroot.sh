@@ -164,8 +164,10 @@ chroot_mount_world() {
     local root=$1 p b covered
     shift
     chroot_mount_system "$root"
-    local -a done_paths=()
-    for p in /tmp /var/tmp "$@"; do
+    local -a done_paths=() paths=()
+    # Sorted: a folder comes before the folders inside it, which it then covers.
+    mapfile -t paths < <(printf '%s\n' "$@" | sort -u)
+    for p in /tmp /var/tmp "${paths[@]}"; do
         covered=0
         for b in "${done_paths[@]}"; do
             [[ $p == "$b" || $p == "$b"/* ]] && covered=1
