@@ -34,18 +34,24 @@ chroot_suite() {
 
 chroot_dir() { echo "$CHROOT_CACHE/chroot-$1"; }
 
-# mounts_under DIR: the mount points at or below DIR, deepest first.
+# mounts_under DIR: the mount points at or below DIR, the last mounted first.
 mounts_under() {
     local dir=$1
-    awk -v d="$dir" '$2 == d || index($2, d "/") == 1 {print $2}' /proc/self/mounts | sort -r
+    awk -v d="$dir" '$2 == d || index($2, d "/") == 1 {print $2}' /proc/self/mounts | tac
 }
 
+# chroot_umount_all DIR: unmount everything at or below DIR. Last mounted first, in passes:
+# a mount hidden under a later one at the same path shows again once that one is gone.
 chroot_umount_all() {
-    local dir=$1 m
-    while read -r m; do
-        [[ -n $m ]] || continue
-        umount "$m" 2>/dev/null || umount -l "$m" || die "could not unmount $m"
-    done < <(mounts_under "$dir")
+    local dir=$1 m pass left
+    for pass in 1 2 3 4 5; do
+        left=$(mounts_under "$dir")
+        [[ -n $left ]] || return 0
+        while read -r m; do
+            umount "$m" 2>/dev/null || true
+        done <<<"$left"
+    done
+    die "could not unmount under $dir: $(mounts_under "$dir" | tr '\n' ' ')"
 }
 
 # bind_at CHROOT PATH [ro]: bind-mount host PATH at the same path inside CHROOT (idempotent).
