@@ -136,6 +136,11 @@ ensure_chroot() {
     install -d -m 0755 "$CHROOT_CACHE"
     exec 8>"$CHROOT_CACHE/.lock-$suite"
     flock -w 3600 8 || die "could not lock $CHROOT_CACHE/.lock-$suite"
+    # Another up may have finished the build while this one waited for the lock.
+    if [[ -f $marker && $(cat "$marker") == "$want" ]]; then
+        exec 8>&-
+        return 0
+    fi
     if [[ ! -f $root/.debootstrap-done ]]; then
         [[ -z $(mounts_under "$root") ]] || die "$root is partly built and has mounts; unmount them first"
         command -v debootstrap >/dev/null || install_debootstrap
