@@ -172,9 +172,9 @@ def publish_staging(staging: Path, cfg: ExperimentConfig, runs_root: Path, exp_i
     code_dir(exp_dir).mkdir(exist_ok=True)
     atomic_write_text(entry_script(exp_dir), entry_script_text(cfg, exp_id))
     env = launch_environment(os.environ)
-    # the permissions policy's mode, like the run folder (private: 0600); in group mode
-    # the lab reads it as it reads the DB and trial.json (docs/CLUSTERS.md)
-    atomic_write_text(launch_env_file(exp_dir), json.dumps(env, sort_keys=True))
+    # 0600 in every permissions mode: a login shell's environment holds tokens and
+    # passwords, which a lab's group mode must not share (docs/CLUSTERS.md)
+    atomic_write_text(launch_env_file(exp_dir), json.dumps(env, sort_keys=True), private=True)
     atomic_write_text(
         experiment_file(exp_dir), json.dumps(to_jsonable(cfg), indent=2, sort_keys=True)
     )

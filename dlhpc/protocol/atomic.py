@@ -45,16 +45,19 @@ def _landed(tmp: str, path: Path, data: bytes) -> bool:
         return False
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes, *, private: bool = False) -> None:
     """Publish ``data`` at ``path`` atomically: readers see all of it or nothing.
 
-    A rename that reports an error but happened (NFS) counts as done, so a caller
-    never publishes the same records again under another name.
+    The file gets the mode the umask (the site's policy) gives, or 0600 from its
+    first byte when ``private`` (secrets, also in a lab's group mode). A rename that
+    reports an error but happened (NFS) counts as done, so a caller never publishes
+    the same records again under another name.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        fix_fd_mode(fd)  # mkstemp's 0600 -> what the umask (the site's policy) gives
+        if not private:
+            fix_fd_mode(fd)  # mkstemp's 0600 -> what the umask (the site's policy) gives
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -71,9 +74,9 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str, *, private: bool = False) -> None:
     """:func:`atomic_write_bytes` of ``text`` encoded as UTF-8."""
-    atomic_write_bytes(path, text.encode("utf-8"))
+    atomic_write_bytes(path, text.encode("utf-8"), private=private)
 
 
 def read_small_json(path: Path) -> dict[str, Any] | None:

@@ -36,8 +36,15 @@ def page_file(experiment_id: int) -> str:
 
 
 def _publish(path: Path, data: bytes) -> None:
-    """Atomically, with the mode the umask (the site's policy) gives."""
+    """Atomically, with the mode the umask (the site's policy) gives; an existing
+    target that is not a regular file (``-o /dev/null``, a FIFO, ``/dev/stdout``) is
+    written into instead: a rename would replace the device itself (as root,
+    ``/dev/null`` for the whole machine)."""
     try:
+        if path.exists() and not path.is_file():
+            with open(path, "wb") as f:
+                f.write(data)
+            return
         atomic_write_bytes(path, data)
     except OSError as err:
         raise DlhpcError(f"cannot write {path}: {err.strerror or err}") from err

@@ -829,3 +829,24 @@ def test_a_1000_trial_100_point_page_is_under_3_mb() -> None:
     print(f"1000 trials x 100 points: {size / 1e6:.2f} MB, rendered in {took:.2f} s")
     assert size < 3_000_000
     assert html.count("<polyline") == 1000
+
+
+def test_a_page_to_a_fifo_or_device_is_written_into_not_renamed_over(tmp_path: Path) -> None:
+    # `dlhpc report -o /dev/null` as root once replaced the machine's /dev/null with a file
+    import stat
+    import threading
+
+    from dlhpc.report.build import _publish
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    _publish(fifo, b"<html>page</html>")
+    reader.join(timeout=10)
+    assert got == [b"<html>page</html>"]
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)  # still the FIFO, not a file renamed over it
+    assert [p.name for p in tmp_path.iterdir()] == ["pipe"]  # no temp file left behind
+    _publish(Path(os.devnull), b"x")
+    assert stat.S_ISCHR(os.lstat(os.devnull).st_mode)

@@ -22,6 +22,7 @@ from dlhpc._perms import current_umask
 from dlhpc.config import load_site
 from dlhpc.errors import ConfigError, StoreError
 from dlhpc.protocol import atomic_write_text
+from dlhpc.protocol.layout import LAUNCH_ENV_FILE
 from dlhpc.store import Store
 from tests.unit._cli import run, until_over
 
@@ -150,6 +151,8 @@ def test_group_mode_shares_with_the_lab_group_only(
             continue
         mode = st.st_mode
         ok = st.st_gid == gid and not mode & 0o007 and mode & stat.S_IRGRP
+        if p.name == LAUNCH_ENV_FILE:  # the launch's environment: its owner's alone
+            ok = st.st_gid == gid and stat.S_IMODE(mode) == 0o600
         if stat.S_ISDIR(mode):
             ok = ok and bool(mode & stat.S_ISGID) and mode & 0o070 == 0o070
         if not ok:
