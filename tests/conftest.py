@@ -47,13 +47,33 @@ def browser_required() -> bool:
     return in_ci() or bool(os.environ.get("DLHPC_REQUIRE_BROWSER"))
 
 
+#: Set by tests/integration/conftest.py on an item that does not apply where the tests run
+#: (a ``needs``/``profile`` marker the dev cluster's profile lacks): the skip's reason.
+PROFILE_SKIP = pytest.StashKey[str]()
+
+
+def forbidden_cluster_skip(item: pytest.Item) -> str | None:
+    """Why a skip of ``item`` must count as a failure, or None when it may skip.
+
+    Under CI or DLHPC_REQUIRE_CLUSTER a cluster test may skip only because it does not
+    apply in the dev cluster's profile (PROFILE_SKIP), and a ``smoke`` test never may."""
+    if not cluster_required():
+        return None
+    if item.get_closest_marker("smoke"):
+        return "smoke test skipped while a cluster is required (the smoke set never skips)"
+    if item.get_closest_marker("cluster") and item.stash.get(PROFILE_SKIP, None) is None:
+        return "cluster test skipped while a cluster is required"
+    return None
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
     outcome = yield
     report = outcome.get_result()  # type: ignore[attr-defined]
-    if report.skipped and cluster_required() and item.get_closest_marker("cluster"):
+    why = forbidden_cluster_skip(item) if report.skipped else None
+    if why is not None:
         report.outcome = "failed"
-        report.longrepr = f"cluster test skipped while a cluster is required: {report.longrepr}"
+        report.longrepr = f"{why}: {report.longrepr}"
     elif report.skipped and browser_required() and item.get_closest_marker("browser"):
         report.outcome = "failed"
         report.longrepr = f"browser test skipped while chromium is required: {report.longrepr}"

@@ -9,19 +9,114 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.conftest import PROFILE_SKIP
+
 REPO = Path(__file__).resolve().parents[2]
+
+SLURM_VERSIONS = ("22.05", "24.11", "26.05")
+PROFILES = ("default", "strict", "noacct")
+NEEDS = ("accounting", "root")
+
+
+@dataclass(frozen=True)
+class DevCluster:
+    """Which dev cluster the tests run against: ``scripts/dev-cluster env`` exports
+    DLHPC_DEV_SLURM and DLHPC_DEV_PROFILE (absent: 22.05 and default, today's cluster)."""
+
+    slurm: str
+    profile: str
+
+    @property
+    def accounting(self) -> bool:
+        """Whether ``sacct`` works (every profile but noacct has slurmdbd)."""
+        return self.profile != "noacct"
+
+    def lacks(self, need: str) -> str | None:
+        """The skip reason, naming the profile, when ``need`` is not available here."""
+        where = f"Slurm {self.slurm}, profile {self.profile} (DLHPC_DEV_PROFILE)"
+        if need == "accounting":
+            return None if self.accounting else f"needs accounting (sacct); {where} has none"
+        if need == "root":
+            uid = os.geteuid()
+            return None if uid == 0 else f"needs root; {where} runs the tests as uid {uid}"
+        raise pytest.UsageError(f"unknown needs({need!r}); known: {', '.join(NEEDS)}")
+
+
+def current_cluster() -> DevCluster:
+    """The DevCluster named by the environment; a value outside the matrix is an error."""
+    slurm = os.environ.get("DLHPC_DEV_SLURM") or SLURM_VERSIONS[0]
+    profile = os.environ.get("DLHPC_DEV_PROFILE") or PROFILES[0]
+    if slurm not in SLURM_VERSIONS:
+        raise pytest.UsageError(f"DLHPC_DEV_SLURM={slurm!r}: one of {', '.join(SLURM_VERSIONS)}")
+    if profile not in PROFILES:
+        raise pytest.UsageError(f"DLHPC_DEV_PROFILE={profile!r}: one of {', '.join(PROFILES)}")
+    return DevCluster(slurm, profile)
+
+
+def not_applicable(item: pytest.Item, where: DevCluster) -> str | None:
+    """Why ``item`` cannot apply on ``where``: a ``needs(...)`` the profile lacks, or a
+    ``profile(...)`` marker that does not name this profile. None when it applies."""
+    for mark in item.iter_markers("profile"):
+        unknown = set(mark.args) - set(PROFILES)
+        if unknown or not mark.args:
+            raise pytest.UsageError(f"{item.nodeid}: profile{mark.args}: one of {PROFILES}")
+        if where.profile not in mark.args:
+            only = ", ".join(mark.args)
+            return f"only in the {only} profile; this run is profile {where.profile}"
+    for mark in item.iter_markers("needs"):
+        for need in mark.args:
+            why = where.lacks(need)
+            if why is not None:
+                return why
+    return None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip, with the profile in the reason, a test that cannot apply on this cluster
+    (tests/conftest.py lets such skips pass under DLHPC_REQUIRE_CLUSTER, except smoke)."""
+    why = not_applicable(item, current_cluster())
+    if why is not None:
+        item.stash[PROFILE_SKIP] = why
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def dev_cluster() -> DevCluster:
+    return current_cluster()
+
+
+@pytest.fixture(scope="session")
+def dev_slurm(dev_cluster: DevCluster) -> str:
+    """The dev cluster's Slurm version (DLHPC_DEV_SLURM, default 22.05)."""
+    return dev_cluster.slurm
+
+
+@pytest.fixture(scope="session")
+def dev_profile(dev_cluster: DevCluster) -> str:
+    """The dev cluster's profile (DLHPC_DEV_PROFILE: default, strict or noacct)."""
+    return dev_cluster.profile
+
+
+def _env_argv() -> list[str]:
+    """``scripts/dev-cluster env`` for the cluster the environment names; the flags only
+    when it names one other than today's (so the command also works on older scripts)."""
+    where = current_cluster()
+    argv = [str(REPO / "scripts" / "dev-cluster"), "env"]
+    if where != DevCluster(SLURM_VERSIONS[0], PROFILES[0]):
+        argv += ["--slurm", where.slurm, "--profile", where.profile]
+    return argv
 
 
 def _slurm_env() -> dict[str, str] | None:
     env = dict(os.environ)
     if not env.get("SLURM_CONF"):
-        script = REPO / "scripts" / "dev-cluster"
-        out = subprocess.run([str(script), "env"], capture_output=True, text=True, check=False)
+        out = subprocess.run(_env_argv(), capture_output=True, text=True, check=False)
         for line in out.stdout.splitlines():
             if line.startswith("export SLURM_CONF="):
                 env["SLURM_CONF"] = line.split("=", 1)[1].strip().strip("'\"")
@@ -35,7 +130,8 @@ def _slurm_env() -> dict[str, str] | None:
 def slurm_env() -> dict[str, str]:
     env = _slurm_env()
     if env is None:
-        pytest.skip("dev cluster not running (scripts/dev-cluster up)")
+        flags = " ".join(_env_argv()[2:])
+        pytest.skip(f"dev cluster not running (scripts/dev-cluster up {flags})".replace(" )", ")"))
     return env
 
 

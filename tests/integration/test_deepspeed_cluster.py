@@ -111,6 +111,7 @@ def _preempt(cli: Cli) -> str:
     ).stdout.strip()
 
 
+@pytest.mark.smoke
 def test_two_nodes_by_two_tasks_preempted_and_resumed_end_bitwise_equal(
     cli: Cli, tmp_path: Path
 ) -> None:

@@ -62,6 +62,7 @@ def _check_exact(cli: Cli, tmp_path: Path, exp: dict[str, Any], epochs: int) -> 
         )
 
 
+@pytest.mark.smoke
 def test_preempted_trials_checkpoint_requeue_and_finish_bitwise_identical(
     cli: Cli, tmp_path: Path
 ) -> None:

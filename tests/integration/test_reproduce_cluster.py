@@ -28,6 +28,7 @@ def _final_sha(cli: Cli, exp_id: int, trial_id: int) -> str:
     return (ckpt / "final_weights.sha256").read_text().strip()
 
 
+@pytest.mark.smoke
 def test_reproduced_trial_is_bitwise_identical_on_slurm(cli: Cli, tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()

@@ -41,6 +41,7 @@ def _done(exp: dict[str, Any]) -> bool:
     return exp["state"] != "ACTIVE"
 
 
+@pytest.mark.smoke
 def test_asha_promotes_paused_trials_from_checkpoints_and_stops_the_rest(
     cli: Cli, tmp_path: Path
 ) -> None:

@@ -1,0 +1,142 @@
+"""scripts/test's matrix logic, without a cluster: its dry mode (DLHPC_TEST_DRY=1), and a
+run in a copy of the script beside stand-ins for scripts/dev-cluster and the venv's
+python that print pytest summaries, to check the counts, the failing parts and the
+closing summary line that CI reads.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "test"
+MATRIX = ["24.11-default", "26.05-default", "22.05-strict", "22.05-noacct", "24.11-strict"]
+UNSET = "+ env -u SLURM_CONF -u DLHPC_DEV_SLURM -u DLHPC_DEV_PROFILE -u DLHPC_DEV_CHROOT"
+SUMMARY = re.compile(r"^(\d+) passed, (\d+) failed, (\d+) skipped in [0-9.]+s$")
+
+DEV_CLUSTER = """\
+#!/bin/sh
+echo "dev-cluster $*" >> "$CALLS"
+part="$3-$5"
+case $1 in
+up) [ "$part" != "$FAIL_UP" ] ;;
+exec)
+    while [ "$1" != "--" ]; do shift; done
+    shift
+    DLHPC_DEV_SLURM=${part%-*} DLHPC_DEV_PROFILE=${part#*-} exec "$@" ;;
+*) exit 0 ;;
+esac
+"""
+
+PYTHON = """\
+#!/bin/sh
+case "$*" in *"import dlhpc"*) exit 0 ;; esac
+echo "python $DLHPC_DEV_SLURM-$DLHPC_DEV_PROFILE $DLHPC_REQUIRE_CLUSTER $*" >> "$CALLS"
+if [ "$DLHPC_DEV_SLURM-$DLHPC_DEV_PROFILE" = "$FAIL_PYTEST" ]; then
+    printf '\\033[31m1 failed, 4 passed, 1 error in 2.50s\\033[0m\\n'
+    exit 1
+fi
+echo "6 passed, 1 skipped, 30 deselected in 83.10s (0:01:23)"
+"""
+
+
+def _script(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    keep = {k: v for k, v in os.environ.items() if not k.startswith("DLHPC_")}
+    return subprocess.run(
+        ["bash", str(cwd / "scripts" / "test"), *args],
+        env={**keep, **env},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def _dry(matrix: str | None = None, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {"DLHPC_TEST_DRY": "1", **({"DLHPC_TEST_MATRIX": matrix} if matrix else {})}
+    return _script(env, REPO, *args)
+
+
+def test_dry_run_of_the_whole_matrix_lists_every_part_in_order() -> None:
+    proc = _dry(None, "-x")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "+ scripts/setup-venv"
+    assert lines.index("+ scripts/setup-browser") < lines.index("+ scripts/dev-cluster up")
+    assert "+ python -m pytest -q -p no:cacheprovider -x" in lines  # today's whole suite
+    ups = [ln for ln in lines if " scripts/dev-cluster up --slurm" in ln]
+    assert [re.sub(r".*--slurm (\S+) --profile (\S+)$", r"\1-\2", ln) for ln in ups] == MATRIX
+    for part in MATRIX:
+        v, p = part.split("-")
+        flags = f"--slurm {v} --profile {p}"
+        runs = [ln for ln in lines if f"exec {flags}" in ln and "-m pytest" in ln]
+        assert len(runs) == 1 and " -m smoke\\ or\\ profile tests/integration" in runs[0]
+        assert ("--user dlhpc-user --" in runs[0]) == (p == "strict")
+        assert "DLHPC_REQUIRE_CLUSTER=1 PYTHONDONTWRITEBYTECODE=1" in runs[0]
+        assert f"{UNSET} scripts/dev-cluster down {flags}" in lines
+    assert SUMMARY.match(lines[-1]), lines[-1]
+
+
+def test_one_part_runs_only_that_part() -> None:
+    proc = _dry("22.05-default")
+    assert proc.returncode == 0 and "--slurm" not in proc.stdout and "+ mypy" in proc.stdout
+    proc = _dry("22.05-noacct")
+    assert proc.returncode == 0 and "setup-browser" not in proc.stdout
+    assert "+ mypy" not in proc.stdout and proc.stdout.count("--profile noacct") == 4
+
+
+def test_an_unknown_part_exits_2_naming_the_parts() -> None:
+    proc = _dry("23.02-default")
+    assert proc.returncode == 2 and "22.05-strict" in proc.stderr and "+ " not in proc.stdout
+
+
+@pytest.fixture
+def stand_in(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A checkout whose scripts/dev-cluster and .venv/bin/python are stand-ins."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    shutil.copy(SCRIPT, tmp_path / "scripts" / "test")
+    for path, text in (
+        ("scripts/dev-cluster", DEV_CLUSTER),
+        ("scripts/setup-venv", "#!/bin/sh\n"),
+        (".venv/bin/python", PYTHON),
+    ):
+        (tmp_path / path).write_text(text)
+        (tmp_path / path).chmod(0o755)
+    return tmp_path, {"CALLS": str(tmp_path / "calls"), "TMPDIR": str(tmp_path)}
+
+
+def test_counts_add_up_and_a_failing_part_fails_the_run(
+    stand_in: tuple[Path, dict[str, str]],
+) -> None:
+    root, env = stand_in
+    matrix = "24.11-default,22.05-strict,22.05-noacct"
+    proc = _script({**env, "DLHPC_TEST_MATRIX": matrix, "FAIL_PYTEST": "22.05-strict"}, root)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert SUMMARY.match(lines[-1]) and lines[-1].startswith("16 passed, 2 failed, 2 skipped")
+    assert "failed parts: 22.05-strict" in lines
+    assert any(ln.startswith("24.11-default  ok: 6 passed, 0 failed, 1 skipped") for ln in lines)
+    assert any(ln.startswith("22.05-strict   FAILED (exit 1): 4 passed, 2 failed") for ln in lines)
+    calls = (root / "calls").read_text().splitlines()
+    assert "dev-cluster down --slurm 22.05 --profile strict" in calls  # down after a failure
+    assert any(c.startswith("python 22.05-noacct 1 -m pytest") for c in calls)
+
+
+def test_a_cluster_that_does_not_come_up_is_a_failed_part(
+    stand_in: tuple[Path, dict[str, str]],
+) -> None:
+    root, env = stand_in
+    matrix = "26.05-default,22.05-noacct"
+    proc = _script({**env, "DLHPC_TEST_MATRIX": matrix, "FAIL_UP": "26.05-default"}, root)
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines()[-1].startswith("6 passed, 1 failed, 1 skipped in ")
+    calls = (root / "calls").read_text()
+    assert "python 26.05" not in calls and "python 22.05-noacct" in calls
