@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 SLURM_VERSIONS = ("22.05", "24.11", "26.05")
 PROFILES = ("default", "strict", "noacct")
-NEEDS = ("accounting", "root")
+NEEDS = ("accounting", "root", "scrontab")
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,9 @@ class DevCluster:
         where = f"Slurm {self.slurm}, profile {self.profile} (DLHPC_DEV_PROFILE)"
         if need == "accounting":
             return None if self.accounting else f"needs accounting (sacct); {where} has none"
+        if need == "scrontab":  # Debian 12's Slurm 22.05 ships no scrontab command
+            has = shutil.which("scrontab") is not None
+            return None if has else f"needs scrontab; {where} has no scrontab command"
         if need == "root":
             uid = os.geteuid()
             return None if uid == 0 else f"needs root; {where} runs the tests as uid {uid}"

@@ -170,6 +170,8 @@ def _scrontab_enabled(env: dict[str, str]) -> str | None:
     return None
 
 
+@pytest.mark.needs("scrontab")
+@pytest.mark.profile("default")  # in the 24.11 and 26.05 matrix parts
 def test_a_scrontab_entry_alone_drives_an_experiment_to_completion(
     cli: Cli, tmp_path: Path
 ) -> None:

@@ -27,12 +27,8 @@ PROFILE = os.environ.get("DLHPC_DEV_PROFILE", "default")
 GRID = REPO / "templates" / "examples" / "digits" / "grid.yaml"
 MAX_SUBMIT = 8  # the strict profile's MaxSubmitJobsPerUser
 
-strict_only = pytest.mark.skipif(
-    PROFILE != "strict", reason=f"needs the strict profile (DLHPC_DEV_PROFILE={PROFILE})"
-)
-noacct_only = pytest.mark.skipif(
-    PROFILE != "noacct", reason=f"needs the noacct profile (DLHPC_DEV_PROFILE={PROFILE})"
-)
+strict_only = pytest.mark.profile("strict")
+noacct_only = pytest.mark.profile("noacct")
 
 TRAIN = """\
 import time

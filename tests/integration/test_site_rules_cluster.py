@@ -20,7 +20,7 @@ import pytest
 
 from tests.integration.conftest import Cli
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.profile("default", "strict", "noacct")]
 
 PROFILE = os.environ.get("DLHPC_DEV_PROFILE", "default")
 #: The GPU types of each profile's partitions (both nodes are in debug and high).
