@@ -104,9 +104,10 @@ class Trial(Base):
     __table_args__ = (
         UniqueConstraint("experiment_id", "request_id"),
         Index("ix_trials_ended_at", "ended_at"),  # trials that ended lately (v4)
-        # status (v5): counts by state and the live trials from the index alone; the
-        # best trials in (metric, id) order
-        Index("ix_trials_experiment_state", "experiment_id", "state", "best_metric"),
+        # status (v5): counts by state and the live trials from the index alone (no
+        # best_metric here: a tick updates it on every result); the best trials in
+        # (metric, id) order
+        Index("ix_trials_experiment_state", "experiment_id", "state"),
         Index("ix_trials_experiment_best", "experiment_id", "best_metric"),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
