@@ -106,9 +106,15 @@ class Trial(Base):
         Index("ix_trials_ended_at", "ended_at"),  # trials that ended lately (v4)
         # status (v5): counts by state and the live trials from the index alone (no
         # best_metric here: a tick updates it on every result); the best trials in
-        # (metric, id) order
+        # (metric, id) order. Partial: a join that reads only a trial's id and
+        # experiment cannot take it (SQLite would, and walk the trials in metric order).
         Index("ix_trials_experiment_state", "experiment_id", "state"),
-        Index("ix_trials_experiment_best", "experiment_id", "best_metric"),
+        Index(
+            "ix_trials_experiment_best",
+            "experiment_id",
+            "best_metric",
+            sqlite_where=text("best_metric IS NOT NULL"),
+        ),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id"), index=True)
