@@ -60,17 +60,28 @@ def _child(argv: list[str]) -> int:
 
 
 def _upgrade(home: Path) -> int:
-    """Untimed: store each experiment's searcher state as this tree's code stores it.
+    """Untimed: bring the DB to this tree's schema, as ``dlhpc db migrate`` does (its
+    migrations, nothing when the version is already this tree's; no backup: the copy
+    is thrown away), then store each experiment's searcher state as this tree's code
+    stores it.
 
-    What the first tick after an upgrade of dlhpc does once (a state written by an
-    older version is loaded and saved in the current format); run before the timed
-    commands so that they see the steady state of the tree being measured."""
+    What an upgrade of dlhpc does once (``db migrate``, then the first tick loads a
+    state written by an older version and saves it in the current format); run before
+    the timed commands so that they see the steady state of the tree being measured."""
     import sqlite3
 
     from dlhpc.config import ExperimentConfig
     from dlhpc.config.serde import from_jsonable
     from dlhpc.orchestrator.common import searcher_of, state_json
+    from dlhpc.store.engine import SCHEMA_VERSION, make_engine, migrate, read_version
 
+    reader = make_engine(home / "dlhpc.db", writer=False)
+    version = read_version(reader)
+    reader.dispose()
+    if version != SCHEMA_VERSION:
+        writer = make_engine(home / "dlhpc.db", writer=True)
+        print("schema v{} -> v{}".format(*migrate(writer)))
+        writer.dispose()
     db = sqlite3.connect(home / "dlhpc.db")
     rows = db.execute("SELECT id, config_json, searcher_state FROM experiments").fetchall()
     changed = 0

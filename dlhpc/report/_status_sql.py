@@ -10,13 +10,14 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import and_, func, select, union
+from sqlalchemy import Integer, and_, func, select, union
 from sqlalchemy.orm import Session
 
 from dlhpc.report._status_gpu import Row
 from dlhpc.report.status_model import DecisionStats, DiskUse, Latency
 from dlhpc.states import LIVE_ATTEMPT_STATES, TERMINAL_TRIAL_STATES, CheckpointState
 from dlhpc.store import Attempt, Checkpoint, Decision, Experiment, Trial
+from dlhpc.store.models import DECISION_LATENCY_S
 
 __all__ = [
     "PICK_COLS",
@@ -101,7 +102,8 @@ def candidates(conn: Any, exps: Sequence[Experiment], limit: int) -> dict[int, l
     for e in exps:  # a few LIMIT queries per experiment (SQLite sorts the top n only)
         of_exp = Trial.experiment_id == e.id
         ended = and_(of_exp, Trial.state.in_(TERMINAL_TRIAL_STATES), Trial.best_metric.is_not(None))
-        signed = Trial.best_metric if e.smaller_is_better else -Trial.best_metric
+        # best first, ties by id; ``best_metric DESC``, not ``-best_metric``: an index order
+        signed = Trial.best_metric if e.smaller_is_better else Trial.best_metric.desc()
         newest = select(Trial.id).where(of_exp).order_by(Trial.id.desc()).limit(limit)
         best = select(Trial.id).where(ended).order_by(signed, Trial.id).limit(limit)
         # a UNION of the ids, then their rows: not an OR tested on every trial's row
@@ -143,16 +145,16 @@ def decision_stats(session: Session, exp_ids: list[int]) -> dict[int, DecisionSt
 def _latency(session: Session, exp_id: int) -> Latency | None:
     """The experiment's decision latencies: count, median and max, in SQL (a median
     from the one or two middle rows, as :func:`statistics.median`)."""
-    seconds = (func.julianday(Decision.acted_at) - func.julianday(Decision.result_time)) * 86400.0
-    value = func.max(0.0, seconds)
+    value = DECISION_LATENCY_S  # each query below reads ix_decisions_latency only
     timed = (
         Decision.experiment_id == exp_id,
         Decision.acted_at.is_not(None),
         Decision.result_time.is_not(None),
     )
-    n, top = session.execute(select(func.count(), func.max(value)).where(*timed)).one()
+    n = session.scalar(select(func.count()).where(*timed))
     if not n:
         return None
+    top = session.execute(select(value).where(*timed).order_by(value.desc()).limit(1)).scalar_one()
     middle = session.scalars(
         select(value).where(*timed).order_by(value).limit(2 - n % 2).offset((n - 1) // 2)
     ).all()
@@ -163,17 +165,23 @@ def disk_usage(session: Session, exps: list[Experiment]) -> dict[int, DiskUse]:
     """Per experiment, from the checkpoint rows (no disk scan): ACTIVE checkpoints and
     their bytes (manifest sizes), those the GC deleted and the bytes it freed, and the
     experiment's checkpoint folder (``checkpoint.dir/exp-<id>``)."""
-    rows = session.execute(
-        select(Trial.experiment_id, Checkpoint.state, func.count(), func.sum(Checkpoint.size_bytes))
+    active = Checkpoint.state == CheckpointState.ACTIVE.value  # 1 or 0
+    rows = session.execute(  # one group per experiment, in index order: no sort
+        select(
+            Trial.experiment_id,
+            func.sum(active, type_=Integer),
+            func.sum(Checkpoint.size_bytes * active, type_=Integer),
+            func.count(),
+            func.sum(Checkpoint.size_bytes),
+        )
         .join(Trial, Trial.id == Checkpoint.trial_id)
         .where(Trial.experiment_id.in_([e.id for e in exps]))
-        .group_by(Trial.experiment_id, Checkpoint.state)
+        .group_by(Trial.experiment_id)
     ).all()
     sums: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # as DiskUse's first four
-    for exp_id, state, n, size in rows:
-        at = 0 if state == CheckpointState.ACTIVE.value else 2
-        sums[exp_id][at] += n
-        sums[exp_id][at + 1] += int(size or 0)
+    for exp_id, active_n, active_size, n, size in rows:
+        kept, kept_size = int(active_n or 0), int(active_size or 0)
+        sums[exp_id] = [kept, kept_size, n - kept, int(size or 0) - kept_size]
     out: dict[int, DiskUse] = {}
     for e in exps:
         try:

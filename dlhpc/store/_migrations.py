@@ -66,8 +66,23 @@ def _v3_to_v4(conn: Connection) -> None:
         conn.exec_driver_sql(stmt)
 
 
+def _v4_to_v5(conn: Connection) -> None:
+    """Scale: the indexes ``dlhpc status`` reads instead of the rows (counts by state,
+    the best and live trials, the ended attempts' hours, disk use, decisions and their
+    latency), created from the models' declarations so that they match. One that
+    exists is skipped: an earlier step may have created its table from today's models."""
+    from dlhpc.store.models import V5_INDEXES, Base
+
+    have = {n for (n,) in conn.exec_driver_sql("SELECT name FROM sqlite_master WHERE type='index'")}
+    for table in Base.metadata.sorted_tables:
+        for index in table.indexes:
+            if index.name in V5_INDEXES and index.name not in have:
+                index.create(conn)
+
+
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: _v1_to_v2,
     2: _v2_to_v3,
     3: _v3_to_v4,
+    4: _v4_to_v5,
 }

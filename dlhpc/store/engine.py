@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from dlhpc.errors import SchemaVersionError, StoreError
 from dlhpc.store.models import Base, Meta
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 BUSY_TIMEOUT_MS = 30_000
 
 

@@ -20,15 +20,21 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    and_,
     event,
+    func,
+    literal_column,
     text,
 )
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.sql.elements import ColumnElement
 
 from dlhpc.states import CheckpointState
 
 __all__ = [
+    "DECISION_LATENCY_S",
+    "V5_INDEXES",
     "Attempt",
     "Base",
     "Checkpoint",
@@ -98,6 +104,17 @@ class Trial(Base):
     __table_args__ = (
         UniqueConstraint("experiment_id", "request_id"),
         Index("ix_trials_ended_at", "ended_at"),  # trials that ended lately (v4)
+        # status (v5): counts by state and the live trials from the index alone (no
+        # best_metric here: a tick updates it on every result); the best trials in
+        # (metric, id) order. Partial: a join that reads only a trial's id and
+        # experiment cannot take it (SQLite would, and walk the trials in metric order).
+        Index("ix_trials_experiment_state", "experiment_id", "state"),
+        Index(
+            "ix_trials_experiment_best",
+            "experiment_id",
+            "best_metric",
+            sqlite_where=text("best_metric IS NOT NULL"),
+        ),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id"), index=True)
@@ -146,7 +163,19 @@ class Attempt(Base):
     """One run of a trial by the scheduler (a Slurm job array task run)."""
 
     __tablename__ = "attempts"
-    __table_args__ = (UniqueConstraint("trial_id", "attempt_key"),)
+    __table_args__ = (
+        UniqueConstraint("trial_id", "attempt_key"),
+        # status (v5): the live attempts, and the ended ones' hours from the index alone
+        Index("ix_attempts_state", "state", "trial_id"),
+        Index(
+            "ix_attempts_trial_hours",
+            "trial_id",
+            "state",
+            "started_at",
+            "ended_at",
+            "terminal_seen_at",
+        ),
+    )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id"), index=True)
     submission_id: Mapped[int | None] = mapped_column(ForeignKey("submissions.id"), nullable=True)
@@ -204,7 +233,11 @@ class Metric(Base):
 
 class Checkpoint(Base):
     __tablename__ = "checkpoints"
-    __table_args__ = (UniqueConstraint("trial_id", "path"),)
+    __table_args__ = (
+        UniqueConstraint("trial_id", "path"),
+        # status's disk use from the index alone (v5)
+        Index("ix_checkpoints_trial_state_size", "trial_id", "state", "size_bytes"),
+    )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id"), index=True)
     attempt_id: Mapped[int | None] = mapped_column(ForeignKey("attempts.id"), nullable=True)
@@ -240,6 +273,8 @@ class Decision(Base):
     ``acted_at - result_time`` is the decision latency."""
 
     __tablename__ = "decisions"
+    # status's decisions by kind from the index alone (v5)
+    __table_args__ = (Index("ix_decisions_experiment_kind", "experiment_id", "kind", "acted_at"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id"), index=True)
     trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id"), index=True)
@@ -248,6 +283,35 @@ class Decision(Base):
     result_time: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
     decided_at: Mapped[datetime] = mapped_column(DateTime)
     acted_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+
+
+DECISION_LATENCY_S: ColumnElement[float] = func.max(
+    literal_column("0.0"),
+    (func.julianday(Decision.acted_at) - func.julianday(Decision.result_time))
+    * literal_column("86400.0"),
+)
+"""A decision's latency in seconds (``acted_at - result_time``, at least 0), written
+with literal constants so that SQLite matches it to ``ix_decisions_latency``: a query
+ordering or filtering by exactly this expression reads the index, not the rows."""
+
+# the timed decisions by latency (v5): status's count, median and max without a sort
+Index(
+    "ix_decisions_latency",
+    Decision.experiment_id,
+    DECISION_LATENCY_S,
+    sqlite_where=and_(Decision.acted_at.is_not(None), Decision.result_time.is_not(None)),
+)
+
+V5_INDEXES = (
+    "ix_trials_experiment_state",
+    "ix_trials_experiment_best",
+    "ix_attempts_state",
+    "ix_attempts_trial_hours",
+    "ix_checkpoints_trial_state_size",
+    "ix_decisions_experiment_kind",
+    "ix_decisions_latency",
+)
+"""The indexes schema v5 added (``_migrations`` creates them from these declarations)."""
 
 
 class GpuSample(Base):

@@ -23,7 +23,7 @@ from dlhpc.store import (
 )
 from dlhpc.store.engine import make_engine, migrate
 from dlhpc.store.ingest import ingest_attempt
-from dlhpc.store.models import Decision, Lease
+from dlhpc.store.models import V5_INDEXES, Decision, Lease
 from dlhpc.store.summaries import refresh_metrics
 from tests.unit._db import exp_and_trial
 
@@ -31,11 +31,18 @@ from tests.unit._db import exp_and_trial
 def test_new_db_records_schema_version(tmp_path: Path) -> None:
     Store(tmp_path).close()
     con = sqlite3.connect(tmp_path / "dlhpc.db")
-    assert con.execute("select value from meta where key='schema_version'").fetchone() == ("4",)
+    assert con.execute("select value from meta where key='schema_version'").fetchone() == ("5",)
+
+
+def _undo_v5(con: sqlite3.Connection) -> None:
+    """Turn a v5 schema back into v4's."""
+    for name in V5_INDEXES:
+        con.execute(f"DROP INDEX {name}")
 
 
 def _undo_v4(con: sqlite3.Connection) -> None:
-    """Turn a v4 schema back into v3's."""
+    """Turn a v5 schema back into v3's."""
+    _undo_v5(con)
     con.execute("DROP TRIGGER gpu_samples_summary")
     con.execute("DROP TABLE gpu_summaries")
     con.execute("DROP INDEX ix_trials_ended_at")
@@ -68,7 +75,7 @@ def test_v3_to_v4_summarises_existing_gpu_samples_and_keeps_them_current(tmp_pat
     con.close()
     with pytest.raises(SchemaVersionError):
         Store(home)
-    assert migrate(make_engine(home / "dlhpc.db", writer=True)) == (3, 4)
+    assert migrate(make_engine(home / "dlhpc.db", writer=True)) == (3, 5)
     store = Store(home)
     summary = "SELECT host, gpu_index, samples, n_util, sum_util, first, newest FROM gpu_summaries"
     with store.write() as s:
@@ -89,6 +96,31 @@ def test_v3_to_v4_summarises_existing_gpu_samples_and_keeps_them_current(tmp_pat
         names = {r[0] for r in s.execute(text("SELECT name FROM sqlite_master WHERE type='index'"))}
         assert {"ix_trials_ended_at", "ix_metrics_trial_name_step", "ix_metrics_name_time"} <= names
         assert "ix_metrics_trial_name" not in names
+
+
+def _index_sql(db: Path) -> dict[str, str]:
+    con = sqlite3.connect(db)
+    try:
+        return dict(con.execute("SELECT name, sql FROM sqlite_master WHERE type='index'"))
+    finally:
+        con.close()
+
+
+def test_v4_to_v5_adds_the_status_indexes_as_a_new_db_has_them(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    Store(home).close()
+    fresh = _index_sql(home / "dlhpc.db")
+    assert set(V5_INDEXES) <= set(fresh)
+    con = sqlite3.connect(home / "dlhpc.db")
+    _undo_v5(con)
+    con.execute("update meta set value='4' where key='schema_version'")
+    con.commit()
+    con.close()
+    with pytest.raises(SchemaVersionError):
+        Store(home)
+    assert migrate(make_engine(home / "dlhpc.db", writer=True)) == (4, 5)
+    assert _index_sql(home / "dlhpc.db") == fresh
+    Store(home).close()
 
 
 def _make_v1_db(home: Path) -> None:
@@ -135,7 +167,7 @@ def test_old_schema_gets_clear_message_and_migrates(
     assert res.exit_code == 1 and "dlhpc db migrate" in res.output
     res = CliRunner().invoke(cli, ["db", "migrate"])
     assert res.exit_code == 0, res.output
-    assert "v1 -> v4" in res.output and (home / "dlhpc.db.v1.bak").exists()
+    assert "v1 -> v5" in res.output and (home / "dlhpc.db.v1.bak").exists()
     store = Store(home)  # opens without complaint now
     exp_and_trial(store, tmp_path)
     with store.read() as s:
