@@ -22,8 +22,9 @@ UNKNOWN (the reconciler then decides by the job's own exit files); the instance
 stops calling sacct, logs one warning and says so in :attr:`accounting_available`.
 
 Commands run (counted, with timeouts) and ``sacct``'s one-way switch live in
-:mod:`dlhpc.scheduler.slurm.commands`. Site limits (:mod:`dlhpc.scheduler.slurm.limits`): ``submit_slots`` reads the
-user's associations and QOSes once per instance (two ``sacctmgr``) and counts
+:mod:`dlhpc.scheduler.slurm.commands`. Site limits
+(:mod:`dlhpc.scheduler.slurm.limits`): ``submit_slots`` reads the user's associations
+and QOSes once per instance (two ``sacctmgr``) and counts
 the user's queued and running tasks from the last ``squeue`` of ``poll`` (one
 more ``squeue`` only when this instance has not polled); an sbatch refused for
 a limit raises :class:`~dlhpc.scheduler.base.SubmitLimitError`.
