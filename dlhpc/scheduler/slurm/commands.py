@@ -27,7 +27,7 @@ from dlhpc.scheduler.slurm.parse import (
     parse_sacct_runs,
 )
 
-__all__ = ["SlurmCommands", "failed", "one_line"]
+__all__ = ["SlurmCommands", "failed", "one_line", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,29 @@ def failed(name: str, proc: subprocess.CompletedProcess[str], detail: str | None
     """``<name> failed (exit N): <one line of stderr, else stdout, else detail>``."""
     text = (proc.stderr or proc.stdout) if detail is None else detail
     return f"{name} failed (exit {proc.returncode}): {one_line(text)}"
+
+
+def run(
+    args: list[str], timeout: float, environ: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run a Slurm command in ``environ`` (default: this process's) with no stdin and
+    Slurm's standard time format; SchedulerError when it cannot run or times out. A
+    non-zero exit is returned, not raised: callers judge it."""
+    env = dict(os.environ if environ is None else environ, SLURM_TIME_FORMAT="standard")
+    try:
+        return subprocess.run(
+            args,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as err:
+        raise SchedulerError(f"{args[0]} timed out after {timeout:g} s") from err
+    except OSError as err:
+        raise SchedulerError(f"cannot run {args[0]}: {err.strerror or err}") from err
 
 
 class SlurmCommands:
@@ -62,21 +85,7 @@ class SlurmCommands:
         A non-zero exit is returned, not raised: callers judge it.
         """
         self.calls[args[0]] += 1
-        env = dict(os.environ if environ is None else environ, SLURM_TIME_FORMAT="standard")
-        try:
-            return subprocess.run(
-                args,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as err:
-            raise SchedulerError(f"{args[0]} timed out after {timeout:g} s") from err
-        except OSError as err:
-            raise SchedulerError(f"cannot run {args[0]}: {err}") from err
+        return run(args, timeout, environ)
 
     def _checked(
         self, args: list[str], timeout: float, environ: Mapping[str, str] | None = None
