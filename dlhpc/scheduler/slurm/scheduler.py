@@ -21,8 +21,10 @@ was asked about come back from squeue's view if it still has them, else
 UNKNOWN (the reconciler then decides by the job's own exit files); the instance
 stops calling sacct, logs one warning and says so in :attr:`accounting_available`.
 
-Site limits (:mod:`dlhpc.scheduler.slurm.limits`): ``submit_slots`` reads the
-user's associations and QOSes once per instance (two ``sacctmgr``) and counts
+Commands run (counted, with timeouts) and ``sacct``'s one-way switch live in
+:mod:`dlhpc.scheduler.slurm.commands`. Site limits
+(:mod:`dlhpc.scheduler.slurm.limits`): ``submit_slots`` reads the user's associations
+and QOSes once per instance (two ``sacctmgr``) and counts
 the user's queued and running tasks from the last ``squeue`` of ``poll`` (one
 more ``squeue`` only when this instance has not polled); an sbatch refused for
 a limit raises :class:`~dlhpc.scheduler.base.SubmitLimitError`.
@@ -30,14 +32,11 @@ a limit raises :class:`~dlhpc.scheduler.base.SubmitLimitError`.
 
 from __future__ import annotations
 
-import collections
 import getpass
 import importlib
 import logging
-import os
 import re
-import subprocess
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -56,16 +55,12 @@ from dlhpc.scheduler.base import (
 )
 from dlhpc.scheduler.slurm import checks
 from dlhpc.scheduler.slurm._pyslurm import PollPath, poll_path, queue_via_pyslurm
+from dlhpc.scheduler.slurm.commands import SlurmCommands, failed, one_line
 from dlhpc.scheduler.slurm.limits import Limits, is_limit_refusal, read_limits
 from dlhpc.scheduler.slurm.parse import (
-    SACCT_FORMAT,
-    SACCT_RUNS_FORMAT,
     SQUEUE_FORMAT,
     TASK_ID_RE,
-    base_id,
     parse_max_array_size,
-    parse_sacct,
-    parse_sacct_runs,
     parse_squeue,
 )
 from dlhpc.scheduler.slurm.sbatch import make_executor
@@ -84,17 +79,7 @@ _SCANCEL_BENIGN = (
 )
 
 
-def _one_line(text: str, limit: int = 500) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def _failed(name: str, proc: subprocess.CompletedProcess[str], detail: str | None = None) -> str:
-    text = (proc.stderr or proc.stdout) if detail is None else detail
-    return f"{name} failed (exit {proc.returncode}): {_one_line(text)}"
-
-
-class SlurmScheduler(BaseScheduler):
+class SlurmScheduler(SlurmCommands, BaseScheduler):
     """Slurm backend. ``fn`` is the in-job callable (default: the dlhpc worker's
     ``run_trial``, imported at submit time); it gets the trial folder as a str."""
 
@@ -108,51 +93,14 @@ class SlurmScheduler(BaseScheduler):
         submit_timeout_s: float = 120.0,
         queue_path: PollPath | None = None,
     ) -> None:
-        self.calls: collections.Counter[str] = collections.Counter()
+        super().__init__(command_timeout_s)
         self._queue_path = queue_path
         self._fn = fn
-        self._timeout = command_timeout_s
         self._submit_timeout = submit_timeout_s
         self._cluster_max_array: int | None = None
-        self._accounting = True
         self._limits: Limits | None = None
         self._limits_read = False
         self._held: int | None = None  # the user's queued+running tasks at the last squeue
-
-    # -- external commands -------------------------------------------------
-
-    def _run(
-        self, args: list[str], timeout: float, environ: Mapping[str, str] | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        """Run a Slurm command (counted) in ``environ`` (default: this process's);
-        SchedulerError when it cannot run or times out.
-
-        A non-zero exit is returned, not raised: callers judge it.
-        """
-        self.calls[args[0]] += 1
-        env = dict(os.environ if environ is None else environ, SLURM_TIME_FORMAT="standard")
-        try:
-            return subprocess.run(
-                args,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as err:
-            raise SchedulerError(f"{args[0]} timed out after {timeout:g} s") from err
-        except OSError as err:
-            raise SchedulerError(f"cannot run {args[0]}: {err}") from err
-
-    def _checked(
-        self, args: list[str], timeout: float, environ: Mapping[str, str] | None = None
-    ) -> str:
-        proc = self._run(args, timeout, environ)
-        if proc.returncode != 0:
-            raise SchedulerError(_failed(args[0], proc))
-        return proc.stdout
 
     def _sbatch(self, script: Path) -> str:
         return self._checked(["sbatch", str(script)], self._submit_timeout)
@@ -258,7 +206,7 @@ class SlurmScheduler(BaseScheduler):
                 kind = SubmitLimitError if is_limit_refusal(str(err)) else SchedulerError
                 raise kind(
                     f"submitting chunk {n + 1} ({len(chunk)} tasks) of {request.name!r} failed: "
-                    f"{_one_line(str(err))}",
+                    f"{one_line(str(err))}",
                     submitted=submitted,
                 ) from err
             if self._held is not None:
@@ -328,48 +276,6 @@ class SlurmScheduler(BaseScheduler):
             )
         )
 
-    def _sacct(self, ids: list[str]) -> dict[str, JobStatus]:
-        """One sacct for the arrays of ``ids``; {} (and no more sacct) once it fails."""
-        jobs = ",".join(sorted({base_id(j) for j in ids}, key=int))
-        out = self._sacct_run([f"--jobs={jobs}", f"--format={SACCT_FORMAT}"])
-        return {} if out is None else parse_sacct(out)
-
-    def _sacct_run(self, args: list[str]) -> str | None:
-        """``sacct -X --noheader --parsable2 ARGS``'s output; None (and no more sacct
-        from this instance, one warning) once it fails or while accounting is off."""
-        if not self._accounting:
-            return None
-        try:
-            proc = self._run(["sacct", "-X", "--noheader", "--parsable2", *args], self._timeout)
-            if proc.returncode != 0:
-                raise SchedulerError(_failed("sacct", proc))
-        except SchedulerError as err:
-            self._accounting = False
-            log.warning(
-                "Slurm accounting unavailable (%s): finished jobs are reported from squeue or as "
-                "UNKNOWN, and sacct is not called again by this scheduler",
-                err,
-            )
-            return None
-        return proc.stdout
-
-    @property
-    def accounting_available(self) -> bool:
-        """False once sacct failed; this instance then no longer calls it."""
-        return self._accounting
-
-    def run_states(self, job_ids: Collection[str]) -> dict[str, list[str]]:
-        """Every run of each job as ``sacct -D`` lists it (one sacct); {} without
-        accounting. Slurm 24.11 requeues a preempted task under the same id, and only
-        this record tells ``PREEMPTED`` from another requeue."""
-        ids = [j for j in dict.fromkeys(job_ids) if TASK_ID_RE.match(j)]
-        if not ids:
-            return {}
-        jobs = ",".join(sorted({base_id(j) for j in ids}, key=int))
-        out = self._sacct_run(["-D", f"--jobs={jobs}", f"--format={SACCT_RUNS_FORMAT}"])
-        runs = parse_sacct_runs(out or "")
-        return {j: runs[j] for j in ids if j in runs}
-
     def limits(self) -> Limits | None:
         """The user's associations and the QOS table (two ``sacctmgr``, once per
         instance); None, with one warning, when sacctmgr cannot tell (no slurmdbd)."""
@@ -418,7 +324,7 @@ class SlurmScheduler(BaseScheduler):
             if line.strip() and not any(b in line for b in _SCANCEL_BENIGN)
         ]
         if errors:
-            raise SchedulerError(_failed("scancel", proc, " ".join(errors)))
+            raise SchedulerError(failed("scancel", proc, " ".join(errors)))
 
     def find_jobs(self, name: str) -> list[str]:
         """One squeue (and, when accounting works, one sacct) by job name. Without

@@ -23,7 +23,6 @@ Each command runs only when a check needs it, at most once per instance.
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
@@ -31,6 +30,7 @@ from dlhpc._perms import current_user
 from dlhpc.config import SiteConfig, association_problems
 from dlhpc.errors import SchedulerError
 from dlhpc.scheduler.registry import Check
+from dlhpc.scheduler.slurm.commands import one_line, run
 
 __all__ = [
     "SINFO_GRES",
@@ -101,26 +101,9 @@ def parse_associations(text: str) -> dict[str, frozenset[str]]:
     return {k: frozenset(v) for k, v in out.items()}
 
 
-def _one_line(text: str, limit: int = 300) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
 def run_command(argv: list[str], timeout: float = 30.0) -> tuple[int, str, str]:
-    """The default :data:`Runner`: no stdin, a timeout."""
-    try:
-        p = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as err:
-        raise SchedulerError(f"{argv[0]} timed out after {timeout:g} s") from err
-    except OSError as err:
-        raise SchedulerError(f"{argv[0]} cannot run: {err.strerror or err}") from err
+    """The default :data:`Runner`: :func:`~dlhpc.scheduler.slurm.commands.run`."""
+    p = run(argv, timeout)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -141,7 +124,7 @@ class SlurmRules:
         if self._gres is None:
             code, out, err = self._run(SINFO_GRES)
             if code != 0:
-                raise SchedulerError(f"sinfo failed (exit {code}): {_one_line(err or out)}")
+                raise SchedulerError(f"sinfo failed (exit {code}): {one_line(err or out, 300)}")
             self._gres = parse_sinfo_gres(out)
         return self._gres
 
@@ -169,7 +152,7 @@ class SlurmRules:
             self.warnings.append(f"{skip}: {exc} (is accounting enabled?)")
             return None
         if code != 0:
-            why = _one_line(err or out) or "no output"
+            why = one_line(err or out, 300) or "no output"
             self.warnings.append(f"{skip}: sacctmgr failed (exit {code}): {why}")
             return None
         found = parse_associations(out)
