@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from dlhpc.protocol import REQUEUE_EXIT_CODE
+from dlhpc.protocol import REQUEUE_EXIT_CODE, split_attempt_key
 from dlhpc.scheduler import JobState, JobStatus
 from dlhpc.states import TrialState
 from dlhpc.store import Attempt
@@ -95,9 +95,9 @@ def superseded_cause(a: Attempt, runs: Sequence[str] | None = None) -> str:
     task it requeued whatever its exit), else "requeued"."""
     if a.exit_code is not None and a.exit_code != 0 and split_reason(a.exit_reason)[1] == "USR2":
         return "timeout"
-    _, _, restart = a.attempt_key.rpartition(".r")
-    if runs and restart.isdigit() and int(restart) < len(runs):
-        return _CAUSE_OF_RUN.get(runs[int(restart)], "requeued")
+    parts = split_attempt_key(a.attempt_key)
+    if runs and parts is not None and parts[1] < len(runs):
+        return _CAUSE_OF_RUN.get(runs[parts[1]], "requeued")
     return "requeued"
 
 

@@ -36,7 +36,7 @@ from dlhpc.orchestrator.common import (
 )
 from dlhpc.orchestrator.decide import SearchPass, pending_promotions, write_stop_files
 from dlhpc.orchestrator.trials import TrialPass, reconcile_trial
-from dlhpc.protocol import EVENT_FILE_RE, iter_attempt_dirs
+from dlhpc.protocol import EVENT_FILE_RE, iter_attempt_dirs, split_attempt_key
 from dlhpc.scheduler import JobStatus
 from dlhpc.states import (
     LIVE_ATTEMPT_STATES,
@@ -208,10 +208,10 @@ def _requeued_runs(
     (Slurm 24.11 requeues a preempted task whatever its exit)."""
     by_backend: dict[str, set[str]] = defaultdict(set)
     for trial_id, adir in todo:
-        job, sep, restart = adir.name.rpartition(".r")
+        parts = split_attempt_key(adir.name)
         new = (trial_id, adir.name) not in done
-        if sep and new and restart.isdigit() and int(restart) >= 1 and trial_id in backend_of_trial:
-            by_backend[backend_of_trial[trial_id]].add(job)
+        if parts is not None and parts[1] >= 1 and new and trial_id in backend_of_trial:
+            by_backend[backend_of_trial[trial_id]].add(parts[0])
     runs: dict[str, list[str]] = {}
     for backend, jobs in by_backend.items():
         try:

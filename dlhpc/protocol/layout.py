@@ -51,6 +51,7 @@ __all__ = [
     "TRIAL_FILE",
     "attempt_dir",
     "attempt_key",
+    "split_attempt_key",
     "attempts_dir",
     "checkpoint_experiment_dir",
     "checkpoint_trial_dir",
@@ -140,6 +141,15 @@ def attempt_key(job_id: str, restart: int) -> str:
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", job_id):
         raise ValueError(f"unsafe job id {job_id!r}")
     return f"{job_id}.r{restart}"
+
+
+def split_attempt_key(key: str) -> tuple[str, int] | None:
+    """:func:`attempt_key`'s inverse: ``("123_4", 1)`` for ``123_4.r1``; None for a
+    name that is not an attempt key."""
+    job_id, sep, restart = key.rpartition(".r")
+    if not sep or not job_id or not restart.isdigit():
+        return None
+    return job_id, int(restart)
 
 
 def attempts_dir(trial_path: Path) -> Path:

@@ -218,3 +218,12 @@ def test_preempted_job_that_ended_failed_is_resubmitted_at_once() -> None:
         assert not v.resubmit, state
     live = judge(_attempt(75, "requeue/USR2", gone=None), _st(P), None, NOW)
     assert not live.resubmit  # self-requeued at the time limit: Slurm runs it again
+
+
+def test_an_attempt_key_splits_back_into_job_and_restart() -> None:
+    from dlhpc.protocol import attempt_key, split_attempt_key
+
+    assert split_attempt_key(attempt_key("123_4", 2)) == ("123_4", 2)
+    assert split_attempt_key("local-ab12.r0") == ("local-ab12", 0)
+    for name in ("123_4", ".r1", "123_4.rx", "123_4.r"):
+        assert split_attempt_key(name) is None, name
