@@ -176,15 +176,14 @@ def _note_no_accounting(
     exp_ids = [e for e, b in backend_of.items() if b in blind]
     if not exp_ids:
         return
+    told = select(Event.experiment_id).where(
+        Event.kind == _NO_ACCOUNTING, Event.experiment_id.in_(exp_ids)
+    )
+    with store.read() as s:  # most passes: every one told already, and no write
+        if set(exp_ids) <= set(s.scalars(told)):
+            return
     with store.write() as s:
-        told = set(
-            s.scalars(
-                select(Event.experiment_id).where(
-                    Event.kind == _NO_ACCOUNTING, Event.experiment_id.in_(exp_ids)
-                )
-            )
-        )
-        for exp_id in sorted(set(exp_ids) - told):
+        for exp_id in sorted(set(exp_ids) - set(s.scalars(told))):
             log_event(
                 s,
                 _NO_ACCOUNTING,
