@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["ENV_TIME_METRIC", "ENV_UNIT", "ENV_USER_DATA", "SHIM_PATH"]
+__all__ = ["ENV_NESTED", "ENV_TIME_METRIC", "ENV_UNIT", "ENV_USER_DATA", "SHIM_PATH"]
 
 # the folder holding the stand-in ``determined`` package (put first on PYTHONPATH)
 SHIM_PATH = Path(__file__).resolve().parent / "pythonpath"
@@ -31,5 +31,8 @@ SHIM_PATH = Path(__file__).resolve().parent / "pythonpath"
 ENV_TIME_METRIC = "DLHPC_DETERMINED_TIME_METRIC"
 # the unit of ``searcher.max_length`` (batches, records, epochs): get_configured_units()
 ENV_UNIT = "DLHPC_DETERMINED_UNIT"
+# nested hyperparameters (JSON list of their top names): ``outer.inner`` names are nested
+# again in ``info.trial.hparams`` (``{"outer": {"inner": ...}}``)
+ENV_NESTED = "DLHPC_DETERMINED_NESTED"
 # the experiment's ``data:`` mapping as JSON: ``info.user_data``
 ENV_USER_DATA = "DLHPC_DETERMINED_USER_DATA"

@@ -40,7 +40,7 @@ from typing import Any
 
 from dlhpc import harness
 from dlhpc.harness.context import ENV_TRIAL_DIR, TrialContext
-from dlhpc.integrations.determined import ENV_TIME_METRIC, ENV_UNIT, ENV_USER_DATA
+from dlhpc.integrations.determined import ENV_NESTED, ENV_TIME_METRIC, ENV_UNIT, ENV_USER_DATA
 from dlhpc.integrations.determined.checkpoints import CheckpointContext, latest_storage_id
 
 __all__ = [
@@ -86,8 +86,25 @@ class TrialInfo:
         self.trial_id = ctx.trial_id
         self.experiment_id = ctx.experiment_id
         self.trial_seed = ctx.seed
-        self.hparams: dict[str, Any] = dict(ctx.hparams)
+        self.hparams: dict[str, Any] = nest(ctx.hparams, os.environ.get(ENV_NESTED, ""))
         self.user_data = user_data
+
+
+def nest(hparams: dict[str, Any], roots_json: str) -> dict[str, Any]:
+    """``hparams`` with the ``outer.inner`` names of the nested roots (a JSON list, as
+    ``dlhpc convert`` writes it) turned back into Determined's nested mappings."""
+    roots = set(json.loads(roots_json)) if roots_json else set()
+    out: dict[str, Any] = {}
+    for name, value in hparams.items():
+        parts = name.split(".")
+        if len(parts) == 1 or parts[0] not in roots:
+            out[name] = value
+            continue
+        here = out
+        for part in parts[:-1]:
+            here = here.setdefault(part, {})
+        here[parts[-1]] = value
+    return out
 
 
 class ClusterInfo:
