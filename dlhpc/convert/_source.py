@@ -56,7 +56,8 @@ class Source:
         """``value`` if ``check(value)``, else None and an issue ``must be <want>``."""
         if value is None or check(value):
             return value
-        self.error(keys, f"must be {want}, got {_kind(value)} ({value!r})")
+        shown = repr(value) if isinstance(value, (int, float)) else f"{_kind(value)} ({value!r})"
+        self.error(keys, f"must be {want}, got {shown}")
         return None
 
     def int_at(self, keys: tuple[str, ...], value: Any, min_value: int = 0) -> int | None:
@@ -95,7 +96,9 @@ def read_source(path: Path) -> Source:
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         line = mark.line + 1 if mark is not None else None
-        why = f"not valid YAML: {err.problem or err.context}"
+        why = f"not valid YAML: {err.problem}"
+        if err.context and err.context_mark is not None:
+            why += f" ({err.context} (line {err.context_mark.line + 1}))"
         raise ConfigError([ConfigIssue(label, line, "", why)]) from None
     except yaml.YAMLError as err:
         raise ConfigError([ConfigIssue(label, None, "", f"not valid YAML: {err}")]) from None
