@@ -226,3 +226,11 @@ def test_the_launcher_names_a_command_it_cannot_run(missing: str) -> None:
         check=False,
     )
     assert proc.returncode == 2 and missing in proc.stderr
+
+
+def test_the_example_script_is_its_own_plain_version() -> None:
+    """The Determined script runs under dlhpc with zero added lines: no line of it
+    names dlhpc (the README's "lines you add" count for determined-core is 0)."""
+    text = (EXAMPLE / "train.py").read_text()
+    assert "import determined as det" in text
+    assert [line for line in text.splitlines() if "dlhpc" in line.lower()] == []

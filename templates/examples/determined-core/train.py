@@ -1,11 +1,9 @@
 """A Determined Core API training script, as Determined's Core API tutorials write one.
 
-It runs unchanged on a Determined cluster and under dlhpc (through the stand-in
-`determined` package that `dlhpc convert determined` switches on): there is no dlhpc
-line in it. A tiny regression MLP on synthetic data, CPU only, a fraction of a
-second per batch: hyperparameters from the cluster info, metrics, checkpoints every
-`checkpoint_every` batches, resume from the latest checkpoint, a preemption check
-after each checkpoint, and the searcher's operations deciding how long to train.
+A tiny regression MLP on synthetic data, CPU only, a fraction of a second per batch:
+hyperparameters from the cluster info, metrics, a checkpoint every `checkpoint_every`
+batches, resume from the latest checkpoint, a preemption check after each checkpoint,
+and the searcher's operations deciding how long to train.
 
 Batches are drawn by their index (`torch.Generator().manual_seed(batch)`), so a run
 resumed from a checkpoint trains on exactly the batches an uninterrupted run would.
