@@ -234,3 +234,75 @@ def test_the_example_script_is_its_own_plain_version() -> None:
     text = (EXAMPLE / "train.py").read_text()
     assert "import determined as det" in text
     assert [line for line in text.splitlines() if "dlhpc" in line.lower()] == []
+
+
+DISTRIBUTED = """\
+import json, time, torch.distributed as dist, determined as det
+dist.init_process_group("gloo")
+distributed = det.core.DistributedContext.from_torch_distributed()
+info = det.get_cluster_info()
+with det.core.init(distributed=distributed) as core:
+    ranks = core.distributed.allgather(core.distributed.rank)
+    chief = core.distributed.broadcast("from-chief" if core.distributed.rank == 0 else None)
+    for op in core.searcher.operations():
+        if core.distributed.rank == 0:
+            with core.checkpoint.store_path({"steps_completed": op.length}) as (path, _):
+                (path / "w").write_text("x")
+            op.report_completed(1.5)
+        else:
+            try:
+                with core.checkpoint.store_path({"steps_completed": 1}):
+                    pass
+                refused = False
+            except RuntimeError:
+                refused = True
+        polls = 0
+        while not core.preempt.should_preempt() and polls < 100:  # the stop file: every 2 s
+            polls += 1
+            time.sleep(0.1)
+        stop = core.preempt.should_preempt()
+    out = {"ranks": ranks, "chief": chief, "stop": stop, "size": core.distributed.size}
+    if core.distributed.rank:
+        out["refused"] = refused
+    print("OUT " + json.dumps(out), flush=True)
+    dist.destroy_process_group()
+"""
+
+
+def test_two_ranks_share_collectives_and_the_chiefs_stop_decision(tmp_path: Path) -> None:
+    import socket
+
+    tdir = _trial(tmp_path, 4, {}, {})
+    code = tdir.parents[1] / "code"
+    (code / "train.py").write_text(DISTRIBUTED)
+    (tdir / "stop.json").write_text("{}")  # the searcher stopped the trial: both ranks agree
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in (0, 1):
+        env = _env("unused")
+        env.update(
+            DLHPC_TRIAL_DIR=str(tdir),
+            DLHPC_ATTEMPT_DIR=str(tdir / "attempts" / "local-d_0.r0"),
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE="2",
+            LOCAL_WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
+        cmd = [sys.executable, "-m", "dlhpc.integrations.determined", sys.executable, "train.py"]
+        procs.append(
+            subprocess.Popen(
+                cmd, cwd=code, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 75, out  # both stopped: exit for requeue / stop
+    got = [json.loads(next(x for x in o.splitlines() if x.startswith("OUT "))[4:]) for o in outs]
+    assert got[0] == {"ranks": [0, 1], "chief": "from-chief", "stop": True, "size": 2}
+    assert got[1] == {**got[0], "refused": True}
+    records = _records(tdir, "local-d_0")
+    assert [r["step"] for r in records if r["type"] == "checkpoint"] == [4]  # the chief's only

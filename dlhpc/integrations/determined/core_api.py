@@ -42,6 +42,7 @@ from dlhpc import harness
 from dlhpc.harness.context import ENV_TRIAL_DIR, TrialContext
 from dlhpc.integrations.determined import ENV_NESTED, ENV_TIME_METRIC, ENV_UNIT, ENV_USER_DATA
 from dlhpc.integrations.determined.checkpoints import CheckpointContext, latest_storage_id
+from dlhpc.integrations.determined.distributed import DistributedContext
 
 __all__ = [
     "ClusterInfo",
@@ -152,89 +153,6 @@ def get_cluster_info() -> ClusterInfo | None:
     return ClusterInfo(_context())
 
 
-class DistributedContext:
-    """``core_context.distributed``: ranks of this allocation, object collectives."""
-
-    def __init__(
-        self,
-        *,
-        rank: int,
-        size: int,
-        local_rank: int,
-        local_size: int,
-        cross_rank: int,
-        cross_size: int,
-        chief_ip: str | None = None,
-        pub_port: int = 0,
-        pull_port: int = 0,
-        port_offset: int = 0,
-        force_tcp: bool = False,
-    ) -> None:
-        self.rank, self.size = rank, size
-        self.local_rank, self.local_size = local_rank, local_size
-        self.cross_rank, self.cross_size = cross_rank, cross_size
-        self.chief_ip = chief_ip
-
-    @classmethod
-    def from_torch_distributed(cls, chief_ip: str | None = None) -> DistributedContext:
-        """From the variables torchrun (and dlhpc's worker) set."""
-        env = os.environ
-        size = int(env.get("WORLD_SIZE", "1"))
-        local_size = int(env.get("LOCAL_WORLD_SIZE", "1"))
-        return cls(
-            rank=int(env.get("RANK", "0")),
-            size=size,
-            local_rank=int(env.get("LOCAL_RANK", "0")),
-            local_size=local_size,
-            cross_rank=int(env.get("GROUP_RANK", env.get("NODE_RANK", "0"))),
-            cross_size=max(1, size // max(1, local_size)),
-            chief_ip=chief_ip or env.get("MASTER_ADDR"),
-        )
-
-    def _torch(self) -> Any:
-        import torch.distributed as dist
-
-        if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError(
-                "dlhpc: distributed collectives with several processes need"
-                " torch.distributed.init_process_group() first"
-            )
-        return dist
-
-    def allgather(self, stuff: Any) -> list[Any]:
-        if self.size == 1:
-            return [stuff]
-        out: list[Any] = [None] * self.size
-        self._torch().all_gather_object(out, stuff)
-        return out
-
-    def gather(self, stuff: Any) -> list[Any] | None:
-        everything = self.allgather(stuff)
-        return everything if self.rank == 0 else None
-
-    def broadcast(self, stuff: Any) -> Any:
-        if self.size == 1:
-            return stuff
-        box = [stuff if self.rank == 0 else None]
-        self._torch().broadcast_object_list(box, src=0)
-        return box[0]
-
-    def allgather_local(self, stuff: Any) -> list[Any]:
-        everything = self.allgather((self.cross_rank, stuff))
-        return [s for node, s in everything if node == self.cross_rank]
-
-    def gather_local(self, stuff: Any) -> list[Any] | None:
-        mine = self.allgather_local(stuff)
-        return mine if self.local_rank == 0 else None
-
-    def broadcast_local(self, stuff: Any = None) -> Any:
-        everything = self.allgather((self.cross_rank, self.local_rank, stuff))
-        return next(s for node, lr, s in everything if node == self.cross_rank and lr == 0)
-
-    def close(self) -> None:
-        pass
-
-
 class TrainContext:
     """``core_context.train``: metrics and progress."""
 
@@ -300,16 +218,25 @@ def _is_number(v: Any) -> bool:
 
 
 class PreemptContext:
-    """``core_context.preempt``: the stop request, from ``ctx.should_stop()``."""
+    """``core_context.preempt``: the stop request, from ``ctx.should_stop()``.
 
-    def __init__(self, ctx: TrialContext) -> None:
+    With several processes and ``PreemptMode.WorkersAskChief`` (Determined's default)
+    every rank gets the chief's answer (a broadcast, so every rank must call
+    :meth:`should_preempt` together, as in Determined): ranks never disagree about
+    stopping because one saw the stop file a moment before another."""
+
+    def __init__(self, ctx: TrialContext, dist: DistributedContext, mode: PreemptMode) -> None:
         self._ctx = ctx
+        self._dist = dist
+        self._mode = PreemptMode(mode)
         self.seen = False
 
     def should_preempt(self, auto_ack: bool = True) -> bool:
         """True once the trial must stop (preemption, time limit, searcher's stop)."""
-        if self._ctx.should_stop():
-            self.seen = True
+        stop = self.seen or self._ctx.should_stop()
+        if self._dist.size > 1 and self._mode == PreemptMode.WorkersAskChief:
+            stop = bool(self._dist.broadcast(stop))
+        self.seen = self.seen or stop
         return self.seen
 
     def acknowledge_preemption_signal(self) -> None:
@@ -373,7 +300,12 @@ class SearcherContext:
 class Context:
     """``core_context``: what ``with det.core.init() as core_context`` gives."""
 
-    def __init__(self, ctx: TrialContext, distributed: DistributedContext | None) -> None:
+    def __init__(
+        self,
+        ctx: TrialContext,
+        distributed: DistributedContext | None,
+        preempt_mode: PreemptMode = PreemptMode.WorkersAskChief,
+    ) -> None:
         root = ctx.checkpoint_dir
         if root is None:
             raise RuntimeError("dlhpc's determined stand-in runs only inside dlhpc jobs")
@@ -389,7 +321,7 @@ class Context:
         )
         self.train = TrainContext(ctx, steps)
         self.checkpoint = CheckpointContext(ctx, Path(root), steps)
-        self.preempt = PreemptContext(ctx)
+        self.preempt = PreemptContext(ctx, self.distributed, preempt_mode)
         self.searcher = SearcherContext(ctx)
 
     def __enter__(self) -> Context:
@@ -429,4 +361,4 @@ def init(
             "det.core.init(): dlhpc's determined stand-in runs only inside dlhpc jobs"
             " (DLHPC_TRIAL_DIR unset)"
         )
-    return Context(_context(), distributed)
+    return Context(_context(), distributed, preempt_mode)

@@ -3,7 +3,6 @@
 from dlhpc.integrations.determined.checkpoints import CheckpointContext, DownloadMode
 from dlhpc.integrations.determined.core_api import (
     Context,
-    DistributedContext,
     PreemptContext,
     PreemptMode,
     SearcherContext,
@@ -13,6 +12,7 @@ from dlhpc.integrations.determined.core_api import (
     Unit,
     init,
 )
+from dlhpc.integrations.determined.distributed import DistributedContext
 
 __all__ = [
     "CheckpointContext",
