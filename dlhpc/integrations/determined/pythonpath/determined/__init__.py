@@ -3,8 +3,9 @@ jobs whose entrypoint starts with ``python -m dlhpc.integrations.determined`` (s
 :mod:`dlhpc.integrations.determined`). It covers the Core API a script uses:
 ``get_cluster_info()``, ``core.init()`` and what the context holds."""
 
-from determined import core
 from dlhpc.integrations.determined.core_api import ClusterInfo, TrialInfo, get_cluster_info
+
+from . import core
 
 __all__ = ["LOG_FORMAT", "ClusterInfo", "TrialInfo", "core", "get_cluster_info"]
 __version__ = "0.38.0+dlhpc"
