@@ -37,9 +37,11 @@ UNTRANSLATED: dict[str, str] = {
     "optimizations": "Trial API only",
     "perform_initial_validation": "Trial API only",
     "preemption_timeout": "Slurm's grace time and preemption.lead_time apply",
+    "pbs": "dlhpc runs on Slurm (or locally)",
     "profiling": "no equivalent",
     "project": "no projects in dlhpc",
     "records_per_epoch": "Trial API only",
+    "retention_policy": "logs stay in the run folder until it is removed",
     "scheduling_unit": "Trial API only",
     "tensorboard_storage": "no TensorBoard upload; metrics are in dlhpc status and reports",
     "workspace": "no workspaces in dlhpc",
@@ -86,31 +88,58 @@ def entrypoint(src: Source) -> str | None:
     return f"{LAUNCHER} {shlex.join(argv)}"
 
 
+def _slurm(src: Source) -> tuple[str | None, list[str], int | None]:
+    """Determined's ``slurm`` section (its Slurm launcher): gpu_type, sbatch_args,
+    slots_per_node."""
+    keys = ("slurm",)
+    sl = src.mapping(keys, src.data.get("slurm"))
+    for key in sorted(set(sl) - {"gpu_type", "sbatch_args", "slots_per_node"}):
+        src.note((*keys, key), "not translated")
+    gpu_type = src.typed(
+        (*keys, "gpu_type"), sl.get("gpu_type"), lambda v: isinstance(v, str) and bool(v), "text"
+    )
+    args = src.typed(
+        (*keys, "sbatch_args"),
+        sl.get("sbatch_args", []),
+        lambda v: isinstance(v, list) and all(isinstance(a, str) for a in v),
+        "a list of strings",
+    )
+    per_node = src.int_at((*keys, "slots_per_node"), sl.get("slots_per_node"), 1)
+    return gpu_type, list(args or []), per_node
+
+
 def resources(src: Source, slot_type: str, gpus_per_node: int | None) -> dict[str, Any]:
-    """``resources.slots_per_trial`` as GPUs (one task each), or as CPU tasks."""
+    """``resources.slots_per_trial`` as GPUs (one task each), or as CPU tasks; the
+    ``slurm`` section's GPU type, sbatch arguments and slots per node."""
     keys = ("resources",)
     res = src.mapping(keys, src.data.get("resources"))
     for key in sorted(set(res) - {"slots_per_trial"}):
         src.note((*keys, key), "not translated (set resources.partition/qos/... by hand)")
+    gpu_type, sbatch_args, slots_per_node = _slurm(src)
+    out: dict[str, Any] = {"sbatch_args": sbatch_args} if sbatch_args else {}
     if "slots_per_trial" in res:
         slots = src.int_at((*keys, "slots_per_trial"), res["slots_per_trial"])
     else:
         slots = 1
         src.note((*keys, "slots_per_trial"), "not given: Determined's default, 1 slot")
     if slots is None:
-        return {}
+        return out
     if slots == 0:
-        return {"gpus_per_node": 0}
+        return {"gpus_per_node": 0, **out}
     if slot_type == "cpu":
-        return {"gpus_per_node": 0, "tasks_per_node": slots}
-    per_node = gpus_per_node or slots
+        if gpu_type is not None:
+            src.note(("slurm", "gpu_type"), "not used: --slot-type cpu")
+        return {"gpus_per_node": 0, "tasks_per_node": slots, **out}
+    per_node = gpus_per_node or slots_per_node or slots
     if slots % per_node:
         src.error(
             (*keys, "slots_per_trial"),
-            f"{slots} slots do not fill nodes of {per_node} GPUs (--gpus-per-node)",
+            f"{slots} slots do not fill nodes of {per_node} GPUs (--gpus-per-node,"
+            " slurm.slots_per_node)",
         )
-        return {}
-    return {"nodes": slots // per_node, "gpus_per_node": per_node}
+        return out
+    gpus: int | str = f"{gpu_type}:{per_node}" if gpu_type else per_node
+    return {"nodes": slots // per_node, "gpus_per_node": gpus, **out}
 
 
 def checkpoint_section(src: Source) -> dict[str, Any]:

@@ -67,6 +67,7 @@ _ORIGIN = {
     "checkpoint.keep_latest": ("checkpoint_storage", "save_trial_latest"),
     "checkpoint.keep_experiment_best": ("checkpoint_storage", "save_experiment_best"),
     "checkpoint.dir": ("checkpoint_storage", "host_path"),
+    "resources.sbatch_args": ("slurm", "sbatch_args"),
     "resources": ("resources", "slots_per_trial"),
     "environment": ("environment", "environment_variables"),
     "reproducibility.seed": ("reproducibility", "experiment_seed"),
@@ -185,6 +186,8 @@ def _searcher(src: Source, env: dict[str, str]) -> dict[str, Any]:
             if value is not None:
                 out["max_rungs" if key == "num_rungs" else key] = value
     done |= set(counts)
+    if out["name"] != "single" and "max_concurrent_trials" not in s:
+        out["max_concurrent_trials"] = 16  # Determined's default (dlhpc's: none for some)
     if out["name"] == "asha":
         stop_once = "max_time" in s or s.get("stop_once") is True
         out["stop_once"] = stop_once  # 0.38's ASHA stops trials that train to their own length
@@ -215,6 +218,7 @@ def _top_level(src: Source, out: dict[str, Any]) -> None:
         "environment",
         "data",
         "reproducibility",
+        "slurm",
     }
     for key in sorted(set(src.data) - known):
         why = UNTRANSLATED.get(key, "not a field dlhpc knows how to translate")

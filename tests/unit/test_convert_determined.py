@@ -99,7 +99,10 @@ def test_the_stand_in_nests_flattened_hyperparameters_again() -> None:
             " max_concurrent_trials: 2, max_length: {epochs: 3}}",
             {"name": "random", "max_trials": 6, "max_concurrent_trials": 2, "max_length": 3},
         ),
-        ("{name: grid, metric: m, max_length: {records: 100}}", {"name": "grid"}),
+        (
+            "{name: grid, metric: m, max_length: {records: 100}}",
+            {"name": "grid", "max_concurrent_trials": 16},  # Determined's default, written
+        ),
         (
             "{name: adaptive_asha, metric: m, max_trials: 9, max_length: {batches: 81},"
             " divisor: 3, max_rungs: 4, mode: aggressive}",
@@ -162,6 +165,23 @@ data: {url: s3://bucket}
     assert data["workdir"] == ".."  # the Determined context folder, relative to the output
     cpu = _ok(tmp_path, text, "--slot-type", "cpu")
     assert cpu["resources"] == {"gpus_per_node": 0, "tasks_per_node": 4}
+
+
+def test_determineds_slurm_section(tmp_path: Path) -> None:
+    text = BASE + (
+        "resources: {slots_per_trial: 4}\n"
+        "slurm: {gpu_type: a100, slots_per_node: 2, sbatch_args: [--exclude=node7]}\n"
+    )
+    data = _ok(tmp_path, text)
+    assert data["resources"] == {
+        "sbatch_args": ["--exclude=node7"],
+        "nodes": 2,
+        "gpus_per_node": "a100:2",
+    }
+    before = (tmp_path / "out" / "exp.yaml").read_text()
+    res, out = _convert(tmp_path, BASE + "slurm:\n  sbatch_args: [--array=1-3]\n")
+    assert res.exit_code == 2 and out.read_text() == before  # the old output stays as it was
+    assert "det.yaml:5: slurm.sbatch_args:" in res.stderr, res.stderr  # dlhpc's loader refused
 
 
 def test_what_cannot_be_translated_is_listed_never_dropped(tmp_path: Path) -> None:
