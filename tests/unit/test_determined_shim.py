@@ -306,3 +306,56 @@ def test_two_ranks_share_collectives_and_the_chiefs_stop_decision(tmp_path: Path
     assert got[1] == {**got[0], "refused": True}
     records = _records(tdir, "local-d_0")
     assert [r["step"] for r in records if r["type"] == "checkpoint"] == [4]  # the chief's only
+
+
+UPLOAD = """\
+import json, pathlib, determined as det
+det.get_cluster_info()
+out = {}
+with det.core.init() as core:
+    src = pathlib.Path("src")
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "w.bin").write_bytes(b"weights")
+    first = core.checkpoint.upload(src, {"steps_completed": 3, "note": "up"})
+    core.checkpoint.download(first, "copy")
+    out["copied"] = pathlib.Path("copy/sub/w.bin").read_bytes().decode()
+    out["meta"] = core.checkpoint.get_metadata(first)
+    with core.checkpoint.restore_path(first) as path:
+        (path / "sub" / "w.bin").write_bytes(b"WEIGHTS")  # corrupt it: same size
+    try:
+        with core.checkpoint.restore_path(first):
+            pass
+    except RuntimeError as err:
+        out["torn"] = "sha256" in str(err)
+    try:
+        core.checkpoint.delete(first)
+    except NotImplementedError:
+        out["delete"] = "refused"
+    try:
+        with core.checkpoint.store_path({"steps_completed": 4}) as (path, sid):
+            raise ValueError("save failed")
+    except ValueError:
+        pass
+    print("OUT " + json.dumps(out), flush=True)
+"""
+
+
+def test_upload_download_metadata_and_a_corrupt_checkpoint_is_never_restored(
+    tmp_path: Path,
+) -> None:
+    tdir = _trial(tmp_path, 1, {}, {})
+    (tdir.parents[1] / "code" / "train.py").write_text(UPLOAD)
+    proc = _worker(tdir, "local-u_0")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    got = json.loads(next(x for x in out.splitlines() if x.startswith("OUT "))[4:])
+    assert got == {
+        "copied": "weights",
+        "meta": {"steps_completed": 3, "note": "up"},
+        "torn": True,
+        "delete": "refused",
+    }
+    ckpts = [r for r in _records(tdir, "local-u_0") if r["type"] == "checkpoint"]
+    assert [r["step"] for r in ckpts] == [3]  # the failed save published nothing
+    root = tmp_path / "ckpt"
+    assert sorted(p.name for p in root.iterdir()) == ["ckpt-0000000003"]  # no temp left

@@ -87,6 +87,8 @@ class CheckpointContext:
         self._steps = steps  # [last steps_completed the train context saw]
 
     def _step(self, metadata: dict[str, Any] | None) -> int:
+        """The checkpoint's step: ``metadata["steps_completed"]`` (Determined requires it),
+        else the highest ``steps_completed`` reported so far."""
         value = (metadata or {}).get("steps_completed", self._steps[0])
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"checkpoint metadata steps_completed must be an int >= 0: {value!r}")
@@ -155,12 +157,13 @@ class CheckpointContext:
         selector: Any = None,
     ) -> None:
         """Copy the verified checkpoint's files (not its manifest) into ``ckpt_dir``."""
-        with self.restore_path(storage_id, selector=selector) as src:
-            files = self._find(storage_id).files
-            for rel in files:
-                target = Path(ckpt_dir) / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(src / rel, target)
+        if selector is not None:
+            raise NotImplementedError("dlhpc: checkpoint.download(selector=...) unsupported")
+        ckpt = self._find(storage_id)
+        for rel in ckpt.files:
+            target = Path(ckpt_dir) / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ckpt.path / rel, target)
 
     def get_metadata(self, storage_id: str) -> dict[str, Any]:
         """The metadata given at store time (with ``steps_completed``)."""
