@@ -29,6 +29,7 @@ from dlhpc.protocol import (
     experiment_dir,
     experiment_file,
     launch_env_file,
+    recorded_slug,
     trial_dir,
     trial_file,
 )
@@ -164,9 +165,9 @@ def stage_run_folder(cfg: ExperimentConfig, runs_root: Path, code_from: Path | N
     return staging
 
 
-def publish_staging(staging: Path, cfg: ExperimentConfig, runs_root: Path, exp_id: int) -> Path:
-    """Turn the staging folder into the experiment's run folder (idempotent)."""
-    exp_dir = experiment_dir(runs_root, exp_id)
+def publish_staging(staging: Path, cfg: ExperimentConfig, exp_dir: Path, exp_id: int) -> Path:
+    """Turn the staging folder into the experiment's run folder ``exp_dir`` (as recorded
+    in the database: :func:`~dlhpc.protocol.experiment_dir`) (idempotent)."""
     if not exp_dir.exists():
         staging.rename(exp_dir)
     code_dir(exp_dir).mkdir(exist_ok=True)
@@ -189,10 +190,15 @@ def trial_spec(
     hparams: dict[str, object],
     max_length: int,
     seed: int,
+    *,
+    slug: str,
 ) -> TrialSpec:
-    exp_dir = experiment_dir(runs_root, experiment_id)
+    """The trial's ``trial.json``; ``slug``: the one in the experiment's folder names
+    (:func:`~dlhpc.protocol.recorded_slug` of its recorded run folder; ``""`` for an
+    experiment launched before folders had slugs), for its run and checkpoint folders."""
+    exp_dir = experiment_dir(runs_root, experiment_id, slug)
     env = {**cfg.site.env, **cfg.environment.vars}
-    ckpt = checkpoint_trial_dir(cfg.checkpoint.dir, experiment_id, trial_id)
+    ckpt = checkpoint_trial_dir(cfg.checkpoint.dir, experiment_id, trial_id, slug)
     return TrialSpec(
         experiment_id=experiment_id,
         trial_id=trial_id,
@@ -215,7 +221,8 @@ def trial_spec(
 
 
 def write_trial_spec(spec: TrialSpec, runs_root: Path) -> Path:
-    tdir = trial_dir(runs_root, spec.experiment_id, spec.trial_id)
+    slug = recorded_slug(spec.experiment_id, spec.experiment_dir)
+    tdir = trial_dir(runs_root, spec.experiment_id, spec.trial_id, slug)
     tdir.mkdir(parents=True, exist_ok=True)
     spec.write(trial_file(tdir))
     return tdir

@@ -121,7 +121,8 @@ def test_a_tick_from_a_stripped_environment_submits_jobs_that_run_like_the_launc
     exp = _experiment(tmp_path, TRAIN, max_restarts=2)
     out = cli("launch", str(exp), "--site", str(site), "--json", LAUNCH_MARK="from-launch")
     exp_id = json.loads(out.stdout)["experiment_id"]
-    assert (cli.home / "runs" / f"exp-{exp_id:06d}" / "launch-env.json").stat().st_mode & 0o77 == 0
+    run_dir = Path(cli.experiment(exp_id)["run_dir"])
+    assert (run_dir / "launch-env.json").stat().st_mode & 0o77 == 0
     done = _tick_stripped_until_over(cli, site, exp_id)
     assert done["state"] == "COMPLETED", done
     (trial,) = done["trials"]
