@@ -118,7 +118,7 @@ def test_an_experiment_launched_before_slugs_keeps_its_folders(tmp_path: Path) -
     assert spec.checkpoint_dir == str(tmp_path / "ck" / "exp-000001" / f"trial-{tid:06d}")
     assert sorted(p.name for p in store.runs_root.iterdir()) == ["exp-000001"]
     with store.read() as s:
-        exp = s.get(Experiment, exp_id)
-        assert exp is not None
-        assert checkpoint_root(exp) == tmp_path / "ck" / "exp-000001"  # gc, export
-        assert disk_usage(s, [exp])[exp_id].checkpoint_root == str(tmp_path / "ck" / "exp-000001")
+        row = s.get(Experiment, exp_id)
+        assert row is not None
+        assert checkpoint_root(row) == tmp_path / "ck" / "exp-000001"  # gc, export
+        assert disk_usage(s, [row])[exp_id].checkpoint_root == str(tmp_path / "ck" / "exp-000001")
