@@ -36,6 +36,7 @@ from dlhpc.protocol import (
 
 __all__ = [
     "SNAPSHOT_LIMIT_BYTES",
+    "entry_runs_setup",
     "entry_script_text",
     "launch_environment",
     "publish_staging",
@@ -82,6 +83,20 @@ def snapshot_code(workdir: Path, dest: Path, skip: Path, limit: int = SNAPSHOT_L
         target.parent.mkdir(parents=True, exist_ok=True)
         copy_file(src, target)  # the mode masked by the site's umask, not the source's
     return total
+
+
+def entry_runs_setup(exp_dir: Path) -> bool:
+    """Whether the experiment's ``entry.sh`` runs the site modules and
+    ``environment.setup`` whatever the job script did: one written before job scripts
+    ran them (launched before the setup-before-Python change, so without the
+    ``DLHPC_JOB_SETUP`` check that :func:`entry_script_text` writes). Its jobs must then
+    get no setup section, or the setup runs twice. False when there is no ``entry.sh``
+    yet (a dry run)."""
+    try:
+        text = entry_script(exp_dir).read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return False
+    return SETUP_DONE_VAR not in text
 
 
 def setup_sections(cfg: ExperimentConfig) -> tuple[tuple[str, tuple[str, ...]], ...]:
