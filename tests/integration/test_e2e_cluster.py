@@ -193,6 +193,7 @@ def test_second_reconciler_exits_quietly(cli: Cli) -> None:
         holder.wait()
 
 
+@pytest.mark.profile("default", "noacct")  # without sacct too: the noacct matrix part runs it
 def test_launch_killed_between_sbatch_and_recording_is_adopted_not_resubmitted(
     cli: Cli, dev_cluster: DevCluster
 ) -> None:
