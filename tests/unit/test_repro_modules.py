@@ -12,7 +12,8 @@ from tests.unit.test_repro import _record
 
 
 def _job_modules(loaded: str) -> dict[str, Any]:
-    return attempt_record({"LOADEDMODULES": loaded, "_LMFILES_": ""})["modules"]
+    modules: dict[str, Any] = attempt_record({"LOADEDMODULES": loaded})["modules"]
+    return modules
 
 
 def test_modules_in_effect_in_the_job_differ() -> None:
