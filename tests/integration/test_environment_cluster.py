@@ -5,8 +5,8 @@ environment, the reproducibility record lists the modules really loaded, a faili
 ``module load`` fails the attempt with that line as its reason, and a scrontab entry
 alone drives an experiment to completion.
 
-The dev cluster has no Lmod: the site's first ``modules`` line defines ``module`` as a
-shell function that "loads" by exporting ``LOADEDMODULES`` (as Lmod and Tcl modules do)
+These tests need no module system (the real Lmod: test_lmod_cluster.py): the site's
+first ``modules`` line defines ``module`` as a shell function that "loads" by exporting ``LOADEDMODULES`` (as Lmod and Tcl modules do)
 and fails for a module named ``nonexistent``, like Lmod's ``module load``.
 """
 
