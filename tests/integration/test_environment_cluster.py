@@ -6,8 +6,9 @@ environment, the reproducibility record lists the modules really loaded, a faili
 alone drives an experiment to completion.
 
 These tests need no module system (the real Lmod: test_lmod_cluster.py): the site's
-first ``modules`` line defines ``module`` as a shell function that "loads" by exporting ``LOADEDMODULES`` (as Lmod and Tcl modules do)
-and fails for a module named ``nonexistent``, like Lmod's ``module load``.
+first ``modules`` line defines ``module`` as a shell function that "loads" by exporting
+``LOADEDMODULES`` (as Lmod and Tcl modules do) and fails for a module named
+``nonexistent``, like Lmod's ``module load``.
 """
 
 from __future__ import annotations
