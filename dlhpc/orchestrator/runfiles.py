@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from dlhpc._argv_template import split_template
 from dlhpc._perms import copy_file
 from dlhpc._threads import map_io
 from dlhpc.config.model import ExperimentConfig
@@ -157,8 +159,26 @@ def entry_script_text(cfg: ExperimentConfig, experiment_id: int) -> str:
         lines += ["", "# environment.setup", cfg.environment.setup.rstrip("\n")]
     if cfg.site.modules or cfg.environment.setup.strip():
         lines += ["fi"]
-    lines += ["", "# entrypoint", cfg.entrypoint, ""]
+    if cfg.script.enabled:
+        lines += ["", *_script_runner_lines(cfg), ""]
+    else:
+        lines += ["", "# entrypoint", cfg.entrypoint, ""]
     return "\n".join(lines)
+
+
+def _script_runner_lines(cfg: ExperimentConfig) -> list[str]:
+    """entry.sh's last lines for a plain script: dlhpc's script runner (in the worker's
+    interpreter, ``$DLHPC_PYTHON``) fills the template's tokens from trial.json and runs
+    the script without a shell. Only the YAML's own text is quoted here; no value is."""
+    argv = ["exec", '"${DLHPC_PYTHON:-python}"', "-m", "dlhpc.integrations.script"]
+    if cfg.script.metrics_pattern is not None:
+        argv += ["--metrics-pattern", shlex.quote(cfg.script.metrics_pattern)]
+    argv += ["--", *(shlex.quote(t) for t in split_template(cfg.entrypoint))]
+    return [
+        "# entrypoint (a template: {name} is filled per trial, each value one argument)",
+        f"# {' '.join(cfg.entrypoint.split())}",  # one line: a newline would run as shell
+        " ".join(argv),
+    ]
 
 
 def stage_run_folder(cfg: ExperimentConfig, runs_root: Path, code_from: Path | None = None) -> Path:
