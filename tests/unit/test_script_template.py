@@ -15,7 +15,7 @@ from dlhpc.errors import ConfigError
 from dlhpc.orchestrator.runfiles import entry_script_text
 from tests._config import load_experiment
 
-HOSTILE = ["a b", "it's \"quoted\"", "$(touch PWNED)", "; touch PWNED2", "`touch PWNED3`", "\n"]
+HOSTILE = ["a b", 'it\'s "quoted"', "$(touch PWNED)", "; touch PWNED2", "`touch PWNED3`", "\n"]
 
 
 @pytest.fixture
@@ -80,16 +80,19 @@ def test_unknown_placeholder_is_exit_2_with_line_field_and_valid_names(
 
 
 def test_template_shell_syntax_quotes_and_resume_folder_are_checked(env: dict[str, str]) -> None:
-    assert "runs without a shell and '&&' is shell syntax" in _errors(
-        env, _yaml("python t.py --lr {lr} && echo done")
-    )[0]
+    assert (
+        "runs without a shell and '&&' is shell syntax"
+        in _errors(env, _yaml("python t.py --lr {lr} && echo done"))[0]
+    )
     assert "'$HOME' expands nothing" in _errors(env, _yaml("python t.py {lr} $HOME"))[0]
-    assert "must split into words: No closing quotation" in _errors(
-        env, _yaml("\"python t.py {lr} 'x\"")
-    )[0]
-    assert "{checkpoint} (the checkpoint to resume from) needs {checkpoint_dir}" in _errors(
-        env, _yaml("python t.py --resume {checkpoint}")
-    )[0]
+    assert (
+        "must split into words: No closing quotation"
+        in _errors(env, _yaml('"python t.py {lr} \'x"'))[0]
+    )
+    assert (
+        "{checkpoint} (the checkpoint to resume from) needs {checkpoint_dir}"
+        in _errors(env, _yaml("python t.py --resume {checkpoint}"))[0]
+    )
 
 
 def test_hyperparameter_named_like_a_dlhpc_name_is_refused_in_a_template(
@@ -132,7 +135,7 @@ def test_entry_sh_runs_the_runner_with_quoted_tokens_and_no_values(
     script = tmp_path / "entry.sh"
     script.write_text(entry)
     spy = tmp_path / "py"
-    spy.write_text("#!/bin/sh\nfor a in \"$@\"; do printf '%s\\n' \"$a\"; done\n")
+    spy.write_text('#!/bin/sh\nfor a in "$@"; do printf \'%s\\n\' "$a"; done\n')
     spy.chmod(0o755)
     out = subprocess.run(
         ["bash", str(script)],

@@ -61,9 +61,10 @@ class LinePattern:
         if m is None:
             return None
         groups = m.groupdict()
-        step = _step(groups.pop("step", None))
+        raw = groups.pop("step", None)
+        step = _step(raw)
         if step is None:
-            self.notes(f"step {groups.get('step')!r} is not an int >= 0 in {line.strip()!r}")
+            self.notes(f"step {raw!r} is not an int >= 0 in {line.strip()!r}")
             return None
         metrics: dict[str, float] = {}
         for name, text in groups.items():
