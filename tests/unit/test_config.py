@@ -533,7 +533,8 @@ ERROR_CASES = [
         "resourcse: {}\n",
         "3: resourcse: unknown key; did you mean 'resources'? (valid: "
         "checkpoint, data, deepspeed, description, entrypoint, environment, hyperparameters, "
-        "max_restarts, name, preemption, reproducibility, resources, script, searcher, site, workdir)",
+        "max_restarts, name, preemption, reproducibility, resources, script, searcher, site, "
+        "workdir)",
     ),
 ]
 
