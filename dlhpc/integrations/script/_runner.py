@@ -221,6 +221,8 @@ class ScriptRunner:
         self.ctx.progress(step)
 
     def _register(self, names: list[str]) -> None:
+        if self.ctx.rank != 0:  # one registrar per trial; every rank's script shares the folder
+            return
         for name in names:
             entry = _Entry(step_of(name, self.last_step), self.checkpoints, name)
             try:
