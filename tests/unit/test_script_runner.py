@@ -226,3 +226,23 @@ def test_outside_a_job_the_runner_says_so_and_exits_2(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 2 and "not inside a dlhpc job" in proc.stderr
+
+
+def test_a_child_holding_stdout_does_not_keep_the_runner_after_the_script_exits(
+    tmp_path: Path,
+) -> None:
+    tdir = _trial(tmp_path, {"lr": 0.5, "name": "x"}, max_length=1)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(DLHPC_TRIAL_DIR=str(tdir), DLHPC_ATTEMPT_DIR=str(tdir / "a1"))
+    pgid = tmp_path / "pgid"
+    shell = f"echo $$ > {pgid}; sleep 120 & echo 'epoch 1 val_loss=0.5'"
+    argv = [sys.executable, "-m", "dlhpc.integrations.script", "--metrics-pattern", PATTERN]
+    proc = subprocess.Popen(
+        [*argv, "--", "sh", "-c", shell], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=60)  # the sleep would hold it for 120 s
+    finally:
+        os.killpg(int(pgid.read_text()), signal.SIGKILL)
+    assert proc.returncode == 0 and "epoch 1 val_loss=0.5" in out
+    assert [r["metrics"] for r in _records(tdir / "a1", "metric")] == [{"val_loss": 0.5}]

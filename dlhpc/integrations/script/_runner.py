@@ -59,6 +59,7 @@ _FORWARDED = (*_STOPS, signal.SIGUSR1)
 _TICK_S = 0.5
 _LOOK_EVERY_S = 1.0
 _STOP_FILE_EVERY_S = 2.0
+_STDOUT_GRACE_S = 5.0  # after the script exited, how long its stdout may stay open
 
 
 @dataclass
@@ -99,8 +100,9 @@ class ScriptRunner:
     def _note(self, message: str) -> None:
         self.ctx.log("warning", message)
 
-    def argv(self) -> list[str]:
-        """The script's argv: the tokens with hyperparameters and dlhpc's names filled."""
+    def argv(self, resume: str) -> list[str]:
+        """The script's argv: the tokens with hyperparameters and dlhpc's names filled
+        (``resume``: the value of ``{checkpoint}``)."""
         spec = self.spec
         values: dict[str, object] = {
             **spec.hparams,
@@ -109,7 +111,7 @@ class ScriptRunner:
             "seed": spec.seed,
             "max_length": spec.max_length,
             "checkpoint_dir": str(self.checkpoints.script_dir),
-            "checkpoint": resume_path(self.root),
+            "checkpoint": resume,
             "metrics_file": str(self.metrics_file),
         }
         return fill(self.tokens, values)
@@ -131,13 +133,14 @@ class ScriptRunner:
     def run(self) -> int:
         """Start the script, loop until it ends, register its last checkpoints, and
         return the exit code (see the module doc)."""
-        argv = self.argv()
+        resume = resume_path(self.root)
+        argv = self.argv(resume)
         env = dict(os.environ)
         env[METRICS_FILE_VAR] = str(self.metrics_file)
         env[CHECKPOINT_DIR_VAR] = str(self.checkpoints.script_dir)
-        env[RESUME_VAR] = resume_path(self.root)
-        if env[RESUME_VAR]:
-            self.ctx.log("info", f"resuming from {env[RESUME_VAR]}")
+        env[RESUME_VAR] = resume
+        if resume:
+            self.ctx.log("info", f"resuming from {resume}")
         for sig in _FORWARDED:  # after init(): these replace the context's handlers
             signal.signal(sig, self._on_signal)
         print(f"[dlhpc] running {shlex.join(argv)}", file=sys.stderr, flush=True)
@@ -179,6 +182,7 @@ class ScriptRunner:
         next_look = time.monotonic() + _LOOK_EVERY_S
         next_stop = time.monotonic() + _STOP_FILE_EVERY_S
         reader_done = reader is None
+        ended: float | None = None  # when the script exited
         while True:
             reader_done = self._drain(_TICK_S) or reader_done
             for item in self.jsonl.read():
@@ -194,8 +198,11 @@ class ScriptRunner:
                     self.stopped_by = "searcher"
                     self.ctx.log("info", "the searcher stopped this trial: SIGTERM to the script")
                     self._send(signal.SIGTERM)
-            if not running and reader_done:
-                return proc.wait()
+            if not running:
+                ended = now if ended is None else ended
+                # a child of the script may hold stdout open: wait for it a little only
+                if reader_done or now - ended >= _STDOUT_GRACE_S:
+                    return proc.wait()
 
     def _drain(self, timeout: float) -> bool:
         """Handle the stdout lines queued, waiting up to ``timeout`` for the first;
