@@ -91,7 +91,7 @@ def _check_pattern(issues: Issues, pattern: str, metric: str) -> None:
     where = ("script", "metrics", "pattern")
     try:
         compiled = re.compile(pattern)
-    except re.error as exc:
+    except (re.error, OverflowError, RecursionError) as exc:  # the last two: a huge pattern
         issues.add(where, f"is not a valid regular expression: {exc}")
         return
     groups = set(compiled.groupindex)
