@@ -55,7 +55,7 @@ def _experiment(tmp_path: Path) -> Path:
 def _requeue_a_promoted_trial(cli: Cli, exp_id: int, timeout: float = 400) -> dict[str, Any]:
     """Wait for a promoted trial to print epoch 3 (read from its job log: no tick latency),
     give the runner two looks to register epoch 3's file, then requeue it mid-epoch 4."""
-    jobs = cli.home / "runs" / f"exp-{exp_id:06d}" / "jobs"
+    (jobs,) = cli.home.glob(f"runs/exp-{exp_id:06d}*/jobs")  # exp-<id>-<slug>
     deadline = time.monotonic() + timeout
     victim: dict[str, Any] | None = None
     while time.monotonic() < deadline:
