@@ -52,9 +52,12 @@ def _experiment(tmp_path: Path) -> Path:
     return d / "exp.yaml"
 
 
-def _requeue_a_promoted_trial(cli: Cli, exp_id: int, timeout: float = 400) -> dict[str, Any]:
+def _requeue_a_promoted_trial(
+    cli: Cli, exp_id: int, timeout: float = 400
+) -> tuple[dict[str, Any], Path]:
     """Wait for a promoted trial to print epoch 3 (read from its job log: no tick latency),
-    give the runner two looks to register epoch 3's file, then requeue it mid-epoch 4."""
+    give the runner two looks to register epoch 3's file, then requeue it mid-epoch 4.
+    Returns the trial and its job's log (the requeued task logs to the same file)."""
     (jobs,) = cli.home.glob(f"runs/exp-{exp_id:06d}*/jobs")  # exp-<id>-<slug>
     deadline = time.monotonic() + timeout
     victim: dict[str, Any] | None = None
@@ -73,7 +76,7 @@ def _requeue_a_promoted_trial(cli: Cli, exp_id: int, timeout: float = 400) -> di
             if log.exists() and "epoch 3 weights" in log.read_text():
                 time.sleep(2.5)
                 subprocess.run(["scontrol", "requeue", job], env=cli.env, check=True)
-                return victim
+                return victim, log
         time.sleep(0.5)
     raise AssertionError(json.dumps(cli.experiment(exp_id), indent=1))
 
@@ -93,7 +96,7 @@ def test_plain_argparse_script_under_asha_is_stopped_promoted_requeued_and_resum
     cli: Cli, tmp_path: Path
 ) -> None:
     exp_id = cli.json("launch", str(_experiment(tmp_path)))["experiment_id"]
-    victim = _requeue_a_promoted_trial(cli, exp_id)
+    victim, promoted_log = _requeue_a_promoted_trial(cli, exp_id)
     exp = cli.tick_until(exp_id, lambda e: e["state"] in TERMINAL, timeout=500)
     assert exp["state"] == "COMPLETED", json.dumps(exp, indent=1)
     states = sorted(t["state"] for t in exp["trials"])
@@ -104,7 +107,9 @@ def test_plain_argparse_script_under_asha_is_stopped_promoted_requeued_and_resum
     (t,) = [t for t in exp["trials"] if t["id"] == victim["id"]]
     assert t["state"] == "COMPLETED" and t["steps_completed"] == EPOCHS, t
     causes = [a["cause"] for a in t["attempts"]]
-    assert causes[0] == "paused" and "requeued" in causes and t["crashes"] == 0, causes
+    # other jobs on the shared dev cluster may preempt any attempt too: more causes then
+    assert "paused" in causes and "requeued" in causes and causes[-1] == "completed", causes
+    assert t["crashes"] == 0, t
 
     con = sqlite3.connect(cli.home / "dlhpc.db")
     try:
@@ -118,8 +123,8 @@ def test_plain_argparse_script_under_asha_is_stopped_promoted_requeued_and_resum
         con.close()
     # a requeued array task logs to the same file (its attempt row has no log path of its own)
     logs = [Path(p).read_text() for p in dict.fromkeys(p for (p,) in paths if p)]
-    assert len(logs) == 2, paths  # rung 1; promoted, then resumed after the requeue
-    promoted = logs[1]
+    assert str(promoted_log) in {p for (p,) in paths}, paths
+    promoted = promoted_log.read_text()  # promoted (resumed at 2), requeued, resumed at 3
     assert promoted.index("resumed at epoch 2") < promoted.index("resumed at epoch 3"), promoted
     assert {s for (s,) in ckpts} >= {2, 3}, ckpts  # the script's files, registered
     # every epoch's weights, across all attempts, equal the uninterrupted run's
