@@ -104,6 +104,9 @@ def test_plain_argparse_script_under_asha_is_stopped_promoted_requeued_and_resum
     for t in exp["trials"]:  # metrics from the stdout pattern, in status --json
         assert t["best_metric"] is not None and 0.0 <= t["latest_metric"] <= 1.0, t
         assert t["steps_completed"] >= 2, t
+    page = tmp_path / "page.html"  # and on the report page
+    cli("report", str(exp_id), "-o", str(page))
+    assert "val_accuracy" in page.read_text()
     (t,) = [t for t in exp["trials"] if t["id"] == victim["id"]]
     assert t["state"] == "COMPLETED" and t["steps_completed"] == EPOCHS, t
     causes = [a["cause"] for a in t["attempts"]]
