@@ -6,7 +6,9 @@ opens the database: it publishes ``start`` and ``exit`` records into the
 attempt's folder (see :mod:`dlhpc.protocol`), keeps ``heartbeat.json`` fresh,
 and runs ``entry.sh`` (site modules, ``environment.setup``, the entrypoint) in
 the code snapshot, with the trial's facts in ``DLHPC_*`` variables.
-Hyperparameters reach the script only through ``trial.json``.
+Hyperparameters reach the script only through ``trial.json``: read by
+``dlhpc.init()``, or by the script runner that fills a template entrypoint
+(:mod:`dlhpc.integrations.script`, started by entry.sh as ``$DLHPC_PYTHON``).
 
 The job's identity, ranks and nodes come from its backend's job environment
 (:class:`~dlhpc.scheduler.environment.JobEnvironment`, found through the
@@ -95,6 +97,7 @@ def _child_env(spec: TrialSpec, trial_dir: Path, attempt_dir: Path) -> dict[str,
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.setdefault("OMP_NUM_THREADS", cpus or "1")
     env["PYTHONUNBUFFERED"] = "1"
+    env["DLHPC_PYTHON"] = sys.executable  # entry.sh's script runner (a template entrypoint)
     env[ENV_TRIAL_DIR] = str(trial_dir)
     env[ENV_ATTEMPT_DIR] = str(attempt_dir)
     env["DLHPC_EXPERIMENT_ID"] = str(spec.experiment_id)
