@@ -58,18 +58,26 @@ def _determined_config(tmp_path: Path) -> Path:
     return work / "determined.yaml"
 
 
+def _exp_ckpts(cli: Cli, exp_id: int) -> Path | None:
+    """The experiment's checkpoint folder (``exp-<id>`` or ``exp-<id>-<slug>``), once made."""
+    found = sorted((cli.home / "scratch" / "checkpoints").glob(f"exp-{exp_id:06d}*"))
+    return found[0] if found else None
+
+
 def _ckpt_root(cli: Cli, exp_id: int, trial_id: int) -> Path:
-    return cli.home / "scratch" / "checkpoints" / f"exp-{exp_id:06d}" / f"trial-{trial_id:06d}"
+    root = _exp_ckpts(cli, exp_id)
+    assert root is not None
+    return root / f"trial-{trial_id:06d}"
 
 
 def _wait_for_training(cli: Cli, exp_id: int, timeout: float = 240) -> None:
     """Wait until a trial of the first wave (submitted by the launch) has published a
     checkpoint and is still short of its grant: it trains for many seconds more. Reads
     the checkpoint folders (fast) rather than ticking (seconds per pass under load)."""
-    root = cli.home / "scratch" / "checkpoints" / f"exp-{exp_id:06d}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for trial in root.glob("trial-*") if root.is_dir() else []:
+        root = _exp_ckpts(cli, exp_id)
+        for trial in root.glob("trial-*") if root is not None else []:
             if any(5 <= c.step < RUNG for c in list_checkpoints(trial)):
                 return
         time.sleep(0.2)
