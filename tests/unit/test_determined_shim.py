@@ -232,6 +232,7 @@ def test_the_example_script_is_its_own_plain_version() -> None:
     """The Determined script runs under dlhpc with zero added lines: no line of it
     names dlhpc (the README's "lines you add" count for determined-core is 0)."""
     text = (EXAMPLE / "train.py").read_text()
+    assert (EXAMPLE / "train_plain.py").read_text() == text  # byte for byte
     assert "import determined as det" in text
     assert [line for line in text.splitlines() if "dlhpc" in line.lower()] == []
 
