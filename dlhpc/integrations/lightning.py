@@ -58,8 +58,12 @@ from dlhpc.errors import DlhpcError
 from dlhpc.integrations._common import hparams, require, restore_rng, rng_snapshot
 from dlhpc.protocol.checkpoint import Checkpoint, latest_verified, prune, publish_checkpoint
 
-_pl = require("lightning.pytorch", "lightning", "dlhpc.integrations.lightning")
-import dlhpc  # noqa: E402  (after the framework check, so a missing extra is the error shown)
+require("lightning.pytorch", "lightning", "dlhpc.integrations.lightning")
+# after the check, so that a missing extra is the error shown
+from lightning.pytorch import Callback  # noqa: E402
+from lightning.pytorch.utilities.exceptions import SIGTERMException  # noqa: E402
+
+import dlhpc  # noqa: E402
 
 if TYPE_CHECKING:
     from dlhpc.harness.context import TrialContext
@@ -97,7 +101,7 @@ class _Save:
         return ckpt
 
 
-class DlhpcCallback(_pl.Callback):  # type: ignore[misc]
+class DlhpcCallback(Callback):
     """Reports metrics, checkpoints and resumes, and stops for dlhpc (module docstring).
 
     ``unit``: what the searcher's ``max_length`` counts, ``"epochs"`` (default)
@@ -177,7 +181,7 @@ class DlhpcCallback(_pl.Callback):  # type: ignore[misc]
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         # Lightning raises SIGTERMException (exit code 0) if TERM came while its own
         # handler was installed (before training started): exit for requeue instead.
-        if isinstance(exception, _pl.utilities.exceptions.SIGTERMException):
+        if isinstance(exception, SIGTERMException):
             if self.ctx.stop_reason is None:
                 self.ctx.stop_reason = "TERM"
             self.ctx.exit_for_requeue()

@@ -11,8 +11,8 @@ import time
 from typing import Any
 
 import lightning as L
-from dlhpc.integrations.lightning import DlhpcCallback, hparams
 import torch
+from dlhpc.integrations.lightning import DlhpcCallback, hparams
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch import nn
