@@ -135,7 +135,7 @@ class _Publish:
         return ckpt
 
 
-class DlhpcCallback(TrainerCallback):  # type: ignore[misc]
+class DlhpcCallback(TrainerCallback):
     """Owns the arguments, reports metrics, publishes checkpoints and stops for
     dlhpc (module docstring). ``unit``: what the searcher's ``max_length`` counts,
     ``"epochs"`` (default) or ``"steps"`` (``global_step``). One per process."""
