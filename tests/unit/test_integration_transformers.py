@@ -108,7 +108,10 @@ def test_training_args_owns_length_output_save_and_resume(
         assert (args.num_train_epochs, args.max_steps) == (4.0, -1)
         assert args.save_strategy == SaveStrategy.EPOCH and args.resume_from_checkpoint is None
 
-        good = publish_checkpoint(t.checkpoint_dir, 7, lambda f: (f / "x").write_text("1"))
+        def write(folder: Path) -> None:
+            (folder / "x").write_text("1")
+
+        good = publish_checkpoint(t.checkpoint_dir, 7, write)
         (t.checkpoint_dir / "ckpt-0000000009").mkdir()  # torn: no manifest
         stale = t.checkpoint_dir / "hf-output" / "checkpoint-9"
         stale.mkdir(parents=True)
