@@ -197,3 +197,68 @@ def test_example_adds_at_most_three_lines_as_its_readme_says() -> None:
     assert added <= 3
     readme = (REPO / "templates" / "examples" / "lightning" / "README.md").read_text()
     assert f"**Lines you add: {added}**" in readme
+
+
+def test_steps_unit_caps_global_step_reports_at_validation_and_saves_at_the_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``unit="steps"``: the grant is ``max_steps`` (it ends mid-epoch), metrics are
+    reported at each validation with step = global_step, the end is checkpointed, and
+    a second fit with a larger grant resumes from it."""
+    require("lightning", "lightning")
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import dlhpc
+    from dlhpc.integrations.lightning import DlhpcCallback
+
+    class Tiny(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            return self.lin(batch[0]).pow(2).mean()
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("val_loss", self.lin(batch[0]).pow(2).mean())
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def fit(grant: int) -> tuple[int, DlhpcCallback]:
+        t._spec(grant)
+        callback = DlhpcCallback(unit="steps", ctx=dlhpc.init())
+        trainer = L.Trainer(
+            max_epochs=100,
+            accelerator="cpu",
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            val_check_interval=2,
+            num_sanity_val_steps=0,
+            callbacks=[callback],
+        )
+        data = DataLoader(TensorDataset(torch.ones(8, 2)), batch_size=2)  # 4 batches/epoch
+        trainer.fit(Tiny(), data, DataLoader(TensorDataset(torch.ones(2, 2))))
+        return int(trainer.global_step), callback
+
+    t = Trial(tmp_path, "lightning", {})
+    t.trial_dir.mkdir()
+    monkeypatch.setenv("DLHPC_TRIAL_DIR", str(t.trial_dir))
+    monkeypatch.setenv("DLHPC_ATTEMPT_DIR", str(t.trial_dir / "attempts" / "0"))
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR2)}
+    try:
+        assert fit(5)[0] == 5  # mid-epoch 2
+        assert t.checkpoints() == [f"ckpt-{s:010d}" for s in (4, 5)]  # epoch end, grant end
+        assert sorted(t.metrics()) == [2, 4]  # validations at steps 2 and 4
+        monkeypatch.setenv("DLHPC_ATTEMPT_DIR", str(t.trial_dir / "attempts" / "1"))
+        steps, callback = fit(9)
+        assert steps == 9 and callback.restored_from is not None
+        assert callback.restored_from.step == 5
+        assert sorted(t.metrics()) == [2, 4, 6, 8]
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
