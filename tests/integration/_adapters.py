@@ -20,7 +20,13 @@ from dlhpc.states import TERMINAL_EXPERIMENT_STATES as TERMINAL
 from tests.integration.conftest import Cli
 from tests.unit._adapters import EXAMPLES
 
-__all__ = ["asha_with_one_requeue", "checkpoint_dir", "db_metrics", "trial_seed"]
+__all__ = [
+    "asha_with_one_requeue",
+    "attempt_exits",
+    "checkpoint_dir",
+    "db_metrics",
+    "trial_seed",
+]
 
 
 def _yaml(tmp_path: Path, example: str, hparams: str, searcher: str) -> Path:
@@ -79,6 +85,18 @@ def trial_seed(cli: Cli, trial_id: int) -> int:
     finally:
         con.close()
     return int(seed)
+
+
+def attempt_exits(cli: Cli, trial_id: int) -> list[tuple[str, int | None]]:
+    """(cause, exit code) of each of the trial's attempts, oldest first."""
+    con = sqlite3.connect(cli.home / "dlhpc.db")
+    try:
+        rows = con.execute(
+            "SELECT cause, exit_code FROM attempts WHERE trial_id = ? ORDER BY id", (trial_id,)
+        ).fetchall()
+    finally:
+        con.close()
+    return [(str(cause), code) for cause, code in rows]
 
 
 def db_metrics(cli: Cli, trial_id: int) -> dict[int, dict[str, float]]:

@@ -13,6 +13,7 @@ import pytest
 
 from tests.integration._adapters import (
     asha_with_one_requeue,
+    attempt_exits,
     checkpoint_dir,
     db_metrics,
     trial_seed,
@@ -45,6 +46,8 @@ def test_hf_trainer_asha_requeued_trial_resumes_bitwise(cli: Cli, tmp_path: Path
     causes = [a["cause"] for a in t["attempts"]]
     assert "requeued" in causes and causes[-1] == "completed", causes
     assert t["crashes"] == 0
+    # the adapter saw TERM, saved where needed and exited for requeue itself
+    assert ("requeued", 75) in attempt_exits(cli, victim), attempt_exits(cli, victim)
     assert 0.0 < t["best_metric"] <= 1.0  # eval_accuracy, reported by the callback
 
     ref = Trial(tmp_path / "ref", "hf-trainer", {**t["hparams"], "step_sleep": 0.0})
