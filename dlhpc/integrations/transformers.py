@@ -206,6 +206,10 @@ class DlhpcCallback(TrainerCallback):
         if self._logged and self._reported != self._step(state) and not self._stopping:
             self._report(state, dict(self._logged))  # a save with no evaluation since
         source = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if args.world_size > 1:  # every rank has written its part (rng_state_<rank>.pth)
+            import torch.distributed as dist
+
+            dist.barrier()
         if state.is_world_process_zero:
             root = Path(spec.checkpoint_dir)
             self.ctx.checkpoint(_Publish(source, root, int(state.global_step), state.epoch))

@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -109,6 +110,48 @@ class Trial:
         proc.send_signal(sig)
         out, _ = proc.communicate(timeout=300)
         return proc.returncode, out
+
+    def start_ranks(
+        self, max_length: int, argv: list[str], ranks: int = 2, **hp: Any
+    ) -> list[subprocess.Popen[str]]:
+        """Start the next attempt as ``ranks`` DDP processes (gloo, this host), with the
+        variables dlhpc's worker sets (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT)."""
+        self.trial_dir.mkdir(parents=True, exist_ok=True)
+        self._spec(max_length, **hp)
+        attempt = self.trial_dir / "attempts" / str(self.attempts)
+        self.attempts += 1
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = str(s.getsockname()[1])
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("DLHPC_", "SLURM_"))}
+        procs = []
+        for rank in range(ranks):
+            env = {
+                **base,
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(ranks),
+                "LOCAL_WORLD_SIZE": str(ranks),
+                "NODE_RANK": "0",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": port,
+                "DLHPC_TRIAL_DIR": str(self.trial_dir),
+                "DLHPC_ATTEMPT_DIR": str(attempt),
+                "HF_HUB_OFFLINE": "1",
+                "OMP_NUM_THREADS": "1",
+                "PYTHONPATH": str(REPO),
+            }
+            procs.append(
+                subprocess.Popen(
+                    argv,
+                    cwd=self.example,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
+        return procs
 
     def checkpoints(self) -> list[str]:
         if not self.checkpoint_dir.is_dir():

@@ -140,3 +140,31 @@ def test_example_adds_at_most_three_lines_as_its_readme_says() -> None:
     assert added <= 3
     readme = Path(__file__).resolve().parents[2] / "templates/examples/hf-trainer/README.md"
     assert f"**Lines you add: {added}**" in readme.read_text()
+
+
+def test_ddp_term_on_one_rank_saves_every_ranks_part_and_both_resume(tmp_path: Path) -> None:
+    """Two ranks (gloo, CPU) as dlhpc's worker starts them: a TERM only rank 1 gets
+    stops both at the same step; the published folder holds both ranks' RNG states."""
+    require("transformers", "transformers", "accelerate", "tokenizers")
+    import sys
+    import time
+
+    t = Trial(tmp_path, "hf-trainer", HP)
+    first = f"ckpt-{STEPS_PER_EPOCH // 2:010d}"  # 2 ranks: 8 steps per epoch
+    procs = t.start_ranks(3, [sys.executable, "train.py"], step_sleep=0.2)
+    deadline = time.monotonic() + 240
+    while first not in t.checkpoints():
+        assert all(p.poll() is None for p in procs) and time.monotonic() < deadline
+        time.sleep(0.1)
+    procs[1].send_signal(signal.SIGTERM)
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [75, 75], outs
+    (mid,) = [c for c in t.checkpoints() if c != first]
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= {
+        p.name for p in (t.checkpoint_dir / mid).iterdir()
+    }
+    procs = t.start_ranks(3, [sys.executable, "train.py"])
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert all(f"resumed at step {int(mid[5:])}" in out for out in outs), outs
+    assert t.checkpoints()[-1] == f"ckpt-{3 * STEPS_PER_EPOCH // 2:010d}"
