@@ -166,7 +166,8 @@ def test_hung_job_is_found_by_its_stale_heartbeat_cancelled_and_resumed(
 def _worker_logs(cli: Cli, key: str) -> list[str]:
     """The log messages the workers of attempt ``key`` published (any trial)."""
     messages = []
-    for path in sorted(cli.home.glob(f"runs/exp-*/trials/trial-*/attempts/{key}/worker-r*-*.jsonl")):
+    pattern = f"runs/exp-*/trials/trial-*/attempts/{key}/worker-r*-*.jsonl"
+    for path in sorted(cli.home.glob(pattern)):
         for line in path.read_text(encoding="utf-8").splitlines():
             rec = json.loads(line)
             if rec.get("type") == "log":
