@@ -27,6 +27,7 @@ from dlhpc.protocol import read_event_batches
 from dlhpc.repro import merge_env_record
 from dlhpc.states import TERMINAL_TRIAL_STATES, CheckpointState, JobState
 from dlhpc.store.models import (
+    EXIT_PREEMPTED,
     Attempt,
     Base,
     Checkpoint,
@@ -324,7 +325,14 @@ def _read_folder(
             elif kind == "exit":
                 attempt.exit_code = int(rec.get("code", 1))
                 sig = rec.get("signal")
-                attempt.exit_reason = str(rec.get("reason", "")) + (f"/{sig}" if sig else "")
+                # any rank's word that it was preempted stays (rank 0 alone asks)
+                said = rec.get("preempted") is True
+                mark = said or attempt.exit_reason.endswith(EXIT_PREEMPTED)
+                attempt.exit_reason = (
+                    str(rec.get("reason", ""))
+                    + (f"/{sig}" if sig else "")
+                    + (EXIT_PREEMPTED if mark else "")
+                )
                 attempt.ended_at = _ts(rec.get("time"))
                 at, ckpt = rec.get("step"), rec.get("checkpoint_step")
                 if isinstance(at, int):
