@@ -21,7 +21,8 @@ local backend's cancel works the same), notes the first signal, and when the
 script exits with :data:`~dlhpc.protocol.REQUEUE_EXIT_CODE` after the backend's
 time-limit signal (Slurm: USR2) it asks the backend to requeue this task
 (Slurm: ``scontrol requeue``). After a TERM Slurm requeues preempted jobs
-itself; anything else is for the reconciler.
+itself; anything else is for the reconciler. After a TERM, rank 0 asks the backend
+once whether it is a preemption and says so in its exit record (``preempted``).
 """
 
 from __future__ import annotations
@@ -211,6 +212,11 @@ def run_entrypoint(trial_dir: Path) -> int:
     else:
         reason = "error"
     progress = read_small_json(attempt_dir / PROGRESS_FILE) or {}
+    extra = {}
+    if rank == 0 and first == "TERM":  # asked while this step still runs (the job too)
+        preempted = job.preempted()
+        if preempted is not None:
+            extra["preempted"] = preempted
     events.add(
         "exit",
         code=code,
@@ -218,6 +224,7 @@ def run_entrypoint(trial_dir: Path) -> int:
         signal=first,
         step=progress.get("step"),
         checkpoint_step=progress.get("checkpoint_step"),
+        **extra,
     )
     events.flush()
     if rank == 0 and reason == "requeue" and first and first == job.time_limit_signal:
