@@ -329,7 +329,9 @@ def iter_status_json(
     listed, a head is a callable instead, whose totals (hours, idle GPUs) are summed
     from the trials as they are written: call it once they are consumed (no pass over
     every attempt before the first trial; ``write_json`` holds the trials' text in a
-    temporary file meanwhile). Its values are :func:`iter_status`'s head's."""
+    temporary file meanwhile). Its values are :func:`iter_status`'s head's (a trial's
+    attempts added in an index's order there, by attempt id here, as for the trial's
+    own ``gpu_hours``: with three or more a float sum may differ in its last bit)."""
     idle = (idle_below_pct, idle_window_s)
     return _iter(session, experiment_id, idle, limit, trial_json, stream_hours=True)
 
