@@ -58,7 +58,7 @@ def status(
     if as_json:
         with store.read() as s:  # streamed: 100,000s of trials are never held at once
             pieces = iter_status_json(s, experiment_id)
-            write_json(((with_quota(e), trials) for e, trials in pieces), sys.stdout)
+            write_json(pieces, sys.stdout, finish=with_quota)
         return
     from rich.console import Group
     from rich.live import Live

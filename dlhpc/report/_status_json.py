@@ -13,11 +13,12 @@ The stored hyperparameter text goes in as it is (``TrialStatus.json_text``'s rul
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 from dlhpc.report._status_trials import TRIAL_COLS, Ctx, attempts_of, target_length
 from dlhpc.report.status_model import _dumps as dumps
-from dlhpc.report.status_model import c_encoder, iso
+from dlhpc.report.status_model import c_encoder
 
 __all__ = ["trial_json"]
 
@@ -39,7 +40,7 @@ _ATTEMPT = (
 _GPU = '{"gpus": %s, "util_mean": %s, "last_sample_at": %s}'
 _TRIAL_GPU = '{"attempt_key": %s, "gpus": %s, "util_mean": %s, "last_sample_at": %s}'
 _HEAD = 12  # the trial's scalars first in the flat list (see trial_json)
-_ATTEMPT_N = 11  # an attempt's scalars, then its GPU's 3 if it has one
+_ATTEMPT_N = 9  # an attempt's scalars, then its GPU's 2 if it has one
 
 
 def _encoded(values: list[Any]) -> list[str]:
@@ -49,23 +50,31 @@ def _encoded(values: list[Any]) -> list[str]:
     return "".join(_FLAT(values, 0))[1:-1].split(_SEP)
 
 
+def _time(value: datetime | None) -> str:
+    """``json.dumps(iso(value))``: an ISO time's text needs no escapes (digits, ``-:.TZ+``),
+    so it is written here, not by the encoder."""
+    return "null" if value is None else '"' + value.isoformat() + 'Z"'
+
+
 def trial_json(t: Any, rows: list[Any], c: Ctx) -> str:
     """The trial of ``t`` (its :data:`TRIAL_COLS`) and its listing ``rows`` as
     ``json.dumps(trial(t, rows, c).to_json())`` writes it."""
     gpus, cpus = c.shape.gpus, c.shape.cpus
-    values: list[Any] = []  # per attempt: _ATTEMPT_N scalars, and its GPU's 3
-    has_gpu = []
+    values: list[Any] = []  # per attempt: _ATTEMPT_N scalars, and its GPU's 2
+    times: list[tuple[str, str, str | None]] = []  # per attempt: start, end, GPU's newest
     jobs: dict[str, None] = {}
-    latest: tuple[Any, ...] | None = None  # the attempt key and its GPU's values
+    latest: tuple[Any, ...] | None = None  # the attempt key and its GPU's 2 values
+    latest_at = ""
     hours = 0.0
     for row, started, ended, _seen, h, gpu in attempts_of(rows, c):
         values += row[_NT + 2 : _NT + 9]  # key, job_id, state, cause, exit_code, lost, nodes
-        values += (iso(started), iso(ended), round(h * gpus, 4), round(h * cpus, 4))
+        values += (round(h * gpus, 4), round(h * cpus, 4))
+        gpu_at = None
         if gpu is not None:
-            gpu_values = (gpu.gpus, gpu.util_mean, gpu.last_sample_at.isoformat() + "Z")
-            values += gpu_values
-            latest = (row[_NT + 2], *gpu_values)
-        has_gpu.append(gpu is not None)
+            values += (gpu.gpus, gpu.util_mean)
+            latest, latest_at = (row[_NT + 2], gpu.gpus, gpu.util_mean), _time(gpu.last_sample_at)
+            gpu_at = latest_at
+        times.append((_time(started), _time(ended), gpu_at))
         jobs[row[_NT + 3]] = None
         hours += h
     head = [
@@ -73,6 +82,8 @@ def trial_json(t: Any, rows: list[Any], c: Ctx) -> str:
         target_length(t.state, t.max_length, c.shape), t.best_metric, t.latest_metric,
         t.restarts, t.crashes, t.error, round(hours * gpus, 4), round(hours * cpus, 4),
     ]  # fmt: skip
+    if c.hours is not None and times:
+        c.hours[t.id] = hours
     head += jobs
     if latest is not None:
         head += latest
@@ -80,17 +91,17 @@ def trial_json(t: Any, rows: list[Any], c: Ctx) -> str:
     at = _HEAD + len(jobs)
     trial_gpu = "null"
     if latest is not None:
-        trial_gpu = _TRIAL_GPU % tuple(parts[at : at + 4])
-        at += 4
+        trial_gpu = _TRIAL_GPU % (*parts[at : at + 3], latest_at)
+        at += 3
     attempts = []
-    for with_gpu in has_gpu:
+    for start_text, end_text, gpu_at in times:
         a = parts[at : at + _ATTEMPT_N]
         at += _ATTEMPT_N
         gpu_text = "null"
-        if with_gpu:
-            gpu_text = _GPU % tuple(parts[at : at + 3])
-            at += 3
-        attempts.append(_ATTEMPT % (*a[:9], gpu_text, a[9], a[10]))
+        if gpu_at is not None:
+            gpu_text = _GPU % (parts[at], parts[at + 1], gpu_at)
+            at += 2
+        attempts.append(_ATTEMPT % (*a[:7], start_text, end_text, gpu_text, a[7], a[8]))
     idle = c.idle.get(t.id)
     job_ids = ", ".join(parts[_HEAD : _HEAD + len(jobs)])
     return _TRIAL % (

@@ -131,6 +131,9 @@ class Ctx:
     idle: dict[int, list[IdleGpu]]  # trial id -> its idle GPUs
     shape: Shape
     now: datetime
+    # where given, report._status_json records here each trial's hours (the sum of its
+    # attempts', in their order), by trial id, for trials with attempts
+    hours: dict[int, float] | None = None
 
 
 def _ended_gpu(rows: list[Any], start: int, stop: int) -> GpuUse | None:

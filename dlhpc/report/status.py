@@ -29,6 +29,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
+from functools import partial
 from itertools import groupby
 from operator import itemgetter
 from typing import Any, TypeVar
@@ -68,6 +69,7 @@ from dlhpc.report.status_model import (
     DecisionStats,
     DiskUse,
     ExperimentStatus,
+    Head,
     IdleGpu,
     Status,
     TrialStatus,
@@ -98,6 +100,9 @@ class _Plan:
     unlisted_hours: dict[int, float]  # experiment -> its unlisted trials' ended hours
     live: GpuRows  # live attempt id -> per-GPU digests
     idle: dict[int, list[IdleGpu]]  # trial id -> idle GPUs
+    # every trial listed and ``hours`` left empty: the listing's renders fill it
+    # (Ctx.hours) as they are consumed, and the totals follow the trials
+    streamed: bool = False
 
 
 def _plan(
@@ -106,10 +111,13 @@ def _plan(
     limit: int | None,
     now: datetime,
     idle_rule: tuple[float, float],
+    stream_hours: bool = False,
 ) -> _Plan:
     """Counts, the listed trials (:func:`pick_trials` over :func:`candidates`; every
     trial without a ``limit``), each trial's hours from its attempts (of unlisted trials
-    only the live ones: the ended ones' hours are summed in SQL), and the idle GPUs."""
+    only the live ones: the ended ones' hours are summed in SQL), and the idle GPUs.
+    With ``stream_hours``, when every trial is listed the hours are not read here: the
+    plan is ``streamed`` (no pass over every attempt before the first trial)."""
     conn = session.connection()  # plain rows: no ORM row processing for 10,000s of rows
     ids = [e.id for e in exps]
     shown: dict[int, set[int]] | None = None
@@ -140,6 +148,9 @@ def _plan(
         else:
             shown = None
     hours: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    live, idle = live_idle(session, ids, *idle_rule)
+    if stream_hours and shown is None:
+        return _Plan(counts, shown, {e: {} for e in ids}, unlisted, live, idle, streamed=True)
     of_exp: int | None = None  # rows come grouped by experiment, mostly
     per_trial: dict[int, float] = {}
     for exp_id, trial_id, state, started, ended, seen in conn.execute(attempts):
@@ -147,7 +158,6 @@ def _plan(
             of_exp, per_trial = exp_id, hours[exp_id]
         seen_at = when(seen) if ended is None else None  # (run_hours reads it only then)
         per_trial[trial_id] += run_hours(state, when(started), when(ended), seen_at, now)
-    live, idle = live_idle(session, ids, *idle_rule)
     return _Plan(counts, shown, hours, unlisted, live, idle)
 
 
@@ -225,8 +235,10 @@ def _iter(
     idle_rule: tuple[float, float],
     limit: int | None,
     render: Render[_T],
-) -> Iterator[tuple[ExperimentStatus, Iterator[_T]]]:
-    """:func:`iter_status`, each trial built by ``render``."""
+    stream_hours: bool = False,
+) -> Iterator[tuple[Head, Iterator[_T]]]:
+    """:func:`iter_status`, each trial built by ``render``; with ``stream_hours`` (and
+    every trial listed) each head is a callable, complete once its trials are consumed."""
     query = select(Experiment).order_by(Experiment.id.desc())
     # the searcher's state (megabytes in a long search) is never shown
     query = query.options(defer(Experiment.searcher_state, raiseload=True))
@@ -239,32 +251,40 @@ def _iter(
         return iter(())
     ids = [e.id for e in exps]
     now = _now()
-    plan = _plan(session, exps, limit, now, idle_rule)
-    heads = [
-        _head(e, plan, Shape.of(e.config_json), stats, disk)
-        for e, stats, disk in zip(
-            exps,
-            map(decision_stats(session, ids).get, ids),
-            map(disk_usage(session, exps).get, ids),
-            strict=True,
-        )
-    ]
-    return _pieces(session, heads, plan, now, render)
+    plan = _plan(session, exps, limit, now, idle_rule, stream_hours)
+    pieces = []
+    for e, stats, disk in zip(
+        exps,
+        map(decision_stats(session, ids).get, ids),
+        map(disk_usage(session, exps).get, ids),
+        strict=True,
+    ):
+        shape = Shape.of(e.config_json)
+        ctx = Ctx(plan.live, plan.idle, shape, now, plan.hours[e.id] if plan.streamed else None)
+        keep = None if plan.shown is None else plan.shown[e.id]
+        trials = _trials(session, e.id, keep, ctx, render)
+        head = partial(_head, e, plan, shape, stats, disk)
+        pieces.append(_after(trials, head) if plan.streamed else (head(), trials))
+    return iter(pieces)
 
 
-def _pieces(
-    session: Session,
-    heads: list[ExperimentStatus],
-    plan: _Plan,
-    now: datetime,
-    render: Render[_T],
-) -> Iterator[tuple[ExperimentStatus, Iterator[_T]]]:
-    """Each experiment's status and its listed trials."""
-    for head in heads:
-        shape = Shape(head.gpus_per_job, head.cpus_per_job, head.max_length)
-        ctx = Ctx(plan.live, plan.idle, shape, now)
-        keep = None if plan.shown is None else plan.shown[head.id]
-        yield head, _trials(session, head.id, keep, ctx, render)
+def _after(
+    trials: Iterator[_T], head: Callable[[], ExperimentStatus]
+) -> tuple[Callable[[], ExperimentStatus], Iterator[_T]]:
+    """``head`` as a callable that answers only after ``trials`` (which sum its totals)
+    are exhausted, and ``trials``."""
+    done: list[bool] = []
+
+    def consumed() -> Iterator[_T]:
+        yield from trials
+        done.append(True)
+
+    def after() -> ExperimentStatus:
+        if not done:
+            raise RuntimeError("an experiment's totals read before its trials were")
+        return head()
+
+    return after, consumed()
 
 
 def iter_status(
@@ -282,7 +302,17 @@ def iter_status(
     100,000s of trials are never held at once. Raises
     :class:`~dlhpc.errors.NotFoundError` for an unknown id (here, not when iterated:
     nothing is written before it)."""
-    return _iter(session, experiment_id, (idle_below_pct, idle_window_s), limit, trial)
+    return _ready(_iter(session, experiment_id, (idle_below_pct, idle_window_s), limit, trial))
+
+
+def _ready(
+    pieces: Iterator[tuple[Head, Iterator[_T]]],
+) -> Iterator[tuple[ExperimentStatus, Iterator[_T]]]:
+    """``pieces`` read without ``stream_hours``: every head is ready (for the type)."""
+    for head, trials in pieces:
+        if not isinstance(head, ExperimentStatus):
+            raise TypeError("a streamed head where a ready one was asked for")
+        yield head, trials
 
 
 def iter_status_json(
@@ -292,11 +322,18 @@ def iter_status_json(
     idle_below_pct: float = IDLE_BELOW_PCT,
     idle_window_s: float = IDLE_WINDOW_S,
     limit: int | None = None,
-) -> Iterator[tuple[ExperimentStatus, Iterator[str]]]:
+) -> Iterator[tuple[Head, Iterator[str]]]:
     """:func:`iter_status` with each trial as its JSON text, ``json.dumps`` of its
     ``to_json()``, written from its rows without the typed objects (``status --json``;
-    :func:`~dlhpc.report.status_model.write_json` takes either)."""
-    return _iter(session, experiment_id, (idle_below_pct, idle_window_s), limit, trial_json)
+    :func:`~dlhpc.report.status_model.write_json` takes either). Where every trial is
+    listed, a head is a callable instead, whose totals (hours, idle GPUs) are summed
+    from the trials as they are written: call it once they are consumed (no pass over
+    every attempt before the first trial; ``write_json`` holds the trials' text in a
+    temporary file meanwhile). Its values are :func:`iter_status`'s head's (a trial's
+    attempts added in an index's order there, by attempt id here, as for the trial's
+    own ``gpu_hours``: with three or more a float sum may differ in its last bit)."""
+    idle = (idle_below_pct, idle_window_s)
+    return _iter(session, experiment_id, idle, limit, trial_json, stream_hours=True)
 
 
 def status_data(
@@ -313,5 +350,8 @@ def status_data(
     ``limit``: each experiment's ``trials`` holds at most that many (see
     :func:`pick_trials`); its totals, ``trial_counts`` (by state) and
     ``trials_total`` still cover every trial."""
-    pieces = _iter(session, experiment_id, (idle_below_pct, idle_window_s), limit, trial)
+    pieces = iter_status(
+        session, experiment_id, idle_below_pct=idle_below_pct, idle_window_s=idle_window_s,
+        limit=limit,
+    )  # fmt: skip
     return Status(tuple(replace(head, trials=tuple(trials)) for head, trials in pieces))

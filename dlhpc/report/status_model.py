@@ -13,7 +13,9 @@ as much to build): treat them as read-only all the same."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
@@ -25,6 +27,7 @@ __all__ = [
     "DiskUse",
     "ExperimentStatus",
     "GpuUse",
+    "Head",
     "IdleGpu",
     "Latency",
     "Status",
@@ -319,29 +322,56 @@ def _dumps(value: Any) -> str:
 
 
 _BATCH = 256  # trial lines per write
+# an experiment's status, or a callable giving it once its trials are consumed (its
+# totals summed from them: report.status.iter_status_json)
+Head = ExperimentStatus | Callable[[], ExperimentStatus]
 
 
 def write_json(
-    experiments: Iterable[tuple[ExperimentStatus, Iterable[TrialStatus | str]]], out: TextIO
+    experiments: Iterable[tuple[Head, Iterable[TrialStatus | str]]],
+    out: TextIO,
+    finish: Callable[[ExperimentStatus], ExperimentStatus] | None = None,
 ) -> None:
     """Write ``{"experiments": [...]}`` (:meth:`Status.to_json`) to ``out`` piece by
     piece: each experiment's keys (its ``trials`` taken from the pair's second item, not
     from the status), then its trials one line each (a ``str`` is a trial's JSON text
-    already, as :meth:`TrialStatus.json_text` writes it)."""
+    already, as :meth:`TrialStatus.json_text` writes it). A callable head is called
+    after its trials are consumed: their text goes to a temporary file (not memory)
+    until the head is written. ``finish`` (e.g. a quota check) is applied to each head
+    before it is written."""
     out.write('{"experiments": [')
-    for i, (e, trials) in enumerate(experiments):
-        head = _dumps(e.head_json())
-        out.write(("," if i else "") + "\n  " + head[:-1] + ', "trials": [')
-        lines: list[str] = []  # written _BATCH at a time: one write per trial costs more
-        any_trial = False
-        for t in trials:
-            lines.append(t if isinstance(t, str) else t.json_text())
-            if len(lines) == _BATCH:
-                out.write(("," if any_trial else "") + "\n    " + ",\n    ".join(lines))
-                lines.clear()
-                any_trial = True
-        if lines:
-            out.write(("," if any_trial else "") + "\n    " + ",\n    ".join(lines))
-            any_trial = True
+    for i, (head, trials) in enumerate(experiments):
+        sep = "," if i else ""
+        if isinstance(head, ExperimentStatus):
+            out.write(sep + _head_text(finish(head) if finish else head))
+            any_trial = _write_trials(trials, out)
+        else:
+            with tempfile.TemporaryFile("w+", encoding="utf-8", errors="surrogatepass") as tmp:
+                any_trial = _write_trials(trials, tmp)
+                e = head()
+                out.write(sep + _head_text(finish(e) if finish else e))
+                tmp.seek(0)
+                shutil.copyfileobj(tmp, out, 1 << 20)
         out.write("\n  ]}" if any_trial else "]}")
     out.write("\n]}\n")
+
+
+def _head_text(e: ExperimentStatus) -> str:
+    """An experiment's line up to its trials' ``[``."""
+    return "\n  " + _dumps(e.head_json())[:-1] + ', "trials": ['
+
+
+def _write_trials(trials: Iterable[TrialStatus | str], out: TextIO) -> bool:
+    """The trials' lines, each after a comma but the first; whether there was one."""
+    lines: list[str] = []  # written _BATCH at a time: one write per trial costs more
+    any_trial = False
+    for t in trials:
+        lines.append(t if isinstance(t, str) else t.json_text())
+        if len(lines) == _BATCH:
+            out.write(("," if any_trial else "") + "\n    " + ",\n    ".join(lines))
+            lines.clear()
+            any_trial = True
+    if lines:
+        out.write(("," if any_trial else "") + "\n    " + ",\n    ".join(lines))
+        any_trial = True
+    return any_trial
