@@ -96,13 +96,20 @@ class EventWriter:
 
     def flush(self) -> Path | None:
         """Publish buffered records as one new file; returns its path (None if empty)."""
-        if not self._buffer:
+        path = self.publish(self._buffer)
+        self._buffer.clear()
+        return path
+
+    def publish(self, records: list[dict[str, Any]]) -> Path | None:
+        """Publish ``records`` (as :meth:`add` builds them) as the stream's next file,
+        bypassing the buffer; returns its path (None if empty). On error nothing is
+        published and the sequence number is not used up."""
+        if not records:
             return None
-        body = "".join(json.dumps(r, sort_keys=True, allow_nan=True) + "\n" for r in self._buffer)
+        body = "".join(json.dumps(r, sort_keys=True, allow_nan=True) + "\n" for r in records)
         path = self.attempt_dir / f"{self.stream}-{self._seq:08d}.jsonl"
         atomic_write_text(path, body)
         self._seq += 1
-        self._buffer.clear()
         return path
 
 
