@@ -146,6 +146,36 @@ class _Loop:
             times.append(perf() - t0)
         return times
 
+    def report_timed(self, n: int) -> dict[str, list[int]]:
+        """n harness steps (report() and step() every step) with the report() call
+        timed on its own: ns of each step and of each report() call, flush included."""
+        perf, ctx, model, opt, loss_fn = (
+            time.perf_counter_ns,
+            self.ctx,
+            self.model,
+            self.opt,
+            self.loss_fn,
+        )
+        x, y, batches, st = self.x, self.y, self.batches, self.state
+        out: dict[str, list[int]] = {"step": [], "report": []}
+        for _ in range(n):
+            t0 = perf()
+            i = st.batch % len(batches)
+            idx = batches[i]
+            opt.zero_grad()
+            loss = loss_fn(model(x[idx]), y[idx])
+            loss.backward()
+            opt.step()
+            value = loss.item()
+            st.batch, st.step = i + 1, st.step + 1
+            r0 = perf()
+            ctx.report(st.step, {"train_loss": value})
+            r1 = perf()
+            ctx.step(st)
+            out["step"].append(perf() - t0)
+            out["report"].append(r1 - r0)
+        return out
+
     def alternate(self, n: int) -> dict[str, dict[str, list[int]]]:
         """n pairs of steps, bare and harness in turn (finest interleaving): wall and
         thread-CPU ns of each step, per arm."""
@@ -181,6 +211,42 @@ class _Loop:
             arm["wall"].append(t1 - t0)
             arm["cpu"].append(c1 - c0)
         return out
+
+
+def _publisher_cpu_ns() -> int:
+    """CPU time so far of the thread that publishes report() records off the training
+    thread (``dlhpc-events``; 0 with the code before it existed)."""
+    import threading
+
+    for t in threading.enumerate():
+        if t.name == "dlhpc-events" and t.ident is not None:
+            return time.clock_gettime_ns(time.pthread_getcpuclockid(t.ident))
+    return 0
+
+
+def _report_every_step(loop: _Loop, n: int, alt: dict[str, dict[str, list[int]]]) -> dict[str, Any]:
+    """What report() every step costs the training thread, for any code version: the
+    mean report() call in the loop (its flushes included, in this thread or not), plus
+    the CPU time of the publishing thread (if any) per step, which on a busy machine
+    may come out of the training thread's share; as % of the bare step's median."""
+    cpu0 = _publisher_cpu_ns()
+    timed = loop.report_timed(n)
+    loop.ctx.flush()  # what the steps handed over is published (and its CPU counted)
+    bg_us = (_publisher_cpu_ns() - cpu0) / n / 1e3
+    bare = statistics.median(alt["bare"]["wall"]) / 1e3
+    call_mean = statistics.fmean(timed["report"]) / 1e3
+    slowest = sorted(timed["report"])[-10:]
+    return {
+        "steps": n,
+        "report_call_mean_us": r(call_mean, 3),
+        "report_call_median_us": r(statistics.median(timed["report"]) / 1e3, 3),
+        "report_call_slowest_10_us": [r(v / 1e3, 1) for v in slowest],
+        "publisher_thread_cpu_us_per_step": r(bg_us, 3),
+        "bare_step_median_us": r(bare, 2),
+        "pct_of_step": r(100 * (call_mean + bg_us) / bare, 3),
+        "how": "(mean report() call in the loop + publishing thread CPU per step)"
+        " / bare step median",
+    }
 
 
 def cmd_overhead(args: argparse.Namespace) -> dict[str, Any]:
@@ -251,6 +317,7 @@ def cmd_overhead(args: argparse.Namespace) -> dict[str, Any]:
             mh = statistics.median(alt["harness"][kind_]) / 1e3
             row["alternating_steps"][f"{kind_}_median_diff_us"] = r(mh - mb, 2)
             row["alternating_steps"][f"{kind_}_median_diff_pct"] = r(100 * (mh - mb) / mb, 2)
+        row["report_every_step"] = _report_every_step(loop, args.rounds * args.block, alt)
         row["blocks"] = {
             a: {k: [r(v, 1) for v in vs] for k, vs in d.items()} for a, d in stats.items()
         }
