@@ -59,6 +59,7 @@ def test_a_cancelled_trial_that_never_polls_ends_before_kill_wait(cli: Cli, tmp_
     finally:
         if job:
             subprocess.run(["scancel", job], env=cli.env, check=False)
+    print(f"the job ended {ended_s:.1f} s after the cancel")
     assert ended_s < KILL_WAIT_S * 2 / 3, f"ended {ended_s:.1f} s after the cancel"
     records = [r for b in read_event_batches(Path(marker.read_text())) for r in b.records]
     exit_rec = next(r for r in records if r["type"] == "exit")
