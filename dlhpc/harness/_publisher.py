@@ -47,15 +47,28 @@ class BackgroundPublisher:
         self._lock = threading.Lock()  # the buffer, the held records and the error
         self._buffer: list[dict[str, Any]] = []
         self._held: list[dict[str, Any]] = []  # a failed batch and those after it
+        self._foreign: list[dict[str, Any]] = []  # add_from_thread's records
         self._error: Exception | None = None
         self._queue: queue.Queue[list[dict[str, Any]]] = queue.Queue(_MAX_QUEUED)
         self._thread: threading.Thread | None = None
 
     def add(self, record_type: str, **fields: Any) -> None:
-        """Buffer one record (``type`` and ``time`` first, as EventWriter.add)."""
-        record = {"type": record_type, "time": time.time(), **fields}
+        """Buffer one record (``type`` and ``time`` first, as EventWriter.add); from
+        the thread that calls :meth:`submit`, as do :meth:`add_metric`'s."""
+        self._buffer.append({"type": record_type, "time": time.time(), **fields})
+
+    def add_from_thread(self, record_type: str, **fields: Any) -> None:
+        """:meth:`add` from another thread (the watchdog): handed over with the
+        next batch."""
         with self._lock:
-            self._buffer.append(record)
+            self._foreign.append({"type": record_type, "time": time.time(), **fields})
+
+    def add_metric(self, step: int, metrics: dict[str, float]) -> int:
+        """:meth:`add` of a ``metric`` record, the hot path of ``ctx.report``;
+        returns how many records are buffered."""
+        buffer = self._buffer
+        buffer.append({"type": "metric", "time": time.time(), "step": step, "metrics": metrics})
+        return len(buffer)
 
     def pending(self) -> int:
         return len(self._buffer)
@@ -70,8 +83,8 @@ class BackgroundPublisher:
             self._queue.join()
         with self._lock:
             error, self._error = self._error, None
-            batch, self._buffer = self._held + self._buffer, []
-            self._held = []
+            batch, self._buffer = self._held + self._buffer + self._foreign, []
+            self._held, self._foreign = [], []
         if batch:
             if self._start():
                 self._queue.put(batch)

@@ -142,6 +142,7 @@ class TrialContext:
         self._trial_dir = trial_dir
         self._last_stop_check = time.monotonic()
         self._watch = StopWatch()
+        self._owner = threading.get_ident()  # the thread that created it, reports and flushes
         self._watchdog: StopWatchdog | None = None
         if attempt_dir is not None and self.rank == 0:
             self._writer = BackgroundPublisher(EventWriter(attempt_dir, f"user-r{self.rank}"))
@@ -224,9 +225,9 @@ class TrialContext:
                 shown = {k: v if math.isfinite(v) else str(v) for k, v in clean.items()}
                 print(f"[dlhpc] step {step}: {shown}", flush=True)
             return
-        self._writer.add("metric", step=step, metrics=clean)
+        pending = self._writer.add_metric(step, clean)
         if (
-            self._writer.pending() >= self.flush_every
+            pending >= self.flush_every
             or time.monotonic() - self._last_flush >= self.flush_interval_s
         ):
             self._writer.submit()  # published by the background thread
@@ -308,10 +309,14 @@ class TrialContext:
         self.record_log(level, message)
 
     def record_log(self, level: str, message: str) -> None:
-        """A line for the trial's history only (not printed); any thread."""
-        if self._writer is not None:
+        """A line for the trial's history only (not printed); any thread. Published
+        with the next batch (at the latest when the process exits)."""
+        if self._writer is None:
+            return
+        if threading.get_ident() == self._owner:  # the thread that reports
             self._writer.add("log", level=level, message=message)
-            self._writer.submit()
+        else:
+            self._writer.add_from_thread("log", level=level, message=message)
 
     def last_resort_flush(self, timeout_s: float) -> None:
         """Publish what is buffered from a thread other than the main one, waiting
