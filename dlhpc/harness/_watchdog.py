@@ -18,6 +18,10 @@ stop decision until Slurm's SIGKILL (or forever, for a stop decision).
   code, or the exit swallowed), it publishes what is buffered and ends the
   process with ``os._exit(75)``.
 
+It acts only while the context's own handler is installed for SIGTERM: code that
+replaced it (a later context, the plain-script runner, a framework) handles stops
+itself, and the watchdog stands aside.
+
 The exit code is :data:`~dlhpc.protocol.REQUEUE_EXIT_CODE`, as for a script
 that polls; the trial is run again after a preemption, not after a stop decision.
 """
@@ -134,7 +138,7 @@ class StopWatchdog(threading.Thread):
 
     def _due(self, now: float) -> bool:
         w = self.watch
-        if w.since is None or w.noticed or w.busy or self.ctx.superseded():
+        if w.since is None or w.noticed or w.busy or not self.ctx.in_charge():
             return False
         return now - w.since >= self.wait_s()
 
@@ -152,16 +156,16 @@ class StopWatchdog(threading.Thread):
         print(message, file=sys.stderr, flush=True)
         self.ctx.record_log("warning", message.removeprefix("[dlhpc] "))
         self.watch.exit_requested = True
-        if self.ctx.owns_handler(signal.SIGTERM):  # the main thread raises SystemExit(75)
-            with contextlib.suppress(OSError, ValueError):
-                signal.pthread_kill(self._main or 0, signal.SIGTERM)
-            time.sleep(self.exit_grace_s)
-            print(
-                f"[dlhpc] the main thread did not exit within {self.exit_grace_s:g}s: "
-                "ending the process",
-                file=sys.stderr,
-                flush=True,
-            )
+        # the main thread raises SystemExit(75) (in_charge: the handler is this context's)
+        with contextlib.suppress(OSError, ValueError):
+            signal.pthread_kill(self._main or 0, signal.SIGTERM)
+        time.sleep(self.exit_grace_s)
+        print(
+            f"[dlhpc] the main thread did not exit within {self.exit_grace_s:g}s: "
+            "ending the process",
+            file=sys.stderr,
+            flush=True,
+        )
         self.ctx.last_resort_flush(timeout_s=5.0)
         with contextlib.suppress(Exception):
             sys.stdout.flush()

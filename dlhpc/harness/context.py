@@ -109,8 +109,8 @@ class TrialContext:
     is not trapped: ``poll_grace_s`` after a stop request it has not seen (or
     twice the longest gap between its polls so far, if longer), a watchdog
     thread logs why, publishes the records and ends the process with the same
-    exit code (see :mod:`dlhpc.harness._watchdog`). ``poll_grace_s=None``
-    turns the watchdog off.
+    exit code (see :mod:`dlhpc.harness._watchdog`), unless something replaced
+    this context's SIGTERM handler since. ``poll_grace_s=None`` turns it off.
     """
 
     def __init__(
@@ -148,7 +148,8 @@ class TrialContext:
             self._writer = BackgroundPublisher(EventWriter(attempt_dir, f"user-r{self.rank}"))
         if spec is not None and poll_grace_s is not None:
             self._watchdog = StopWatchdog(self, self._watch, trial_dir, poll_grace_s)
-        if spec is not None and threading.current_thread() is threading.main_thread():
+        self._installed = spec is not None and threading.current_thread() is threading.main_thread()
+        if self._installed:
             for sig in _STOP_SIGNALS:
                 signal.signal(sig, self._on_signal)
             if self._watchdog is not None:
@@ -268,10 +269,11 @@ class TrialContext:
         """Whether this context's handler is the one installed for ``signum``."""
         return bool(signal.getsignal(signum) == self._on_signal)
 
-    def superseded(self) -> bool:
-        """Whether a later TrialContext of this process took over the signals."""
-        owner = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)
-        return isinstance(owner, TrialContext) and owner is not self
+    def in_charge(self) -> bool:
+        """Whether this context handles the stop signals: it installed its handler and
+        nothing replaced it since (a later context, a script runner or a framework that
+        handles stops itself; the watchdog then stands aside)."""
+        return self._installed and self.owns_handler(signal.SIGTERM)
 
     def should_stop(self) -> bool:
         """True once the trial was asked to stop (preemption, time limit, searcher)."""

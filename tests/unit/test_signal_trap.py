@@ -153,3 +153,20 @@ def test_a_polling_script_checkpoints_and_exits_itself(tmp_path: Path) -> None:
     saved = int((tmp_path / "saved").read_text())
     records = _records(attempt)
     assert max(int(str(r["step"])) for r in records if r["type"] == "metric") == saved
+
+
+def test_code_that_replaced_the_handler_handles_stops_itself(tmp_path: Path) -> None:
+    # as the plain-script runner does: it reads the stop file and signals its child itself
+    source = NON_POLLING.replace("dlhpc.init()", "dlhpc.init(poll_grace_s=1.0)")
+    source = source.replace(
+        'open("ready"',
+        'import signal; signal.signal(signal.SIGTERM, lambda *a: None)\nopen("ready"',
+    )
+    proc, attempt = _start(tmp_path, source.replace("LOOP", BUSY))
+    (attempt.parent.parent / STOP_FILE).write_text("{}")
+    time.sleep(6)  # the stop file is looked for every 2 s, then 1 s of grace
+    try:
+        assert proc.poll() is None, proc.communicate()[1]
+    finally:
+        proc.kill()
+        proc.communicate()
