@@ -38,6 +38,10 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
         "_checkpoints",
         "List EXPERIMENT_ID's checkpoints: size, metric, and why each is kept.",
     ),
+    "convert": (
+        "_convert",
+        "Translate another tool's experiment config into a dlhpc experiment file.",
+    ),
     "cron": (
         "_cron",
         "Print the crontab line for this user and site (install it with `crontab -e`).",

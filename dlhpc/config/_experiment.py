@@ -25,6 +25,7 @@ from dlhpc.config._hparams import read_hyperparameters, read_searcher
 from dlhpc.config._names import experiment_name
 from dlhpc.config._partitions import PartitionLister, PartitionsOnly
 from dlhpc.config._paths import absolute
+from dlhpc.config._script import read_script
 from dlhpc.config._site import (
     Backends,
     SiteRef,
@@ -141,6 +142,7 @@ _TOP = {
     "reproducibility": Field(_passthrough),
     "deepspeed": Field(_passthrough),
     "data": Field(_passthrough),
+    "script": Field(_passthrough),
 }
 _RESOURCES = {
     "nodes": Field(integer(min=1, cap=_MAX_COUNT), default=1),
@@ -208,6 +210,9 @@ def load_experiment(
     e = read_section(issues, top["environment"], ("environment",), _ENVIRONMENT)
     space = read_hyperparameters(issues, top["hyperparameters"])
     searcher = read_searcher(issues, top["searcher"], space)
+    script = read_script(
+        issues, top["entrypoint"], top["script"], "script" in top.given, space, searcher.metric
+    )
     path_check = F.path(base, env)
     ckpt_fields = {
         "dir": Field(path_check, nullable=True),
@@ -266,6 +271,7 @@ def load_experiment(
         data=data,
         backend=backend,
         raw=copy.deepcopy(doc.data),
+        script=script,
     )
 
 

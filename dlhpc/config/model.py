@@ -159,6 +159,18 @@ class SiteConfig:
 
 
 @dataclass(frozen=True)
+class ScriptConfig:
+    """``script:``: how dlhpc's script runner treats a plain script (no dlhpc calls).
+
+    ``enabled``: the entrypoint runs under the runner (a template entrypoint, or a
+    ``script:`` section given); ``metrics_pattern``: a regex with named groups
+    (``step`` and metric names) matched against each stdout line."""
+
+    enabled: bool = False
+    metrics_pattern: str | None = None
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     """A fully resolved experiment: the YAML with site defaults applied."""
 
@@ -180,6 +192,7 @@ class ExperimentConfig:
     data: tuple[DataInput, ...] = ()  # declared data inputs (``data:``)
     backend: BackendName = "local"  # the site's backend with ``auto`` resolved by the loader
     raw: dict[str, Any] = field(default_factory=dict)  # the YAML mapping as given
+    script: ScriptConfig = field(default_factory=ScriptConfig)  # plain scripts (``script:``)
 
     @property
     def slug(self) -> str:

@@ -6,7 +6,9 @@ opens the database: it publishes ``start`` and ``exit`` records into the
 attempt's folder (see :mod:`dlhpc.protocol`), keeps ``heartbeat.json`` fresh,
 and runs ``entry.sh`` (site modules, ``environment.setup``, the entrypoint) in
 the code snapshot, with the trial's facts in ``DLHPC_*`` variables.
-Hyperparameters reach the script only through ``trial.json``.
+Hyperparameters reach the script only through ``trial.json``: read by
+``dlhpc.init()``, or by the script runner that fills a template entrypoint
+(:mod:`dlhpc.integrations.script`, started by entry.sh as ``$DLHPC_PYTHON``).
 
 The job's identity, ranks and nodes come from its backend's job environment
 (:class:`~dlhpc.scheduler.environment.JobEnvironment`, found through the
@@ -19,7 +21,8 @@ local backend's cancel works the same), notes the first signal, and when the
 script exits with :data:`~dlhpc.protocol.REQUEUE_EXIT_CODE` after the backend's
 time-limit signal (Slurm: USR2) it asks the backend to requeue this task
 (Slurm: ``scontrol requeue``). After a TERM Slurm requeues preempted jobs
-itself; anything else is for the reconciler.
+itself; anything else is for the reconciler. After a TERM, rank 0 asks the backend
+once whether it is a preemption and says so in its exit record (``preempted``).
 """
 
 from __future__ import annotations
@@ -95,6 +98,7 @@ def _child_env(spec: TrialSpec, trial_dir: Path, attempt_dir: Path) -> dict[str,
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.setdefault("OMP_NUM_THREADS", cpus or "1")
     env["PYTHONUNBUFFERED"] = "1"
+    env["DLHPC_PYTHON"] = sys.executable  # entry.sh's script runner (a template entrypoint)
     env[ENV_TRIAL_DIR] = str(trial_dir)
     env[ENV_ATTEMPT_DIR] = str(attempt_dir)
     env["DLHPC_EXPERIMENT_ID"] = str(spec.experiment_id)
@@ -208,6 +212,11 @@ def run_entrypoint(trial_dir: Path) -> int:
     else:
         reason = "error"
     progress = read_small_json(attempt_dir / PROGRESS_FILE) or {}
+    extra = {}
+    if rank == 0 and first == "TERM":  # asked while this step still runs (the job too)
+        preempted = job.preempted()
+        if preempted is not None:
+            extra["preempted"] = preempted
     events.add(
         "exit",
         code=code,
@@ -215,6 +224,7 @@ def run_entrypoint(trial_dir: Path) -> int:
         signal=first,
         step=progress.get("step"),
         checkpoint_step=progress.get("checkpoint_step"),
+        **extra,
     )
     events.flush()
     if rank == 0 and reason == "requeue" and first and first == job.time_limit_signal:

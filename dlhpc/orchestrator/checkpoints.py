@@ -48,7 +48,7 @@ from sqlalchemy.orm import Session
 
 from dlhpc._safepath import inside
 from dlhpc.errors import DlhpcError, NotFoundError, UnsafePathError, UsageError
-from dlhpc.protocol import checkpoint_experiment_dir
+from dlhpc.protocol import checkpoint_experiment_dir, recorded_slug
 from dlhpc.protocol.checkpoint import CHECKPOINT_NAME_RE, remove_checkpoint
 from dlhpc.states import TERMINAL_TRIAL_STATES, CheckpointState
 from dlhpc.store import Checkpoint, Decision, Experiment, Store, Trial, utcnow
@@ -167,9 +167,12 @@ def plan_gc(
 
 
 def checkpoint_root(exp: Experiment) -> Path | None:
-    """``<checkpoint.dir>/exp-<id:06d>``, where this experiment's trials checkpoint."""
+    """``<checkpoint.dir>/<its run folder's name>``, where this experiment's trials
+    checkpoint (``exp-000007-<slug>``, or ``exp-000007`` for older experiments)."""
     ck = _checkpoint_cfg(exp)
-    return checkpoint_experiment_dir(Path(ck["dir"]), exp.id) if ck.get("dir") else None
+    if not ck.get("dir"):
+        return None
+    return checkpoint_experiment_dir(Path(ck["dir"]), exp.id, recorded_slug(exp.id, exp.run_dir))
 
 
 def _checkpoint_cfg(exp: Experiment) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from dlhpc.errors import SchedulerError
 from dlhpc.orchestrator.clock import SYSTEM_CLOCK, Clock
 from dlhpc.orchestrator.request import job_request, new_uid
 from dlhpc.orchestrator.runfiles import trial_spec, write_trial_specs
-from dlhpc.protocol import trial_dir
+from dlhpc.protocol import recorded_slug, trial_dir
 from dlhpc.scheduler import BaseScheduler, SubmittedTask, make_scheduler
 from dlhpc.scheduler.base import SubmitLimitError
 from dlhpc.scheduler.registry import Registry, default_registry
@@ -118,16 +118,17 @@ def log_event(
 
 def add_trials(
     session: Session,
-    exp_id: int,
+    exp: Experiment,
     creates: list[Create],
     cfg: ExperimentConfig,
     runs_root: Path,
     now: datetime,
 ) -> list[Trial]:
-    """Record new PENDING trials for the searcher's Create operations."""
+    """Record new PENDING trials for the searcher's Create operations, their run folders
+    in ``exp``'s (named as recorded: :func:`~dlhpc.protocol.recorded_slug`)."""
     trials = [
         Trial(
-            experiment_id=exp_id,
+            experiment_id=exp.id,
             request_id=op.request_id,
             state=TrialState.PENDING.value,
             hparams_json=json.dumps(op.hparams, sort_keys=True),
@@ -144,8 +145,9 @@ def add_trials(
     ]
     session.add_all(trials)
     session.flush()
+    slug = recorded_slug(exp.id, exp.run_dir)
     for t in trials:
-        t.run_dir = str(trial_dir(runs_root, exp_id, t.id))
+        t.run_dir = str(trial_dir(runs_root, exp.id, t.id, slug))
     return trials
 
 
@@ -210,7 +212,8 @@ def submit_pending(
             trials = trials[:slots]
             if not trials:
                 return []
-        dirs = [trial_dir(store.runs_root, exp_id, t.id) for t in trials]  # as specs write them
+        slug = recorded_slug(exp_id, exp.run_dir)  # "" for folders named before slugs
+        dirs = [trial_dir(store.runs_root, exp_id, t.id, slug) for t in trials]  # as specs
         request = job_request(cfg, exp_id, Path(exp.run_dir), dirs, new_uid())
         sub = Submission(
             experiment_id=exp_id,
@@ -223,7 +226,14 @@ def submit_pending(
         session.add(sub)
         specs = [
             trial_spec(
-                cfg, store.runs_root, exp_id, t.id, json.loads(t.hparams_json), t.max_length, t.seed
+                cfg,
+                store.runs_root,
+                exp_id,
+                t.id,
+                json.loads(t.hparams_json),
+                t.max_length,
+                t.seed,
+                slug=slug,
             )
             for t in trials
         ]

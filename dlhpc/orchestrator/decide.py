@@ -144,7 +144,7 @@ class SearchPass:
                 self._promote(by_rid[op.request_id], op.length, result_time)
             elif isinstance(op, Stop):
                 self._stop(by_rid[op.request_id], result_time)
-        return add_trials(self.s, self.exp.id, creates, self.cfg, self.runs_root, self.now)
+        return add_trials(self.s, self.exp, creates, self.cfg, self.runs_root, self.now)
 
     def _trials(self, request_ids: list[int]) -> dict[int, Trial]:
         """The experiment's trials with these request ids, with their attempts (one query)."""

@@ -83,8 +83,9 @@ def plan_launch(cfg: ExperimentConfig, home: Path, pool: SchedulerPool) -> DryRu
         exp_id = store.next_experiment_id()
         store.close()
     runs_root = home / "runs"
-    dirs = [trial_dir(runs_root, exp_id, i + 1) for i in range(len(creates))]
-    request = job_request(cfg, exp_id, experiment_dir(runs_root, exp_id), dirs, DRY_RUN_UID)
+    dirs = [trial_dir(runs_root, exp_id, i + 1, cfg.slug) for i in range(len(creates))]
+    exp_dir = experiment_dir(runs_root, exp_id, cfg.slug)
+    request = job_request(cfg, exp_id, exp_dir, dirs, DRY_RUN_UID)
     return DryRun(exp_id, creates, pool.get(cfg.backend).render(request))
 
 
@@ -147,16 +148,17 @@ def launch(
                 )
                 session.add(exp)
                 session.flush()
-                exp.run_dir = str(experiment_dir(store.runs_root, exp.id))
-                add_trials(session, exp.id, creates, cfg, store.runs_root, now)
+                exp.run_dir = str(experiment_dir(store.runs_root, exp.id, cfg.slug))
+                add_trials(session, exp, creates, cfg, store.runs_root, now)
                 log_event(
                     session, "launch", f"launched {cfg.name} with {len(creates)} trials", exp.id
                 )
-                exp_id = exp.id
-            publish_staging(staging, cfg, store.runs_root, exp_id)
+                exp_id, exp_dir = exp.id, Path(exp.run_dir)
+            publish_staging(staging, cfg, exp_dir, exp_id)
             if cfg.site.permissions.mode == "group":  # jobs' checkpoint folders inherit it
                 make_dirs(
-                    checkpoint_experiment_dir(cfg.checkpoint.dir, exp_id), cfg.site.permissions
+                    checkpoint_experiment_dir(cfg.checkpoint.dir, exp_id, cfg.slug),
+                    cfg.site.permissions,
                 )
             if prepare is not None:
                 try:

@@ -35,7 +35,7 @@ from datetime import datetime, timedelta
 from dlhpc.protocol import REQUEUE_EXIT_CODE, split_attempt_key
 from dlhpc.scheduler import JobState, JobStatus
 from dlhpc.states import TrialState
-from dlhpc.store import Attempt
+from dlhpc.store import EXIT_PREEMPTED, Attempt
 
 __all__ = [
     "EXIT_RECORD_GRACE",
@@ -74,8 +74,10 @@ class Verdict:
 
 
 def split_reason(exit_reason: str) -> tuple[str, str | None]:
-    """``"requeue/USR2"`` -> ``("requeue", "USR2")``."""
-    reason, _, sig = exit_reason.partition("/")
+    """``"requeue/USR2"`` -> ``("requeue", "USR2")``; a trailing mark
+    (``"requeue/TERM/preempted"``) is not part of the signal."""
+    reason, _, rest = exit_reason.partition("/")
+    sig = rest.partition("/")[0]
     return reason, sig or None
 
 
@@ -92,13 +94,17 @@ def superseded_cause(a: Attempt, runs: Sequence[str] | None = None) -> str:
     ended: a time-limit signal in its exit record is a timeout; else Slurm's word
     for that run when ``runs`` has it (its record of each run of the job, oldest
     first, e.g. ``sacct -D``: ``PREEMPTED`` is how Slurm 24.11 shows a preempted
-    task it requeued whatever its exit), else "requeued"."""
+    task it requeued whatever its exit); else ``preempted`` when its worker said so
+    in its exit record (asked ``scontrol`` at the TERM: all there is without
+    accounting); else "requeued"."""
     if a.exit_code is not None and a.exit_code != 0 and split_reason(a.exit_reason)[1] == "USR2":
         return "timeout"
     parts = split_attempt_key(a.attempt_key)
     if runs and parts is not None and parts[1] < len(runs):
-        return _CAUSE_OF_RUN.get(runs[parts[1]], "requeued")
-    return "requeued"
+        cause = _CAUSE_OF_RUN.get(runs[parts[1]])
+        if cause is not None:
+            return cause
+    return "preempted" if a.exit_reason.endswith(EXIT_PREEMPTED) else "requeued"
 
 
 def _last_state(a: Attempt, st: JobStatus | None) -> JobState | None:

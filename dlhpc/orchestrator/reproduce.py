@@ -48,7 +48,7 @@ from dlhpc.repro import (
     trial_record,
 )
 from dlhpc.scheduler.registry import Registry, default_registry
-from dlhpc.store import Attempt, Store, Trial
+from dlhpc.store import Attempt, Experiment, Store, Trial
 
 __all__ = [
     "ReproducePlan",
@@ -180,7 +180,8 @@ def plan_reproduce(
     cfg = _reproduction_config(cfg0, trial_id, exp_id, hp, seed, length)
     checkpoint = None
     if from_checkpoint:
-        spec = trial_spec(cfg0, store.runs_root, exp_id, trial_id, hp, length, seed)
+        slug = layout.recorded_slug(exp_id, run_dir)
+        spec = trial_spec(cfg0, store.runs_root, exp_id, trial_id, hp, length, seed, slug=slug)
         ckpt, _ = latest_verified(Path(spec.checkpoint_dir))
         if ckpt is None:
             raise UsageError(
@@ -229,11 +230,19 @@ def reproduce(store: Store, pool: SchedulerPool, plan: ReproducePlan) -> Reprodu
     def prepare(exp_id: int) -> None:
         with store.read() as session:
             tid = session.scalar(select(Trial.id).where(Trial.experiment_id == exp_id))
-        assert tid is not None  # launch recorded the single trial
+            run_dir = session.scalar(select(Experiment.run_dir).where(Experiment.id == exp_id))
+        assert tid is not None and run_dir is not None  # launch recorded both
         new_trial.append(tid)
         if plan.checkpoint is not None:
             spec = trial_spec(
-                plan.cfg, store.runs_root, exp_id, tid, plan.hparams, plan.max_length, plan.seed
+                plan.cfg,
+                store.runs_root,
+                exp_id,
+                tid,
+                plan.hparams,
+                plan.max_length,
+                plan.seed,
+                slug=layout.recorded_slug(exp_id, run_dir),
             )
             dest = Path(spec.checkpoint_dir)
             dest.mkdir(parents=True, exist_ok=True)

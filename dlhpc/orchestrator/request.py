@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dlhpc.config.model import ExperimentConfig
-from dlhpc.orchestrator.runfiles import read_launch_environment, setup_sections
+from dlhpc.orchestrator.runfiles import entry_runs_setup, read_launch_environment, setup_sections
 from dlhpc.protocol import jobs_dir
 from dlhpc.scheduler import JobRequest
 
@@ -43,7 +43,9 @@ def job_request(
     backend's files under ``<exp_dir>/jobs``, the in-job worker run by the site's
     ``python`` (default: this interpreter) after the site modules and
     ``environment.setup``, submitted in the environment saved at launch (when there is
-    one: a dry run has none yet)."""
+    one: a dry run has none yet). An experiment launched before job scripts ran the
+    setup (its ``entry.sh`` runs it unconditionally: :func:`entry_runs_setup`) gets no
+    setup section, so that the setup runs once, in ``entry.sh``, as it did then."""
     return JobRequest(
         experiment_id=exp_id,
         name=f"dlhpc-e{exp_id}-{uid}-{cfg.slug}",
@@ -54,6 +56,6 @@ def job_request(
         site=cfg.site,
         max_concurrent=cfg.searcher.max_concurrent_trials,
         python=cfg.site.python or sys.executable,
-        setup=setup_sections(cfg),
+        setup=() if entry_runs_setup(exp_dir) else setup_sections(cfg),
         submit_env=read_launch_environment(exp_dir),
     )

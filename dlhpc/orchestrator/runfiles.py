@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from dlhpc._argv_template import split_template
 from dlhpc._perms import copy_file
 from dlhpc._threads import map_io
 from dlhpc.config.model import ExperimentConfig
@@ -29,12 +31,14 @@ from dlhpc.protocol import (
     experiment_dir,
     experiment_file,
     launch_env_file,
+    recorded_slug,
     trial_dir,
     trial_file,
 )
 
 __all__ = [
     "SNAPSHOT_LIMIT_BYTES",
+    "entry_runs_setup",
     "entry_script_text",
     "launch_environment",
     "publish_staging",
@@ -81,6 +85,20 @@ def snapshot_code(workdir: Path, dest: Path, skip: Path, limit: int = SNAPSHOT_L
         target.parent.mkdir(parents=True, exist_ok=True)
         copy_file(src, target)  # the mode masked by the site's umask, not the source's
     return total
+
+
+def entry_runs_setup(exp_dir: Path) -> bool:
+    """Whether the experiment's ``entry.sh`` runs the site modules and
+    ``environment.setup`` whatever the job script did: one written before job scripts
+    ran them (launched before the setup-before-Python change, so without the
+    ``DLHPC_JOB_SETUP`` check that :func:`entry_script_text` writes). Its jobs must then
+    get no setup section, or the setup runs twice. False when there is no ``entry.sh``
+    yet (a dry run)."""
+    try:
+        text = entry_script(exp_dir).read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return False
+    return SETUP_DONE_VAR not in text
 
 
 def setup_sections(cfg: ExperimentConfig) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -141,8 +159,26 @@ def entry_script_text(cfg: ExperimentConfig, experiment_id: int) -> str:
         lines += ["", "# environment.setup", cfg.environment.setup.rstrip("\n")]
     if cfg.site.modules or cfg.environment.setup.strip():
         lines += ["fi"]
-    lines += ["", "# entrypoint", cfg.entrypoint, ""]
+    if cfg.script.enabled:
+        lines += ["", *_script_runner_lines(cfg), ""]
+    else:
+        lines += ["", "# entrypoint", cfg.entrypoint, ""]
     return "\n".join(lines)
+
+
+def _script_runner_lines(cfg: ExperimentConfig) -> list[str]:
+    """entry.sh's last lines for a plain script: dlhpc's script runner (in the worker's
+    interpreter, ``$DLHPC_PYTHON``) fills the template's tokens from trial.json and runs
+    the script without a shell. Only the YAML's own text is quoted here; no value is."""
+    argv = ["exec", '"${DLHPC_PYTHON:-python}"', "-m", "dlhpc.integrations.script"]
+    if cfg.script.metrics_pattern is not None:
+        argv += ["--metrics-pattern", shlex.quote(cfg.script.metrics_pattern)]
+    argv += ["--", *(shlex.quote(t) for t in split_template(cfg.entrypoint))]
+    return [
+        "# entrypoint (a template: {name} is filled per trial, each value one argument)",
+        f"# {' '.join(cfg.entrypoint.split())}",  # one line: a newline would run as shell
+        " ".join(argv),
+    ]
 
 
 def stage_run_folder(cfg: ExperimentConfig, runs_root: Path, code_from: Path | None = None) -> Path:
@@ -164,9 +200,9 @@ def stage_run_folder(cfg: ExperimentConfig, runs_root: Path, code_from: Path | N
     return staging
 
 
-def publish_staging(staging: Path, cfg: ExperimentConfig, runs_root: Path, exp_id: int) -> Path:
-    """Turn the staging folder into the experiment's run folder (idempotent)."""
-    exp_dir = experiment_dir(runs_root, exp_id)
+def publish_staging(staging: Path, cfg: ExperimentConfig, exp_dir: Path, exp_id: int) -> Path:
+    """Turn the staging folder into the experiment's run folder ``exp_dir`` (as recorded
+    in the database: :func:`~dlhpc.protocol.experiment_dir`) (idempotent)."""
     if not exp_dir.exists():
         staging.rename(exp_dir)
     code_dir(exp_dir).mkdir(exist_ok=True)
@@ -189,10 +225,15 @@ def trial_spec(
     hparams: dict[str, object],
     max_length: int,
     seed: int,
+    *,
+    slug: str,
 ) -> TrialSpec:
-    exp_dir = experiment_dir(runs_root, experiment_id)
+    """The trial's ``trial.json``; ``slug``: the one in the experiment's folder names
+    (:func:`~dlhpc.protocol.recorded_slug` of its recorded run folder; ``""`` for an
+    experiment launched before folders had slugs), for its run and checkpoint folders."""
+    exp_dir = experiment_dir(runs_root, experiment_id, slug)
     env = {**cfg.site.env, **cfg.environment.vars}
-    ckpt = checkpoint_trial_dir(cfg.checkpoint.dir, experiment_id, trial_id)
+    ckpt = checkpoint_trial_dir(cfg.checkpoint.dir, experiment_id, trial_id, slug)
     return TrialSpec(
         experiment_id=experiment_id,
         trial_id=trial_id,
@@ -215,7 +256,8 @@ def trial_spec(
 
 
 def write_trial_spec(spec: TrialSpec, runs_root: Path) -> Path:
-    tdir = trial_dir(runs_root, spec.experiment_id, spec.trial_id)
+    slug = recorded_slug(spec.experiment_id, spec.experiment_dir)
+    tdir = trial_dir(runs_root, spec.experiment_id, spec.trial_id, slug)
     tdir.mkdir(parents=True, exist_ok=True)
     spec.write(trial_file(tdir))
     return tdir

@@ -18,7 +18,9 @@ Event records (one JSON object per line, ``type`` first):
   sent, e.g. at preemption), ``error``, or ``setup`` (written by the job script, stream
   ``setup``, when a setup line failed before the worker started; a ``log`` record
   names the line); ``signal`` names the first signal the worker saw (``TERM``,
-  ``USR2``...) or is null
+  ``USR2``...) or is null; optional ``preempted`` (true/false, from rank 0 after a
+  ``TERM``: whether the scheduler said it was preempting the job), absent in older
+  records and where it was not asked or the scheduler could not tell
 * ``{"type": "checkpoint", "time", "step", "path", "size", "metric", "metric_step"}``: a
   checkpoint was published; ``metric`` is the searcher metric reported since the
   previous checkpoint (null: none was; absent in older jobs' records)

@@ -2,7 +2,8 @@
 
 Layout under the runs folder (one per store)::
 
-    exp-000007/                  experiment_dir()
+    exp-000007-<slug>/           experiment_dir(): experiment_dir_name() is the one rule
+                                 (``exp-000007/`` for experiments launched before slugs)
       experiment.json            EXPERIMENT_FILE: resolved config (written at launch)
       entry.sh                   ENTRY_SCRIPT: site modules + environment.setup + entrypoint
       launch-env.json            LAUNCH_ENV_FILE: the launch's environment (policy's mode), which
@@ -20,7 +21,8 @@ Layout under the runs folder (one per store)::
 
 and under the checkpoint folder (``checkpoint.dir``)::
 
-    exp-000007/trial-000042/     checkpoint_trial_dir(): one trial's checkpoints
+    exp-000007-<slug>/trial-000042/  checkpoint_trial_dir(): one trial's checkpoints
+                                 (the run folder's name: ``exp-000007/`` for older ones)
       ckpt-0000001200/           dlhpc.protocol.checkpoint's folders
 
 ``attempt_key`` names one run of a trial by a scheduler: ``<job_id>.r<restart>``
@@ -58,9 +60,11 @@ __all__ = [
     "code_dir",
     "entry_script",
     "experiment_dir",
+    "experiment_dir_name",
     "experiment_file",
     "jobs_dir",
     "launch_env_file",
+    "recorded_slug",
     "request_stop",
     "stop_file",
     "stop_requested",
@@ -89,22 +93,50 @@ PROGRESS_FILE = "progress.json"
 STOP_FILE = "stop.json"
 
 
-def _exp_name(experiment_id: int) -> str:
-    return f"exp-{experiment_id:06d}"
+# the longest slug a folder name keeps (a name's slug has up to 64 characters)
+FOLDER_SLUG_MAX = 40
+_FOLDER_SLUG = re.compile(r"[a-z0-9][a-z0-9-]*")
+
+
+def experiment_dir_name(experiment_id: int, slug: str = "") -> str:
+    """The one rule naming an experiment's run and checkpoint folders:
+    ``exp-000007-<slug>``, the slug cut to :data:`FOLDER_SLUG_MAX` characters (and
+    trailing ``-`` dropped); ``exp-000007`` for an empty slug (and for experiments
+    launched before folders had slugs). ``slug`` is ``[a-z0-9-]`` text starting with a
+    letter or digit (:func:`dlhpc.config.name_slug`'s output); ValueError otherwise."""
+    if slug and not _FOLDER_SLUG.fullmatch(slug):
+        raise ValueError(f"unsafe folder slug {slug!r}")
+    cut = slug[:FOLDER_SLUG_MAX].rstrip("-")
+    return f"exp-{experiment_id:06d}-{cut}" if cut else f"exp-{experiment_id:06d}"
+
+
+def recorded_slug(experiment_id: int, run_dir: str | Path) -> str:
+    """The slug in the name of the run folder recorded for an experiment (the
+    experiments table's ``run_dir``), to pass to the functions here: ``"foo"`` for
+    ``.../exp-000007-foo``; ``""`` for the name of experiments launched before folders
+    had slugs (``exp-000007``) or any name that :func:`experiment_dir_name` does not
+    make for this id (nothing else from the database reaches a path)."""
+    prefix = f"exp-{experiment_id:06d}-"
+    name = Path(run_dir).name if run_dir else ""
+    slug = name[len(prefix) :] if name.startswith(prefix) else ""
+    if slug and _FOLDER_SLUG.fullmatch(slug) and len(slug) <= FOLDER_SLUG_MAX:
+        return slug if not slug.endswith("-") else ""
+    return ""
 
 
 def _trial_name(trial_id: int) -> str:
     return f"trial-{trial_id:06d}"
 
 
-def experiment_dir(runs_root: Path, experiment_id: int) -> Path:
-    """An experiment's run folder under the runs folder."""
-    return runs_root / _exp_name(experiment_id)
+def experiment_dir(runs_root: Path, experiment_id: int, slug: str = "") -> Path:
+    """An experiment's run folder under the runs folder (``slug``: the experiment's,
+    or :func:`recorded_slug` for one already launched)."""
+    return runs_root / experiment_dir_name(experiment_id, slug)
 
 
-def trial_dir(runs_root: Path, experiment_id: int, trial_id: int) -> Path:
+def trial_dir(runs_root: Path, experiment_id: int, trial_id: int, slug: str = "") -> Path:
     """A trial's run folder under the runs folder."""
-    return experiment_dir(runs_root, experiment_id) / TRIALS_DIR / _trial_name(trial_id)
+    return experiment_dir(runs_root, experiment_id, slug) / TRIALS_DIR / _trial_name(trial_id)
 
 
 def experiment_file(exp_dir: Path) -> Path:
@@ -162,14 +194,17 @@ def attempt_dir(trial_path: Path, key: str) -> Path:
     return attempts_dir(trial_path) / key
 
 
-def checkpoint_experiment_dir(checkpoint_root: Path, experiment_id: int) -> Path:
-    """Where an experiment's trials checkpoint, under ``checkpoint.dir``."""
-    return checkpoint_root / _exp_name(experiment_id)
+def checkpoint_experiment_dir(checkpoint_root: Path, experiment_id: int, slug: str = "") -> Path:
+    """Where an experiment's trials checkpoint, under ``checkpoint.dir``: the same name
+    as its run folder."""
+    return checkpoint_root / experiment_dir_name(experiment_id, slug)
 
 
-def checkpoint_trial_dir(checkpoint_root: Path, experiment_id: int, trial_id: int) -> Path:
+def checkpoint_trial_dir(
+    checkpoint_root: Path, experiment_id: int, trial_id: int, slug: str = ""
+) -> Path:
     """One trial's checkpoint folder under ``checkpoint.dir``."""
-    return checkpoint_experiment_dir(checkpoint_root, experiment_id) / _trial_name(trial_id)
+    return checkpoint_experiment_dir(checkpoint_root, experiment_id, slug) / _trial_name(trial_id)
 
 
 def stop_file(trial_path: Path) -> Path:

@@ -31,6 +31,7 @@ from dlhpc.report._page import (
 from dlhpc.report._svg import (
     CAUSES,
     cause_class,
+    cause_label,
     curves_svg,
     esc,
     fmt,
@@ -178,9 +179,12 @@ def _timeline_section(p: Page) -> str:
         parts.append('<p class="mute">No attempt has started yet.</p>')
     else:
         causes = sorted({a.cause for t in p.trials for a in t.attempts if a.cause in CAUSES})
-        items = [(cause_class(c), c) for c in causes]
-        if any(a.cause not in CAUSES for t in p.trials for a in t.attempts):
+        items = [(cause_class(c), cause_label(c)) for c in causes]
+        attempts = [a for t in p.trials for a in t.attempts]
+        if any(not a.cause for a in attempts):
             items.append(("c-running", "running / not yet judged"))
+        if any(a.cause and a.cause not in CAUSES for a in attempts):
+            items.append(("c-other", "other"))
         parts += [svg, legend(items)]
         parts.append(
             '<p class="note">One row per trial, one bar per attempt, coloured by why it ended;'

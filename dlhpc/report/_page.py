@@ -56,7 +56,7 @@ vertical-align:-2px;background:var(--c)}
 .s-other{--c:#a3a3a3}.best{--c:#dc2626}
 .c-completed{--c:#16a34a}.c-paused{--c:#8b5cf6}.c-stopped{--c:#9ca3af}.c-crash{--c:#dc2626}
 .c-preempted{--c:#f97316}.c-timeout{--c:#eab308}.c-requeued{--c:#0ea5e9}.c-lost{--c:#7c3aed}
-.c-cancelled{--c:#4b5563}.c-running{--c:#34d399}.c-other{--c:#d1d5db}
+.c-cancelled{--c:#4b5563}.c-running{--c:#34d399}.c-other{--c:#d1d5db}.c-setup{--c:#db2777}
 .scroll{max-height:560px;overflow:auto;border:1px solid var(--line)}
 table{border-collapse:collapse;font-size:12px;width:100%}
 th,td{padding:2px 6px;border-bottom:1px solid var(--line);text-align:left;white-space:nowrap}

@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Integer, and_, func, select, text, union
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session
 
+from dlhpc.protocol import checkpoint_experiment_dir, recorded_slug
 from dlhpc.report._status_gpu import Row
 from dlhpc.report.status_model import DecisionStats, DiskUse, Latency
 from dlhpc.states import LIVE_ATTEMPT_STATES, TERMINAL_TRIAL_STATES, CheckpointState
@@ -181,7 +183,7 @@ def _latency(session: Session, exp_id: int) -> Latency | None:
 def disk_usage(session: Session, exps: list[Experiment]) -> dict[int, DiskUse]:
     """Per experiment, from the checkpoint rows (no disk scan): ACTIVE checkpoints and
     their bytes (manifest sizes), those the GC deleted and the bytes it freed, and the
-    experiment's checkpoint folder (``checkpoint.dir/exp-<id>``)."""
+    experiment's checkpoint folder (``checkpoint.dir/<its run folder's name>``)."""
     active = Checkpoint.state == CheckpointState.ACTIVE.value  # 1 or 0
     rows = session.execute(  # one group per experiment, in index order: no sort
         select(
@@ -205,7 +207,8 @@ def disk_usage(session: Session, exps: list[Experiment]) -> dict[int, DiskUse]:
             ck_dir = (json.loads(e.config_json or "{}").get("checkpoint") or {}).get("dir")
         except (ValueError, AttributeError):
             ck_dir = None
-        root = f"{ck_dir}/exp-{e.id:06d}" if ck_dir else None
+        slug = recorded_slug(e.id, e.run_dir)
+        root = str(checkpoint_experiment_dir(Path(str(ck_dir)), e.id, slug)) if ck_dir else None
         n, size, deleted, freed = sums[e.id]
         out[e.id] = DiskUse(n, size, deleted, freed, root)
     return out

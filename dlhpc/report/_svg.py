@@ -25,6 +25,7 @@ __all__ = [
     "CAUSES",
     "POINT_BUDGET",
     "cause_class",
+    "cause_label",
     "curves_svg",
     "esc",
     "fmt",
@@ -47,7 +48,10 @@ CAUSES = (
     "lost",
     "cancelled",
     "running",
+    "setup",  # a site modules or environment.setup line failed before the worker started
 )
+# a cause's words in the legend where its name alone says too little
+CAUSE_LABELS = {"setup": "setup failed (modules, environment.setup)"}
 _W, _H = 960, 360
 _L, _R, _T, _B = 64, 16, 12, 40
 
@@ -69,6 +73,11 @@ def state_class(state: str) -> str:
 
 def cause_class(cause: str) -> str:
     return f"c-{cause}" if cause in CAUSES else "c-other"
+
+
+def cause_label(cause: str) -> str:
+    """What the legend says for a cause of :data:`CAUSES`."""
+    return CAUSE_LABELS.get(cause, cause)
 
 
 def _n(v: float) -> str:

@@ -31,11 +31,12 @@ SECTIONS = (
     "record", "code", "config", "hparams", "seed", "max_length", "python", "packages", "conda",
     "modules", "slurm", "site", "nodes", "cpu", "gpu", "env", "data",
 )  # fmt: skip
-_EXPERIMENT_SECTIONS = {"code", "python", "packages", "conda", "modules", "slurm", "site"}
+_EXPERIMENT_SECTIONS = {"code", "python", "packages", "conda", "slurm", "site"}  # and modules
 _ATTEMPT_SECTIONS = {"nodes", "cpu", "gpu", "env", "data"}
 _CONFIG_SKIP = {"name", "description", "raw", "hyperparameters", "searcher"}
 _CODE_KEYS = ("kind", "commit", "branch", "remote", "dirty", "diff_sha256", "digest", "error")
 _LIST_AT_MOST = 10
+_Sides = tuple[Mapping[str, Any], Mapping[str, Any]]  # one item of two records
 _SHA = re.compile(r"[0-9a-f]{64}")
 
 
@@ -122,11 +123,35 @@ def _config(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Difference]:
     return _map("config", flat(a), flat(b))
 
 
-def _modules(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Difference]:
-    def by_name(rec: Mapping[str, Any]) -> dict[str, str]:
-        return {str(m).split("/", 1)[0]: str(m) for m in rec.get("loaded") or []}
+def _modules(launch: _Sides | None, job: _Sides | None) -> list[Difference]:
+    """The modules loaded at launch (items by module name: ``cuda``), then those in
+    effect in the job, after the site's ``module load`` lines (``job: cuda``); None:
+    that side's records are missing (an attempt record without ``modules``, e.g. a
+    reproduction's plan, has nothing to compare)."""
 
-    return _map("modules", by_name(a), by_name(b))
+    def by_name(rec: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+        return {prefix + str(m).split("/", 1)[0]: str(m) for m in rec.get("loaded") or []}
+
+    out = _map("modules", by_name(launch[0]), by_name(launch[1])) if launch else []
+    if job:
+        out += _map("modules", by_name(job[0], "job: "), by_name(job[1], "job: "))
+    return out
+
+
+def _module_sides(
+    ea: Mapping[str, Any],
+    eb: Mapping[str, Any],
+    aa: Mapping[str, Any],
+    ab: Mapping[str, Any],
+    skipped: Collection[str],
+) -> tuple[_Sides | None, _Sides | None]:
+    """:func:`_modules`'s arguments from the experiment and attempt records."""
+    launch = (
+        None if "experiment" in skipped else (_dict(ea.get("modules")), _dict(eb.get("modules")))
+    )
+    both = "attempt" not in skipped and "modules" in aa and "modules" in ab
+    job = (_dict(aa.get("modules")), _dict(ab.get("modules"))) if both else None
+    return launch, job
 
 
 def _gpu(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Difference]:
@@ -185,12 +210,14 @@ def diff_records(
     ta, tb = _dict(a.get("trial")), _dict(b.get("trial"))
     out: list[Difference] = []
     skip: set[str] = set()
+    skipped: set[str] = set()  # the record kinds not compared
     for name, ra, rb, group in (
         ("experiment", ea, eb, _EXPERIMENT_SECTIONS),
         ("attempt", aa, ab, _ATTEMPT_SECTIONS),
     ):
         if bool(ra) != bool(rb) or not ra:
             skip |= group
+            skipped.add(name)
             if bool(ra) != bool(rb) and want & group:
                 out.append(
                     Difference(
@@ -216,7 +243,7 @@ def diff_records(
             _dict(_dict(ea.get("conda")).get("items")),
             _dict(_dict(eb.get("conda")).get("items")),
         ),
-        "modules": lambda: _modules(_dict(ea.get("modules")), _dict(eb.get("modules"))),
+        "modules": lambda: _modules(*_module_sides(ea, eb, aa, ab, skipped)),
         "slurm": lambda: _map("slurm", _dict(ea.get("slurm")), _dict(eb.get("slurm"))),
         "site": lambda: _map("site", _dict(ea.get("site")), _dict(eb.get("site"))),
         "nodes": lambda: _map("nodes", {"nodes": aa.get("nodes")}, {"nodes": ab.get("nodes")}),

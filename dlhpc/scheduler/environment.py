@@ -120,6 +120,11 @@ class JobEnvironment:
         variables are malformed."""
         return None
 
+    def preempted(self) -> bool | None:
+        """Whether the scheduler is preempting this job now (asked once, by the worker,
+        after a TERM); None when the backend cannot tell or the question failed."""
+        return None
+
     def requeue_self(self) -> str | None:
         """Ask the scheduler to run this job again; "" on success, the error text (naming
         what was tried) on failure, None when the backend cannot requeue it."""

@@ -2,6 +2,7 @@
 
 from dlhpc.store.lease import LeaseLostError
 from dlhpc.store.models import (
+    EXIT_PREEMPTED,
     Attempt,
     Checkpoint,
     Decision,
@@ -16,6 +17,7 @@ from dlhpc.store.models import (
 from dlhpc.store.store import Store, default_home, utcnow
 
 __all__ = [
+    "EXIT_PREEMPTED",
     "Attempt",
     "Checkpoint",
     "Decision",

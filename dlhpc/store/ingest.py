@@ -27,6 +27,7 @@ from dlhpc.protocol import read_event_batches
 from dlhpc.repro import merge_env_record
 from dlhpc.states import TERMINAL_TRIAL_STATES, CheckpointState, JobState
 from dlhpc.store.models import (
+    EXIT_PREEMPTED,
     Attempt,
     Base,
     Checkpoint,
@@ -285,6 +286,16 @@ def ingest_attempts(
     return results
 
 
+def _exit_reason(rec: dict[str, Any], before: str) -> str:
+    """``reason/SIGNAL`` of an exit record, + :data:`EXIT_PREEMPTED` when it says
+    ``"preempted": true`` or an earlier rank's record did (rank 0 alone asks)."""
+    sig = rec.get("signal")
+    mark = rec.get("preempted") is True or before.endswith(EXIT_PREEMPTED)
+    return (
+        str(rec.get("reason", "")) + (f"/{sig}" if sig else "") + (EXIT_PREEMPTED if mark else "")
+    )
+
+
 def _read_folder(
     session: Session,
     trial: Trial,
@@ -323,8 +334,7 @@ def _read_folder(
                 attempt.node_list = str(rec.get("nodes", "")) or attempt.node_list
             elif kind == "exit":
                 attempt.exit_code = int(rec.get("code", 1))
-                sig = rec.get("signal")
-                attempt.exit_reason = str(rec.get("reason", "")) + (f"/{sig}" if sig else "")
+                attempt.exit_reason = _exit_reason(rec, attempt.exit_reason)
                 attempt.ended_at = _ts(rec.get("time"))
                 at, ckpt = rec.get("step"), rec.get("checkpoint_step")
                 if isinstance(at, int):

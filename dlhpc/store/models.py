@@ -191,6 +191,7 @@ class Attempt(Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
     ended_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # the exit record's "reason/SIGNAL", + EXIT_PREEMPTED when a worker said preempted
     exit_reason: Mapped[str] = mapped_column(String(64), default="")
     created_at: Mapped[datetime] = mapped_column(DateTime)
     # first tick that saw the job terminal without its exit record (grace for FS lag)
@@ -204,6 +205,10 @@ class Attempt(Base):
     env_json: Mapped[str] = mapped_column(Text, default="{}", server_default="{}")
 
     trial: Mapped[Trial] = relationship(back_populates="attempts")
+
+
+#: The end of ``Attempt.exit_reason`` when an exit record said ``"preempted": true``.
+EXIT_PREEMPTED = "/preempted"
 
 
 class IngestedFile(Base):

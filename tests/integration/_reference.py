@@ -121,7 +121,8 @@ def seed_of(cli: Cli, trial_id: int) -> int:
 
 def final_sha(cli: Cli, exp_id: int, trial_id: int) -> str:
     """The sha the trial's script wrote next to its checkpoints when it finished."""
-    path = cli.home / "scratch" / "checkpoints" / f"exp-{exp_id:06d}" / f"trial-{trial_id:06d}"
+    folder = Path(cli.experiment(exp_id)["run_dir"]).name  # checkpoints: the same name
+    path = cli.home / "scratch" / "checkpoints" / folder / f"trial-{trial_id:06d}"
     return (path / "final_weights.sha256").read_text().strip()
 
 

@@ -118,7 +118,7 @@ def test_two_nodes_by_two_tasks_preempted_and_resumed_end_bitwise_equal(
     started = time.monotonic()
     exp_id = cli.json("launch", str(_experiment(tmp_path)))["experiment_id"]
     trial = cli.experiment(exp_id)["trials"][0]
-    tdir = cli.home / "runs" / f"exp-{exp_id:06d}" / "trials" / f"trial-{trial['id']:06d}"
+    tdir = Path(cli.experiment(exp_id)["run_dir"]) / "trials" / f"trial-{trial['id']:06d}"
     spec = TrialSpec.read(tdir / "trial.json")
     assert spec.deepspeed is not None and spec.deepspeed["zero_optimization"]["stage"] == 2
     ckpt_dir = Path(spec.checkpoint_dir)

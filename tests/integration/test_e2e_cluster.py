@@ -72,7 +72,7 @@ def test_grid_example_runs_as_one_job_array_to_completion(
     text = cli("status", str(exp_id)).stdout
     assert text.count("COMPLETED") >= 4 and "val_accuracy" in text
     # the ticks wrote no curve archive; the first page build writes them, the next reads them
-    trials = cli.home / "runs" / f"exp-{exp_id:06d}" / "trials"
+    trials = Path(cli.experiment(exp_id)["run_dir"]) / "trials"
     assert len(list(trials.glob("trial-*"))) == 4
     assert list(trials.glob("trial-*/curves.h5")) == []
     page = cli.home / "page.html"
@@ -193,6 +193,7 @@ def test_second_reconciler_exits_quietly(cli: Cli) -> None:
         holder.wait()
 
 
+@pytest.mark.profile("default", "noacct")  # without sacct too: the noacct matrix part runs it
 def test_launch_killed_between_sbatch_and_recording_is_adopted_not_resubmitted(
     cli: Cli, dev_cluster: DevCluster
 ) -> None:

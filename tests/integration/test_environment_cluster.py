@@ -5,9 +5,10 @@ environment, the reproducibility record lists the modules really loaded, a faili
 ``module load`` fails the attempt with that line as its reason, and a scrontab entry
 alone drives an experiment to completion.
 
-The dev cluster has no Lmod: the site's first ``modules`` line defines ``module`` as a
-shell function that "loads" by exporting ``LOADEDMODULES`` (as Lmod and Tcl modules do)
-and fails for a module named ``nonexistent``, like Lmod's ``module load``.
+These tests need no module system (the real Lmod: test_lmod_cluster.py): the site's
+first ``modules`` line defines ``module`` as a shell function that "loads" by exporting
+``LOADEDMODULES`` (as Lmod and Tcl modules do) and fails for a module named
+``nonexistent``, like Lmod's ``module load``.
 """
 
 from __future__ import annotations
@@ -121,7 +122,8 @@ def test_a_tick_from_a_stripped_environment_submits_jobs_that_run_like_the_launc
     exp = _experiment(tmp_path, TRAIN, max_restarts=2)
     out = cli("launch", str(exp), "--site", str(site), "--json", LAUNCH_MARK="from-launch")
     exp_id = json.loads(out.stdout)["experiment_id"]
-    assert (cli.home / "runs" / f"exp-{exp_id:06d}" / "launch-env.json").stat().st_mode & 0o77 == 0
+    run_dir = Path(cli.experiment(exp_id)["run_dir"])
+    assert (run_dir / "launch-env.json").stat().st_mode & 0o77 == 0
     done = _tick_stripped_until_over(cli, site, exp_id)
     assert done["state"] == "COMPLETED", done
     (trial,) = done["trials"]

@@ -88,7 +88,11 @@ def test_preempted_trials_checkpoint_requeue_and_finish_bitwise_identical(
     assert exp["state"] == "COMPLETED", json.dumps(exp, indent=1)
     for t in exp["trials"]:
         causes = [a["cause"] for a in t["attempts"]]
-        assert t["restarts"] >= 1 and "preempted" in causes, causes
+        # every interrupted attempt was preempted, whichever way it came back: resubmitted
+        # (22.05) or requeued by Slurm under its own id (24.11+), labelled from sacct -D
+        # or, without accounting, from the worker's exit record (never "requeued")
+        assert t["restarts"] >= 1 and causes[-1] == "completed", causes
+        assert set(causes[:-1]) == {"preempted"}, causes
         assert t["crashes"] == 0
     _check_exact(cli, tmp_path, exp, epochs)
     # metrics exactly once per (step, name), with no gap
@@ -161,3 +165,60 @@ def test_hung_job_is_found_by_its_stale_heartbeat_cancelled_and_resumed(
     t = next(t for t in exp["trials"] if t["id"] == victim["id"])
     assert [a["cause"] for a in t["attempts"]][0] == "lost" and t["crashes"] == 0
     _check_exact(cli, tmp_path, exp, epochs)
+
+
+def _worker_logs(cli: Cli, key: str) -> list[str]:
+    """The log messages the workers of attempt ``key`` published (any trial)."""
+    messages = []
+    pattern = f"runs/exp-*/trials/trial-*/attempts/{key}/worker-r*-*.jsonl"
+    for path in sorted(cli.home.glob(pattern)):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            rec = json.loads(line)
+            if rec.get("type") == "log":
+                messages.append(str(rec["message"]))
+    return messages
+
+
+@pytest.mark.profile("strict")
+def test_requeue_refused_by_slurm_is_resubmitted_and_resumes_bitwise(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """A site where the job's owner may not requeue it: the strict profile's job_submit.lua
+    makes a job whose comment holds ``dlhpc-site-no-requeue`` not requeueable (Slurm then
+    refuses the owner's ``scontrol requeue``: "Requested operation is presently
+    disabled"). The trial gets its time-limit signal (USR2 ``lead_time`` before the limit,
+    which the test shortens as any owner may), checkpoints and exits 75; the worker's
+    requeue is refused, the job ends, and the reconciler submits the trial again as a new
+    job, which resumes and finishes with the weights of an uninterrupted run."""
+    epochs = 8
+    exp = tmp_path / "ft-norequeue.yaml"
+    exp.write_text(
+        f"name: ft-norequeue\nentrypoint: python train.py\nworkdir: {DIGITS}\n"
+        "resources: {cpus_per_task: 1, mem: 1G, time: '00:10:00',"
+        " sbatch_args: ['--comment=dlhpc-site-no-requeue']}\n"
+        "preemption: {lead_time: '150s'}\n"
+        "hyperparameters: {lr: 0.05, hidden: 32, dropout: 0.2, batch_size: 64, step_sleep: 0.5}\n"
+        "searcher: {name: grid, metric: val_accuracy, smaller_is_better: false,"
+        f" max_length: {epochs}}}\n"
+        "reproducibility: {seed: 7, deterministic: true}\nmax_restarts: 0\n"
+    )
+    exp_id = cli.json("launch", str(exp))["experiment_id"]
+    _wait_running_with_progress(cli, exp_id)
+    (trial,) = cli.experiment(exp_id)["trials"]
+    first_job = trial["slurm_job_ids"][-1]
+    # 3 minutes: USR2 is due 30 s into the run, and slurmctld sends it within a minute
+    subprocess.run(
+        ["scontrol", "update", f"JobId={first_job}", "TimeLimit=3"], env=cli.env, check=True
+    )
+    done = cli.tick_until(exp_id, lambda e: e["state"] in TERMINAL, timeout=420)
+    assert done["state"] == "COMPLETED", json.dumps(done, indent=1)
+    (t,) = done["trials"]
+    first, *rest = t["attempts"]
+    assert first["job_id"] == first_job and first["exit_code"] == 75, first
+    assert first["cause"] == "timeout" and t["crashes"] == 0, t["attempts"]
+    # not Slurm's requeue (the same job id, key .r1): a new job from the reconciler
+    assert rest and all(a["job_id"] != first_job for a in rest), t["attempts"]
+    assert first["key"] == f"{first_job}.r0" and rest[-1]["cause"] == "completed"
+    refused = [m for m in _worker_logs(cli, first["key"]) if "scontrol requeue" in m]
+    assert refused and "presently disabled" in refused[0], refused
+    _check_exact(cli, tmp_path, done, epochs)

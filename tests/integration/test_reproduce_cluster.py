@@ -23,7 +23,7 @@ pytestmark = pytest.mark.cluster
 
 
 def _final_sha(cli: Cli, exp_id: int, trial_id: int) -> str:
-    run = cli.home / "runs" / f"exp-{exp_id:06d}" / "trials" / f"trial-{trial_id:06d}"
+    run = Path(cli.experiment(exp_id)["run_dir"]) / "trials" / f"trial-{trial_id:06d}"
     ckpt = Path(json.loads((run / "trial.json").read_text())["checkpoint_dir"])
     return (ckpt / "final_weights.sha256").read_text().strip()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -22,8 +23,9 @@ from typing import Any
 
 import pytest
 
+from dlhpc.config import name_slug
 from dlhpc.config.model import PreemptionConfig, Resources, SiteConfig
-from dlhpc.protocol import trial_dir
+from dlhpc.protocol import experiment_dir_name, recorded_slug, trial_dir
 from dlhpc.scheduler import JobRequest, SlurmScheduler
 from tests.integration.conftest import REPO, Cli
 from tests.unit._cli import run
@@ -129,7 +131,7 @@ def _experiment(weird: dict[str, Any], out: Path) -> tuple[Path, dict[str, Any]]
     env["PROBE_OUT"] = str(out)
     env["PROBE_KEYS"] = json.dumps(sorted(f"V{i}" for i in range(len(values))))
     doc = {
-        # free text since issue 15: it names nothing on disk or in Slurm and reaches no shell
+        # free text since issue 15: only its slug names folders and jobs; it reaches no shell
         "name": _hostile_name(weird["token"]),
         "description": "; ".join(values),
         "workdir": str(workdir),
@@ -179,10 +181,15 @@ def test_hostile_values_reach_the_trial_exactly_and_run_nothing(
     assert got["hparams"] == expected["hparams"]
     assert got["env"] == expected["env"]
     assert got["data"] == expected["data"]
-    assert got["checkpoint_dir"].startswith(str(weird["base"] / "ckpt dir 'c' é𝛂"))
+    # the run and checkpoint folders are named by the name's slug, nothing else of it
+    folder = experiment_dir_name(exp_id, name_slug(_hostile_name(weird["token"])))
+    assert re.fullmatch(rf"exp-{exp_id:06d}-[a-z0-9-]+", folder), folder
+    assert Path(done["run_dir"]).name == folder
+    ckpt = weird["base"] / "ckpt dir 'c' é𝛂" / folder
+    assert got["checkpoint_dir"] == str(ckpt / "trial-000001")
     assert "probe.py" in got["cwd_files"]  # ran in the snapshot of the odd workdir
-    log = trial_dir(home / "runs", exp_id, 1)
-    assert log.is_dir()
+    log = trial_dir(home / "runs", exp_id, 1, recorded_slug(exp_id, done["run_dir"]))
+    assert log.is_dir() and log.parent.parent.name == folder
     roots = [tmp_path, REPO, Path.home(), Path(os.environ.get("TMPDIR", "/tmp"))]
     assert _sentinel_hits(weird["sentinels"], weird["token"], roots) == []
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import getpass
 import os
-import signal
 import sqlite3
 import subprocess
 import time
@@ -129,19 +128,3 @@ def test_grid_runs_to_completion_without_accounting(cli: Cli) -> None:
     assert "sacct" in told
     doctor = {c["name"]: c for c in cli.json("doctor")["checks"]}
     assert doctor["accounting (sacct)"]["status"] == "warn"
-
-
-@noacct_only
-def test_launch_killed_between_sbatch_and_recording_is_adopted_without_sacct(cli: Cli) -> None:
-    proc = cli("launch", str(GRID), check=False, DLHPC_FAILPOINTS="submit.after_sbatch")
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
-    (exp,) = cli.json("status")["experiments"]
-    assert exp["state"] == "ACTIVE" and all(not t["slurm_job_ids"] for t in exp["trials"])
-    done = cli.tick_until(exp["id"], lambda e: e["state"] in TERMINAL)
-    assert done["state"] == "COMPLETED", done
-    jobs = [j for t in done["trials"] for j in t["slurm_job_ids"]]
-    assert len(jobs) == 4 and len({j.split("_")[0] for j in jobs}) == 1
-    con = sqlite3.connect(cli.home / "dlhpc.db")
-    names = [r[0] for r in con.execute("SELECT name FROM submissions")]
-    con.close()
-    assert len(names) == 1  # adopted, never submitted a second time

@@ -533,7 +533,8 @@ ERROR_CASES = [
         "resourcse: {}\n",
         "3: resourcse: unknown key; did you mean 'resources'? (valid: "
         "checkpoint, data, deepspeed, description, entrypoint, environment, hyperparameters, "
-        "max_restarts, name, preemption, reproducibility, resources, searcher, site, workdir)",
+        "max_restarts, name, preemption, reproducibility, resources, script, searcher, site, "
+        "workdir)",
     ),
 ]
 
@@ -618,7 +619,7 @@ def test_all_errors_at_once_in_file_order(env: dict[str, str]) -> None:
         "exp.yaml:9: max_restarts: must be an integer >= 0, got -3",
         "exp.yaml:10: bogus: unknown key; (valid: checkpoint, data, deepspeed, description, "
         "entrypoint, environment, hyperparameters, max_restarts, name, preemption, "
-        "reproducibility, resources, searcher, site, workdir)",
+        "reproducibility, resources, script, searcher, site, workdir)",
     ]
 
 

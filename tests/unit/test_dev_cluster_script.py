@@ -94,9 +94,9 @@ def test_original_cluster_config_has_no_new_lines(tmp_path: Path) -> None:
     assert "NodeAddr=127.0.2.1 Port=16821" in conf and "NodeAddr=127.0.2.2 Port=16822" in conf
     assert "Gres=gpu:2 " in conf
     assert "AccountingStorageType=accounting_storage/slurmdbd" in conf
-    for absent in ("FirstJobId", "ScronParameters", "AccountingStorageEnforce"):
+    for absent in ("FirstJobId", "ScronParameters", "AccountingStorageEnforce", "JobSubmit"):
         assert absent not in conf
-    assert "cgroup.conf" not in files
+    assert "cgroup.conf" not in files and "job_submit.lua" not in files
     assert "StoragePort=16806" in files["slurmdbd.conf"]
 
 
@@ -113,6 +113,10 @@ def test_strict_chroot_cluster_has_limits_typed_gpus_scrontab_and_cgroup_off(
     assert "FirstJobId=400000" in conf
     assert "NodeName=node1 Name=gpu Type=a100 File=" in files["gres.conf"]
     assert "CgroupPlugin=disabled" in files["cgroup.conf"]
+    # a site policy the no-requeue test asks for through the job's comment
+    assert "JobSubmitPlugins=lua" in conf
+    lua = files["job_submit.lua"]
+    assert '"dlhpc-site-no-requeue"' in lua and "job_desc.requeue = 0" in lua
 
 
 def test_noacct_cluster_has_no_accounting_and_no_slurmdbd_config(tmp_path: Path) -> None:

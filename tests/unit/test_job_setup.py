@@ -262,7 +262,7 @@ def test_launch_environment_is_saved_private_and_used_by_sbatch(
     cfg = make_experiment(tmp_path)
     staging = tmp_path / "staging"
     (staging / "code").mkdir(parents=True)
-    publish_staging(staging, cfg, tmp_path, 1)
+    publish_staging(staging, cfg, tmp_path / "exp-000001", 1)
     saved = launch_env_file(tmp_path / "exp-000001")
     assert saved.stat().st_mode & 0o777 == 0o600  # its owner's alone, whatever the policy
     assert read_launch_environment(tmp_path / "exp-000001")["DLHPC_TEST_MARK"] == "launch"

@@ -56,7 +56,8 @@ def _db(home: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
 
 
 def _final_sha(home: Path, exp_id: int, trial_id: int) -> str:
-    spec = home / "runs" / f"exp-{exp_id:06d}" / "trials" / f"trial-{trial_id:06d}" / "trial.json"
+    ((run_dir,),) = _db(home, "SELECT run_dir FROM trials WHERE id = ?", trial_id)
+    spec = Path(run_dir) / "trial.json"
     ckpt = Path(json.loads(spec.read_text())["checkpoint_dir"])
     return (ckpt / "final_weights.sha256").read_text().strip()
 

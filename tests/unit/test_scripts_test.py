@@ -16,7 +16,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "test"
-MATRIX = ["24.11-default", "26.05-default", "22.05-strict", "22.05-noacct", "24.11-strict"]
+MATRIX = [
+    "24.11-default",
+    "26.05-default",
+    "22.05-strict",
+    "22.05-noacct",
+    "24.11-strict",
+    "26.05-strict",
+    "26.05-noacct",
+]
 UNSET = "+ env -u SLURM_CONF -u DLHPC_DEV_SLURM -u DLHPC_DEV_PROFILE -u DLHPC_DEV_CHROOT"
 SUMMARY = re.compile(r"^(\d+) passed, (\d+) failed, (\d+) skipped in [0-9.]+s$")
 

@@ -5,12 +5,14 @@ files, export sources) is followed, deleted or written outside its root."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
 from dlhpc._safepath import inside, is_inside
+from dlhpc.config import name_slug
 from dlhpc.errors import UnsafePathError
 from dlhpc.orchestrator.checkpoints import gc
 from dlhpc.orchestrator.decide import write_stop_files
@@ -60,7 +62,8 @@ def test_a_name_never_becomes_a_path(tmp_path: Path, home: Path) -> None:
         res = run("launch", str(tmp_path / "exp.yaml"), "--site", "local")
         assert res.exit_code == 0, res.output
     runs = sorted(p.name for p in (home / "runs").iterdir())
-    assert runs == ["exp-000001", "exp-000002", "exp-000003"]
+    assert runs == [f"exp-{i:06d}-{name_slug(n)}" for i, n in enumerate(names, 1)]
+    assert all(re.fullmatch(r"exp-\d{6}-[a-z0-9-]+", r) for r in runs), runs
     assert not (tmp_path.parent / "x").exists() and not (home / "a").exists()
     assert [p for p in home.rglob("*") if p.name in ("x", "a", "b", "passwd")] == []
 

@@ -30,6 +30,8 @@ ScronParameters         = enable,explicit_scancel
 SelectType              = select/cons_tres
 SLURM_VERSION           = 24.11.5
 """
+STRICT = """JobRequeue              = 1
+JobSubmitPlugins        = lua"""
 CONFIG_OLD = """Configuration data as of 2020-01-01T00:00:00
 JobRequeue              = 1
 SelectType              = select/cons_res
@@ -62,6 +64,16 @@ def test_2411_scrontab_enabled_no_default_requeue() -> None:
     assert got["scrontab"][0] == "ok" and "--scrontab" in got["scrontab"][1]
     status, detail = got["job requeue"]
     assert status == "warn" and "JobRequeue=0" in detail and "fix" in detail
+
+
+def test_a_job_submit_plugin_is_named_as_a_possible_requeue_denial() -> None:
+    """The dev cluster's strict profile (as 22.05 prints it): a job_submit.lua may make jobs not
+    requeueable, which `scontrol show config` cannot tell; doctor says what then happens."""
+    status, detail = _by_name(CONFIG_2411.replace("JobRequeue              = 0", STRICT))[
+        "job requeue"
+    ]
+    assert status == "ok" and "JobSubmitPlugins=lua" in detail and "submits the trial" in detail
+    assert "JobSubmitPlugins" not in _by_name(CONFIG_2205)["job requeue"][1]
 
 
 def test_old_slurm_cons_res_and_no_scrontab() -> None:

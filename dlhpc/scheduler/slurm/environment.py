@@ -5,6 +5,7 @@ Standard library only (plus :mod:`dlhpc.errors`): imported inside every Slurm jo
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Mapping
 from typing import ClassVar
@@ -13,7 +14,21 @@ from dlhpc.errors import DlhpcError
 from dlhpc.scheduler.environment import JobEnvironment, TaskLayout, int_var
 from dlhpc.scheduler.slurm.hostlist import first_host, local_world_size
 
-__all__ = ["SlurmJobEnvironment"]
+__all__ = ["SlurmJobEnvironment", "preempt_time_set"]
+
+# `scontrol show job`'s field, the same on Slurm 22.05, 24.11 and 26.05: "None" until
+# slurmctld picks the job for preemption, then the time it did (while the job runs; the
+# requeued job shows it no more). Printed where the job's partition may be preempted.
+_PREEMPT_TIME = re.compile(r"(?:^|\s)PreemptTime=(\S*)")
+
+
+def preempt_time_set(show_job: str) -> bool | None:
+    """Whether ``scontrol show job``'s text says the job is being preempted
+    (``PreemptTime=<a time>``); None when it has no PreemptTime field."""
+    m = _PREEMPT_TIME.search(show_job)
+    if m is None:
+        return None
+    return m[1] not in ("", "None", "Unknown", "(null)", "N/A")
 
 
 class SlurmJobEnvironment(JobEnvironment):
@@ -106,6 +121,26 @@ class SlurmJobEnvironment(JobEnvironment):
             master_host=first_host(nodes) if nodes else None,
             job=env.get("SLURM_JOB_ID") or "0",
         )
+
+    def preempted(self) -> bool | None:
+        """One ``scontrol show job <SLURM_JOB_ID>``: True while slurmctld preempts this
+        job (its PreemptTime is set). Slurm 24.11 and 26.05 requeue a preempted task under
+        its own id, and without accounting nothing else records that the TERM was a
+        preemption. None without ``SLURM_JOB_ID``, or when scontrol fails or says nothing."""
+        job_id = self.environ.get("SLURM_JOB_ID")
+        if not job_id:
+            return None
+        try:
+            proc = subprocess.run(
+                ["scontrol", "show", "job", "-o", job_id],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return preempt_time_set(proc.stdout) if proc.returncode == 0 else None
 
     def requeue_self(self) -> str | None:
         """``scontrol requeue <job id>``: Slurm kills this run and queues the task again.

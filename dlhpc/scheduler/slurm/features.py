@@ -1,7 +1,8 @@
 """``dlhpc doctor``'s lines on the Slurm features dlhpc relies on, from one
 ``scontrol show config``: the version, ``select/cons_tres`` (``--gpus-per-node``),
-scrontab (``ScronParameters=enable``) and job requeue (``JobRequeue``). Each line that
-is not ok says the fix in one line. Accounting (``sacct``) is checked by
+scrontab (``ScronParameters=enable``) and job requeue (``JobRequeue``, and
+``JobSubmitPlugins``, which may override it). Each line that is not ok says the fix in
+one line. Accounting (``sacct``) is checked by
 :mod:`dlhpc.scheduler.slurm.checks`, which runs it.
 
 The text parsed is the same on Slurm 22.05, 24.11 and 26.05: ``Name = value`` lines
@@ -72,18 +73,30 @@ def _scrontab(config: dict[str, str]) -> Check:
 
 
 def _requeue(config: dict[str, str]) -> Check:
+    """JobRequeue, and the job_submit plugins that may override the job's --requeue (a
+    site's lua can make every job not requeueable: Slurm then refuses its owner's
+    ``scontrol requeue``, "Requested operation is presently disabled")."""
     value = config.get("JobRequeue", "")
+    plugins = config.get("JobSubmitPlugins", "")
+    may_deny = (
+        f" JobSubmitPlugins={plugins}: a site plugin may make jobs not requeueable; then "
+        "Slurm refuses the worker's `scontrol requeue` after the time-limit signal, the "
+        "attempt's log says so, and the reconciler submits the trial again (no action "
+        "needed; a preempted job is resubmitted the same way)."
+        if plugins
+        else ""
+    )
     if value == "0":
         detail = (
             "JobRequeue=0 (jobs are not requeued by default); dlhpc asks --requeue per job. "
-            "fix if preempted jobs still vanish: ask the admins to allow requeue"
+            "fix if preempted jobs still vanish: ask the admins to allow requeue" + may_deny
         )
         return Check("job requeue", "warn", detail)
     return Check(
         "job requeue",
         "ok",
         f"JobRequeue={value or 'default (1)'}; where `scontrol requeue` is refused, the "
-        "reconciler submits the trial again",
+        "reconciler submits the trial again." + may_deny,
     )
 
 

@@ -6,17 +6,19 @@ What the section does, in order (see :func:`setup_section`):
 1. puts the worker interpreter's folder first on ``PATH`` (when it is a path), so that
    without an activation ``python`` in the entrypoint is the launch's, and an activation
    in the setup (which prepends its own folder) wins over it;
-2. runs every setup line (each section: ``site modules``, ``environment.setup``) under
+2. when a setup line runs ``module`` (or ``ml``) and the batch shell has no such
+   command, sources the site's module system first (see :data:`_MODULE_INIT`);
+3. runs every setup line (each section: ``site modules``, ``environment.setup``) under
    ``set -e``; the last line checks that the worker's interpreter starts and imports
    dlhpc and submitit;
-3. on the first failing line, before the shell exits, publishes an event file
+4. on the first failing line, before the shell exits, publishes an event file
    (stream :data:`~dlhpc.protocol.SETUP_STREAM`) in the attempt's folder: an ``exit``
    record with reason ``setup`` and a ``log`` record naming the section, its line and
    the exit status; the reconciler ingests it like any event file, so the attempt
    ends with that reason and the trial's error says it (the message is also printed
    to the job's stderr log). A setup killed by a signal (status > 128) writes nothing:
    that is the scheduler's doing, not the setup's;
-4. marks the setup done (``DLHPC_JOB_SETUP=done``) so that ``entry.sh`` does not run
+5. marks the setup done (``DLHPC_JOB_SETUP=done``) so that ``entry.sh`` does not run
    it again.
 
 The attempt folder is found from the array task index (a list of the chunk's trial
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,6 +41,24 @@ from dlhpc.protocol.layout import ATTEMPTS_DIR, SETUP_DONE_VAR, SETUP_STREAM
 __all__ = ["setup_section"]
 
 _CHECK = "import dlhpc, submitit"
+
+# On a real site ``module`` is a shell function that a login shell defines from
+# /etc/profile.d (Lmod's lmod.sh also sets BASH_ENV to its init); a job under
+# --export=ALL inherits it (BASH_FUNC_module%%, BASH_ENV) from the launch's saved
+# environment. A launch from a shell without it (a non-login or non-bash shell, an IDE)
+# leaves the job without ``module``: then the section sources the first init script
+# that exists, Lmod's or Environment Modules', as a login shell would have.
+_MODULE_INIT = (
+    "if ! type module >/dev/null 2>&1; then",
+    '  for _dlhpc_init in "${MODULESHOME:+$MODULESHOME/init/bash}" /etc/profile.d/lmod.sh \\',
+    "      /etc/profile.d/modules.sh /usr/share/lmod/lmod/init/bash; do",
+    '    if [ -n "$_dlhpc_init" ] && [ -r "$_dlhpc_init" ]; then',
+    '      . "$_dlhpc_init" >/dev/null; break',
+    "    fi",
+    "  done",
+    "fi",
+)
+_USES_MODULE = re.compile(r"^\s*(module|ml)(\s|$)")
 
 # ``$?`` of the failing line is the function's first statement. The line: the ERR
 # trap's (a top-level command) or, when set -e ended the shell inside a function,
@@ -112,6 +133,8 @@ def setup_section(
     folder = os.path.dirname(shlex.split(python)[0]) if python else ""
     if folder and os.path.isabs(folder):
         head.append(f'export PATH={shlex.quote(folder)}:"$PATH"')
+    if any(_USES_MODULE.match(line) for line in run):
+        head += _MODULE_INIT
     head += [
         "trap '_dlhpc_err_line=$LINENO' ERR",
         "trap '_dlhpc_setup_failed' EXIT",

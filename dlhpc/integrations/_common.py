@@ -1,0 +1,102 @@
+"""What the framework adapters share: the missing-extra error, the trial's
+hyperparameters read without a context, and process-wide RNG snapshots.
+
+Standard library and :mod:`dlhpc.protocol` only at import time (torch and numpy
+are imported by the functions that need them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import os
+import random
+from collections.abc import Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any, TypeVar
+
+from dlhpc.errors import DlhpcError
+from dlhpc.protocol import TrialSpec, trial_file
+
+__all__ = ["MissingExtraError", "hparams", "require", "restore_rng", "rng_snapshot", "trial_spec"]
+
+ENV_TRIAL_DIR = "DLHPC_TRIAL_DIR"  # set by the worker in every dlhpc job (harness.context)
+
+H = TypeVar("H", argparse.Namespace, dict[str, Any])
+
+
+class MissingExtraError(DlhpcError, ImportError):
+    """An adapter's framework is not installed; the message names the extra to install."""
+
+
+def require(module: str, extra: str, adapter: str) -> ModuleType:
+    """Import ``module`` or raise :class:`MissingExtraError` naming ``dlhpc[extra]``."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise MissingExtraError(
+            f"{adapter} needs the {module!r} package, which is not installed "
+            f"({err}); install it with: pip install 'dlhpc[{extra}]'"
+        ) from err
+
+
+def trial_spec() -> TrialSpec | None:
+    """This job's trial spec, or None outside a dlhpc job (``DLHPC_TRIAL_DIR`` unset)."""
+    trial_dir = os.environ.get(ENV_TRIAL_DIR)
+    return TrialSpec.read(trial_file(Path(trial_dir))) if trial_dir else None
+
+
+def hparams(defaults: H) -> H:
+    """``defaults`` with the trial's hyperparameters filled in (a copy, same type).
+
+    ``defaults`` is an ``argparse.Namespace`` (e.g. ``parse_args()``) or a dict.
+    Inside a dlhpc job each of the trial's hyperparameters replaces the field of
+    the same name (``batch-size`` also fills ``batch_size``; a name ``defaults``
+    lacks is added), and a ``seed`` field gets the trial's seed. Outside a job
+    the copy is returned unchanged, so the script still runs by hand.
+    """
+    if not isinstance(defaults, argparse.Namespace | dict):
+        raise DlhpcError(
+            f"hparams(): pass an argparse.Namespace or a dict, got {type(defaults).__name__}"
+        )
+    out = copy.copy(defaults)
+    spec = trial_spec()
+    if spec is None:
+        return out
+    fields: dict[str, Any] = vars(out) if isinstance(out, argparse.Namespace) else out
+    values: dict[str, Any] = dict(spec.hparams)
+    if "seed" in fields:
+        values["seed"] = spec.seed
+    for name, value in values.items():
+        key = name.replace("-", "_") if name not in fields else name
+        fields[key] = value
+    return out
+
+
+def rng_snapshot() -> dict[str, Any]:
+    """Python's, NumPy's global, torch's CPU and every CUDA device's RNG state."""
+    import numpy as np
+    import torch
+
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def restore_rng(state: Mapping[str, Any]) -> None:
+    """Set the RNGs :func:`rng_snapshot` captured (CUDA devices present here only)."""
+    import numpy as np
+    import torch
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda")
+    if cuda and torch.cuda.is_available():
+        for device, s in enumerate(cuda[: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(s, device)

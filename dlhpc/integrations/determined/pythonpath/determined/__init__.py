@@ -1,0 +1,14 @@
+"""dlhpc's stand-in for Determined's ``determined`` package, importable only inside dlhpc
+jobs whose entrypoint starts with ``python -m dlhpc.integrations.determined`` (see
+:mod:`dlhpc.integrations.determined`). It covers the Core API a script uses:
+``get_cluster_info()``, ``core.init()`` and what the context holds."""
+
+from dlhpc.integrations.determined.core_api import ClusterInfo, TrialInfo, get_cluster_info
+
+from . import core
+
+__all__ = ["LOG_FORMAT", "ClusterInfo", "TrialInfo", "core", "get_cluster_info"]
+__version__ = "0.38.0+dlhpc"
+DLHPC_SHIM = True  # how a test tells the stand-in from the real package
+
+LOG_FORMAT = "%(levelname)s: [%(process)s] %(name)s: %(message)s"

@@ -1,0 +1,61 @@
+"""The Hugging Face Trainer example under ASHA on the dev cluster: weak trials stopped at
+their rung, the promoted one requeued mid-rung (its Trainer saves where TERM found it)
+and resumed, ending with bitwise the weights and evaluation metrics of an uninterrupted
+run (the logged training loss of the cut window excepted: see the example's README);
+metrics in ``dlhpc status --json``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.integration._adapters import (
+    asha_with_one_requeue,
+    attempt_exits,
+    checkpoint_dir,
+    db_metrics,
+    trial_seed,
+)
+from tests.integration.conftest import Cli
+from tests.unit._adapters import Trial, require
+from tests.unit.test_integration_transformers import _deterministic, _weights_sha
+
+pytestmark = pytest.mark.cluster
+
+HPARAMS = (
+    "  lr: {type: log, minval: -3.5, maxval: -2}\n"
+    "  hidden: 16\n  batch_size: 32\n  step_sleep: 0.2\n"  # ~3.2 s of sleep per epoch
+)
+# 4 trials train 2 epochs; the best one is promoted to 6 and requeued during epochs 4-5
+SEARCHER = (
+    "{name: asha, metric: eval_accuracy, smaller_is_better: false, max_trials: 4,"
+    " max_length: 6, divisor: 3, max_rungs: 2, max_concurrent_trials: 4, seed: 2}"
+)
+
+
+def test_hf_trainer_asha_requeued_trial_resumes_bitwise(cli: Cli, tmp_path: Path) -> None:
+    require("transformers", "transformers", "accelerate", "tokenizers")
+    exp, victim = asha_with_one_requeue(cli, tmp_path, "hf-trainer", HPARAMS, SEARCHER, 3)
+    assert exp["state"] == "COMPLETED", json.dumps(exp, indent=1)
+    states = sorted(t["state"] for t in exp["trials"])
+    assert states == ["COMPLETED"] + ["STOPPED_EARLY"] * 3, states
+    (t,) = [t for t in exp["trials"] if t["id"] == victim]
+    assert t["state"] == "COMPLETED" and t["steps_completed"] == 6
+    causes = [a["cause"] for a in t["attempts"]]
+    assert "requeued" in causes and causes[-1] == "completed", causes
+    assert t["crashes"] == 0
+    # the adapter saw TERM, saved where needed and exited for requeue itself
+    assert ("requeued", 75) in attempt_exits(cli, victim), attempt_exits(cli, victim)
+    assert 0.0 < t["best_metric"] <= 1.0  # eval_accuracy, reported by the callback
+
+    ref = Trial(tmp_path / "ref", "hf-trainer", {**t["hparams"], "step_sleep": 0.0})
+    ref.seed = trial_seed(cli, victim)
+    code, out = ref.run(6)
+    assert code == 0, out
+    got = _weights_sha(checkpoint_dir(cli, exp["id"], victim))
+    assert got == _weights_sha(ref.checkpoint_dir), "final weights differ"
+    metrics = db_metrics(cli, victim)
+    assert _deterministic(metrics) == _deterministic(ref.metrics())
+    assert {"eval_accuracy", "eval_loss", "loss"} <= set(metrics[6])

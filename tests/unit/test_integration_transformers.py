@@ -1,0 +1,170 @@
+"""The Hugging Face Trainer adapter with real transformers (a tiny BERT from a config,
+a word-level tokenizer built locally, nothing downloaded): the example trains as a
+dlhpc job, resumes after a mid-epoch preemption with bitwise the same weights, stops
+on the searcher's word, and owns the TrainingArguments fields dlhpc needs."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from dlhpc.errors import DlhpcError
+from dlhpc.protocol import request_stop
+from dlhpc.protocol.checkpoint import publish_checkpoint
+from tests.unit._adapters import Trial, require, state_dict_sha
+from tests.unit.test_integration_lightning import added_lines
+
+HP = {"lr": 0.003, "hidden": 16, "batch_size": 32, "step_sleep": 0.0}
+STEPS_PER_EPOCH = 16  # 512 examples, batches of 32
+# The Trainer logs the mean training loss since its last log; that running sum is not
+# in its checkpoint, so after a resume the first log covers only the steps since then.
+RUNNING = {"loss", "train_loss"}
+TIMINGS = ("_runtime", "_per_second")
+
+
+def _weights_sha(checkpoint_dir: Path) -> str:
+    from safetensors.torch import load_file
+
+    from dlhpc.protocol.checkpoint import latest_verified
+
+    ckpt, _ = latest_verified(checkpoint_dir)
+    assert ckpt is not None
+    return state_dict_sha(load_file(ckpt.path / "model.safetensors"))
+
+
+def _deterministic(metrics: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
+    return {
+        step: {k: v for k, v in m.items() if k not in RUNNING and not k.endswith(TIMINGS)}
+        for step, m in metrics.items()
+    }
+
+
+def test_preempted_mid_epoch_trial_ends_bitwise_as_one_run(tmp_path: Path) -> None:
+    require("transformers", "transformers", "accelerate", "tokenizers")
+    ref = Trial(tmp_path / "ref", "hf-trainer", HP)
+    code, out = ref.run(3)
+    assert code == 0, out
+    assert ref.checkpoints() == [f"ckpt-{STEPS_PER_EPOCH * e:010d}" for e in (1, 2, 3)]
+    expected = ref.metrics()
+    assert sorted(expected) == [1, 2, 3]
+    assert {"eval_loss", "eval_accuracy", "loss", "learning_rate"} <= set(expected[3])
+
+    t = Trial(tmp_path / "t", "hf-trainer", HP)
+    first = f"ckpt-{STEPS_PER_EPOCH:010d}"
+    code, out = t.run_until(3, lambda: first in t.checkpoints(), step_sleep=0.2)
+    assert code == 75, out
+    (mid,) = [c for c in t.checkpoints() if c != first]  # saved where TERM found it
+    step = int(mid.removeprefix("ckpt-"))
+    assert STEPS_PER_EPOCH < step < 2 * STEPS_PER_EPOCH, mid
+    code, out = t.run(3)
+    assert code == 0 and f"resumed at step {step}" in out, out
+    assert _weights_sha(t.checkpoint_dir) == _weights_sha(ref.checkpoint_dir)
+    got = t.metrics()
+    assert _deterministic(got) == _deterministic(expected)  # eval metrics, learning rate...
+    assert got[1]["loss"] == expected[1]["loss"] and got[3]["loss"] == expected[3]["loss"]
+    assert got[2]["loss"] != expected[2]["loss"]  # the window the resume cut (see RUNNING)
+    assert sorted(e["step"] for e in t.events("checkpoint")) == [16, step, 32, 48]
+    assert not list((t.checkpoint_dir / "hf-output").glob("checkpoint-*"))  # all moved
+
+
+def test_stop_file_saves_and_ends_the_trial_with_75(tmp_path: Path) -> None:
+    require("transformers", "transformers", "accelerate", "tokenizers")
+    t = Trial(tmp_path, "hf-trainer", HP)
+
+    def stop_after_first_epoch() -> bool:
+        if t.checkpoints():
+            request_stop(t.trial_dir)  # what the reconciler writes for the searcher
+            return True
+        return False
+
+    code, out = t.run_until(6, stop_after_first_epoch, sig=0, step_sleep=0.2)
+    assert code == 75, out
+    assert len(t.checkpoints()) == 2 and 1 <= len(t.metrics()) < 6
+
+
+def test_training_args_owns_length_output_save_and_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    require("transformers", "transformers", "accelerate")
+    from transformers import TrainingArguments
+    from transformers.trainer_utils import SaveStrategy
+
+    import dlhpc
+    from dlhpc.integrations.transformers import training_args
+
+    t = Trial(tmp_path, "hf-trainer", HP)
+    t.trial_dir.mkdir()
+    t._spec(4)
+    monkeypatch.setenv("DLHPC_TRIAL_DIR", str(t.trial_dir))
+    monkeypatch.delenv("DLHPC_ATTEMPT_DIR", raising=False)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR2)}
+    try:
+        ctx = dlhpc.init()
+        args = TrainingArguments(output_dir=str(tmp_path / "x"), save_strategy="no")
+        assert training_args(args, ctx=ctx) is args
+        assert args.output_dir == str(t.checkpoint_dir / "hf-output")
+        assert (args.num_train_epochs, args.max_steps) == (4.0, -1)
+        assert args.save_strategy == SaveStrategy.EPOCH and args.resume_from_checkpoint is None
+
+        def write(folder: Path) -> None:
+            (folder / "x").write_text("1")
+
+        good = publish_checkpoint(t.checkpoint_dir, 7, write)
+        (t.checkpoint_dir / "ckpt-0000000009").mkdir()  # torn: no manifest
+        stale = t.checkpoint_dir / "hf-output" / "checkpoint-9"
+        stale.mkdir(parents=True)
+        steps = TrainingArguments(output_dir="y")
+        training_args(steps, unit="steps", ctx=ctx)
+        assert steps.max_steps == 4 and steps.save_strategy == SaveStrategy.STEPS
+        assert steps.resume_from_checkpoint == str(good.path) and not stale.exists()
+
+        best = TrainingArguments(
+            output_dir="z",
+            load_best_model_at_end=True,
+            eval_strategy="epoch",
+            save_strategy="epoch",
+        )
+        with pytest.raises(DlhpcError, match="load_best_model_at_end"):
+            training_args(best, ctx=ctx)
+        with pytest.raises(DlhpcError, match="unit"):
+            training_args(args, unit="tokens", ctx=ctx)
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+
+
+def test_example_adds_at_most_three_lines_as_its_readme_says() -> None:
+    added = added_lines("hf-trainer")
+    assert added <= 3
+    readme = Path(__file__).resolve().parents[2] / "templates/examples/hf-trainer/README.md"
+    assert f"**Lines you add: {added}**" in readme.read_text()
+
+
+def test_ddp_term_on_one_rank_saves_every_ranks_part_and_both_resume(tmp_path: Path) -> None:
+    """Two ranks (gloo, CPU) as dlhpc's worker starts them: a TERM only rank 1 gets
+    stops both at the same step; the published folder holds both ranks' RNG states."""
+    require("transformers", "transformers", "accelerate", "tokenizers")
+    import sys
+    import time
+
+    t = Trial(tmp_path, "hf-trainer", HP)
+    first = f"ckpt-{STEPS_PER_EPOCH // 2:010d}"  # 2 ranks: 8 steps per epoch
+    procs = t.start_ranks(3, [sys.executable, "train.py"], step_sleep=0.2)
+    deadline = time.monotonic() + 240
+    while first not in t.checkpoints():
+        assert all(p.poll() is None for p in procs) and time.monotonic() < deadline
+        time.sleep(0.1)
+    procs[1].send_signal(signal.SIGTERM)
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [75, 75], outs
+    (mid,) = [c for c in t.checkpoints() if c != first]
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= {
+        p.name for p in (t.checkpoint_dir / mid).iterdir()
+    }
+    procs = t.start_ranks(3, [sys.executable, "train.py"])
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert all(f"resumed at step {int(mid[5:])}" in out for out in outs), outs
+    assert t.checkpoints()[-1] == f"ckpt-{3 * STEPS_PER_EPOCH // 2:010d}"
