@@ -146,6 +146,80 @@ class _Loop:
             times.append(perf() - t0)
         return times
 
+    def report_timed(self, n: int) -> dict[str, list[int]]:
+        """n harness steps (report() and step() every step) with the report() call
+        timed on its own: ns of each step and of each report() call, flush included."""
+        perf, ctx, model, opt, loss_fn = (
+            time.perf_counter_ns,
+            self.ctx,
+            self.model,
+            self.opt,
+            self.loss_fn,
+        )
+        x, y, batches, st = self.x, self.y, self.batches, self.state
+        out: dict[str, list[int]] = {"step": [], "report": []}
+        for _ in range(n):
+            t0 = perf()
+            i = st.batch % len(batches)
+            idx = batches[i]
+            opt.zero_grad()
+            loss = loss_fn(model(x[idx]), y[idx])
+            loss.backward()
+            opt.step()
+            value = loss.item()
+            st.batch, st.step = i + 1, st.step + 1
+            r0 = perf()
+            ctx.report(st.step, {"train_loss": value})
+            r1 = perf()
+            ctx.step(st)
+            out["step"].append(perf() - t0)
+            out["report"].append(r1 - r0)
+        return out
+
+    def timed_on_cpu(self, harness: bool, n: int) -> dict[str, list[Any]]:
+        """n steps (the harness arm: report() and step() every step): wall ns of each
+        (``t``), whether the scheduler preempted this thread during it (``pre``: an
+        involuntary context switch, the machine's load, not the code; a wait for the
+        disk, a lock or the GIL is voluntary and stays in), and in the harness arm the
+        ns of the report() call (``rep``) and whether it handed over or wrote a batch
+        (``flush``: the buffer shrank)."""
+        import resource
+
+        perf, ctx, model, opt, loss_fn = (
+            time.perf_counter_ns,
+            self.ctx,
+            self.model,
+            self.opt,
+            self.loss_fn,
+        )
+        usage, who = resource.getrusage, resource.RUSAGE_THREAD
+        x, y, batches = self.x, self.y, self.batches
+        st = self.state if harness else self.bare
+        buf = ctx._writer  # the context's buffer (old: EventWriter; new: its publisher)
+        out: dict[str, list[Any]] = {"t": [], "pre": [], "rep": [], "flush": []}
+        for _ in range(n):
+            iv0 = usage(who).ru_nivcsw
+            t0 = perf()
+            i = st.batch % len(batches)
+            idx = batches[i]
+            opt.zero_grad()
+            loss = loss_fn(model(x[idx]), y[idx])
+            loss.backward()
+            opt.step()
+            value = loss.item()
+            st.batch, st.step = i + 1, st.step + 1
+            if harness:
+                before = buf.pending()
+                r0 = perf()
+                ctx.report(st.step, {"train_loss": value})
+                r1 = perf()
+                ctx.step(st)
+                out["rep"].append(r1 - r0)
+                out["flush"].append(buf.pending() <= before)
+            out["t"].append(perf() - t0)
+            out["pre"].append(usage(who).ru_nivcsw != iv0)
+        return out
+
     def alternate(self, n: int) -> dict[str, dict[str, list[int]]]:
         """n pairs of steps, bare and harness in turn (finest interleaving): wall and
         thread-CPU ns of each step, per arm."""
@@ -183,6 +257,100 @@ class _Loop:
         return out
 
 
+def _publisher_cpu_ns() -> int:
+    """CPU time so far of the thread that publishes report() records off the training
+    thread (``dlhpc-events``; 0 with the code before it existed)."""
+    import threading
+
+    for t in threading.enumerate():
+        if t.name == "dlhpc-events" and t.ident is not None:
+            return time.clock_gettime_ns(time.pthread_getcpuclockid(t.ident))
+    return 0
+
+
+def _report_on_cpu(loop: _Loop, steps: int, block: int) -> dict[str, Any]:
+    """report() and step() every step against the bare loop, in alternating blocks of
+    ``block`` steps (ABBA), on steps the scheduler did not preempt: the mean step of
+    each arm (flushes, disk waits and GIL waits included, wherever the flush runs)."""
+    arms: dict[str, dict[str, list[Any]]] = {
+        a: {"t": [], "pre": [], "rep": [], "flush": []} for a in ("bare", "harness")
+    }
+    cpu0 = _publisher_cpu_ns()
+    for k in range(steps // block):
+        order = (False, True) if k % 2 == 0 else (True, False)
+        for harness in order:
+            got = loop.timed_on_cpu(harness, block)
+            for key, values in got.items():
+                arms["harness" if harness else "bare"][key].extend(values)
+    loop.ctx.flush()
+    bg_us = (_publisher_cpu_ns() - cpu0) / len(arms["harness"]["t"]) / 1e3
+    out: dict[str, Any] = {"steps_per_arm": steps // block * block, "block": block}
+    means = {}
+    for a, d in arms.items():
+        kept = [t for t, pre in zip(d["t"], d["pre"], strict=True) if not pre]
+        means[a] = statistics.fmean(kept) / 1e3
+        out[a] = {
+            "kept_steps": len(kept),
+            "mean_us": r(means[a], 2),
+            "median_us": r(statistics.median(kept) / 1e3, 2),
+            "mean_all_steps_us": r(statistics.fmean(d["t"]) / 1e3, 2),
+        }
+    bare_median = statistics.median(
+        t for t, pre in zip(arms["bare"]["t"], arms["bare"]["pre"], strict=True) if not pre
+    )
+    # the robust estimate: medians only (a preempted call is rejected by them)
+    h = arms["harness"]
+    calls = [x for x, f in zip(h["rep"], h["flush"], strict=True) if not f]
+    flushes = [x for x, f in zip(h["rep"], h["flush"], strict=True) if f]
+    call_us = statistics.median(calls) / 1e3
+    flush_us = statistics.median(flushes) / 1e3 if flushes else call_us
+    per_step = call_us + (flush_us - call_us) * len(flushes) / len(h["rep"]) + bg_us
+    out["estimate"] = {
+        "report_call_median_us": r(call_us, 3),
+        "flush_calls": len(flushes),
+        "flush_call_median_us": r(flush_us, 1),
+        "flush_calls_us": [r(x / 1e3, 1) for x in flushes],
+        "publisher_thread_cpu_us_per_step": r(bg_us, 3),
+        "report_us_per_step": r(per_step, 3),
+        "pct_of_step": r(100 * per_step / (bare_median / 1e3), 3),
+        "pct_of_step_without_publisher_cpu": r(100 * (per_step - bg_us) / (bare_median / 1e3), 3),
+        "how": "(median report() call + (median flushing call - median call) x flushes /"
+        " steps + publishing thread CPU per step) / bare step median",
+    }
+    out["diff_us"] = r(means["harness"] - means["bare"], 2)
+    out["pct_of_step"] = r(100 * (means["harness"] - means["bare"]) / (bare_median / 1e3), 3)
+    out["how"] = (
+        "(mean harness step - mean bare step, steps without an involuntary context switch)"
+        " / bare median"
+    )
+    return out
+
+
+def _report_every_step(loop: _Loop, n: int, alt: dict[str, dict[str, list[int]]]) -> dict[str, Any]:
+    """What report() every step costs the training thread, for any code version: the
+    mean report() call in the loop (its flushes included, in this thread or not), plus
+    the CPU time of the publishing thread (if any) per step, which on a busy machine
+    may come out of the training thread's share; as % of the bare step's median."""
+    cpu0 = _publisher_cpu_ns()
+    timed = loop.report_timed(n)
+    loop.ctx.flush()  # what the steps handed over is published (and its CPU counted)
+    bg_us = (_publisher_cpu_ns() - cpu0) / n / 1e3
+    bare = statistics.median(alt["bare"]["wall"]) / 1e3
+    call_mean = statistics.fmean(timed["report"]) / 1e3
+    slowest = sorted(timed["report"])[-10:]
+    return {
+        "steps": n,
+        "report_call_mean_us": r(call_mean, 3),
+        "report_call_median_us": r(statistics.median(timed["report"]) / 1e3, 3),
+        "report_call_slowest_10_us": [r(v / 1e3, 1) for v in slowest],
+        "publisher_thread_cpu_us_per_step": r(bg_us, 3),
+        "bare_step_median_us": r(bare, 2),
+        "pct_of_step": r(100 * (call_mean + bg_us) / bare, 3),
+        "how": "(mean report() call in the loop + publishing thread CPU per step)"
+        " / bare step median",
+    }
+
+
 def cmd_overhead(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -199,6 +367,13 @@ def cmd_overhead(args: argparse.Namespace) -> dict[str, Any]:
 
     for kind in args.models:
         loop = _Loop(kind, ctx)
+        if args.report_on_cpu:  # only the measure of issue 16's second protocol
+            loop.timed_on_cpu(False, args.block)
+            loop.timed_on_cpu(True, args.block)  # warm-up
+            out["models"][kind] = {
+                "report_on_cpu": _report_on_cpu(loop, args.rounds * args.block, 100)
+            }
+            continue
         block, model, bs = loop.block, loop.model, loop.bs
         block(False, args.block)
         block(True, args.block)  # warm-up, both arms
@@ -251,10 +426,16 @@ def cmd_overhead(args: argparse.Namespace) -> dict[str, Any]:
             mh = statistics.median(alt["harness"][kind_]) / 1e3
             row["alternating_steps"][f"{kind_}_median_diff_us"] = r(mh - mb, 2)
             row["alternating_steps"][f"{kind_}_median_diff_pct"] = r(100 * (mh - mb) / mb, 2)
+        row["report_every_step"] = _report_every_step(loop, args.rounds * args.block, alt)
         row["blocks"] = {
             a: {k: [r(v, 1) for v in vs] for k, vs in d.items()} for a, d in stats.items()
         }
         out["models"][kind] = row
+    if args.report_on_cpu:
+        ctx.close()
+        out["event_files_written"] = len(list(attempt.glob("user-r0-*.jsonl")))
+        shutil.rmtree(root, ignore_errors=True)
+        return out
 
     # the cost of each call alone, in the same process: blocks of 1000 calls (= flush_every,
     # so each block of report() calls holds exactly one flush), median of the blocks
@@ -887,6 +1068,12 @@ def main() -> int:
         help="steps per block (1000 = report()'s flush_every: one flush a block)",
     )
     p.add_argument("--models", nargs="+", default=["tiny", "digits"], choices=["tiny", "digits"])
+    p.add_argument(
+        "--report-on-cpu",
+        action="store_true",
+        help="only report() + step() every step vs bare, 100-step ABBA blocks, mean over"
+        " steps the scheduler did not preempt",
+    )
     p = sub.add_parser("lost", help="work lost per SIGTERM; checkpoint save/restore")
     p.add_argument(
         "--models", nargs="+", default=["digits", "synthetic"], choices=list(LOST_MODELS)

@@ -25,6 +25,7 @@ Typical use (the few lines a script adds)::
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import math
 import os
@@ -37,6 +38,8 @@ from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from dlhpc.errors import DlhpcError
+from dlhpc.harness._publisher import BackgroundPublisher
+from dlhpc.harness._watchdog import STOP_FILE_EVERY_S, STOP_SIGNALS, StopWatch, StopWatchdog
 from dlhpc.protocol import (
     PROGRESS_FILE,
     REQUEUE_EXIT_CODE,
@@ -57,9 +60,10 @@ __all__ = ["Saveable", "TrialContext", "init"]
 
 ENV_TRIAL_DIR = "DLHPC_TRIAL_DIR"
 ENV_ATTEMPT_DIR = "DLHPC_ATTEMPT_DIR"
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)  # preemption, time limit (USR1 is NCCL's)
+_STOP_SIGNALS = STOP_SIGNALS  # preemption, time limit (USR1 is NCCL's)
 _PROGRESS_EVERY_S = 5.0
-_STOP_FILE_EVERY_S = 2.0  # how often should_stop() looks for the searcher's stop file
+_STOP_FILE_EVERY_S = STOP_FILE_EVERY_S  # how often should_stop() looks for the stop file
+POLL_GRACE_S = 5.0  # a script that does not poll within this after a stop request is ended
 
 
 def _int_env(name: str, default: int) -> int:
@@ -87,11 +91,12 @@ class Saveable(Protocol):
 class TrialContext:
     """Facts about the running trial, metric reporting, and preemption handling.
 
-    ``report`` buffers: records are published (atomically) when ``flush_every``
-    are pending or ``flush_interval_s`` has passed, and always before a
-    checkpoint, on :meth:`flush`, on :meth:`close` and when the trial stops, so
-    it is cheap to call every step. Only rank 0 publishes; other ranks' reports
-    are dropped, so every rank may call it unconditionally.
+    ``report`` buffers: records are handed to a background thread, which
+    publishes them (atomically, in order) when ``flush_every`` are pending or
+    ``flush_interval_s`` has passed; :meth:`flush`, :meth:`checkpoint`,
+    :meth:`close`, the stop and the interpreter's exit return only once all
+    are published. So it is cheap to call every step. Only rank 0 publishes;
+    other ranks' reports are dropped, so every rank may call it unconditionally.
 
     A SIGTERM (preemption) or SIGUSR2 (time limit near) makes :meth:`should_stop`
     true; :meth:`step` then checkpoints the given state and exits with
@@ -99,6 +104,13 @@ class TrialContext:
     So does the searcher's decision to stop the trial early (the reconciler
     writes :data:`~dlhpc.protocol.STOP_FILE` into the trial folder; it is looked
     for every couple of seconds), after which the trial is not run again.
+
+    A script that does not poll (never calls :meth:`step` or :meth:`should_stop`)
+    is not trapped: ``poll_grace_s`` after a stop request it has not seen (or
+    twice the longest gap between its polls so far, if longer), a watchdog
+    thread logs why, publishes the records and ends the process with the same
+    exit code (see :mod:`dlhpc.harness._watchdog`), unless something replaced
+    this context's SIGTERM handler since. ``poll_grace_s=None`` turns it off.
     """
 
     def __init__(
@@ -109,6 +121,7 @@ class TrialContext:
         flush_every: int = 1000,
         flush_interval_s: float = 30.0,
         trial_dir: Path | None = None,
+        poll_grace_s: float | None = POLL_GRACE_S,
     ) -> None:
         self.spec = spec
         self.hparams: dict[str, Any] = dict(hparams)
@@ -119,8 +132,7 @@ class TrialContext:
         self.flush_every = max(1, flush_every)
         self.flush_interval_s = flush_interval_s
         self.attempt_dir = attempt_dir
-        self.stop_reason: str | None = None
-        self._writer: EventWriter | None = None
+        self._writer: BackgroundPublisher | None = None
         self._last_flush = time.monotonic()
         self._last_progress = 0.0
         self._step = 0
@@ -129,11 +141,21 @@ class TrialContext:
         self._evaluated: tuple[int, float | None] | None = None
         self._trial_dir = trial_dir
         self._last_stop_check = time.monotonic()
+        self._watch = StopWatch()
+        self._owner = threading.get_ident()  # the thread that created it, reports and flushes
+        self._watchdog: StopWatchdog | None = None
         if attempt_dir is not None and self.rank == 0:
-            self._writer = EventWriter(attempt_dir, f"user-r{self.rank}")
-        if spec is not None and threading.current_thread() is threading.main_thread():
+            self._writer = BackgroundPublisher(EventWriter(attempt_dir, f"user-r{self.rank}"))
+        if spec is not None and poll_grace_s is not None:
+            self._watchdog = StopWatchdog(self, self._watch, trial_dir, poll_grace_s)
+        self._installed = spec is not None and threading.current_thread() is threading.main_thread()
+        if self._installed:
             for sig in _STOP_SIGNALS:
                 signal.signal(sig, self._on_signal)
+            if self._watchdog is not None:
+                self._watchdog.install_wakeup_fd()
+        if self._watchdog is not None:
+            self._watchdog.start()
         if self._writer is not None:
             atexit.register(self.flush)  # a script that forgets close() keeps its metrics
 
@@ -204,33 +226,69 @@ class TrialContext:
                 shown = {k: v if math.isfinite(v) else str(v) for k, v in clean.items()}
                 print(f"[dlhpc] step {step}: {shown}", flush=True)
             return
-        self._writer.add("metric", step=step, metrics=clean)
+        pending = self._writer.add_metric(step, clean)
         if (
-            self._writer.pending() >= self.flush_every
+            pending >= self.flush_every
             or time.monotonic() - self._last_flush >= self.flush_interval_s
         ):
-            self.flush()
+            self._writer.submit()  # published by the background thread
+            self._last_flush = time.monotonic()
 
     def flush(self) -> None:
+        """Publish every record reported so far (in order) before returning."""
         if self._writer is not None:
             self._writer.flush()
         self._last_flush = time.monotonic()
 
     # -- preemption, checkpoints ----------------------------------------------
 
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the trial must stop (``TERM``, ``USR2``, ``searcher``), or None."""
+        return self._watch.reason
+
+    @stop_reason.setter
+    def stop_reason(self, reason: str | None) -> None:
+        if reason is None:
+            self._watch.reason = self._watch.since = None
+        else:
+            self._watch.request(reason)
+
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        if self.stop_reason is None:
-            self.stop_reason = signal.Signals(signum).name.removeprefix("SIG")
+        watch = self._watch
+        if watch.exit_requested:  # the watchdog: this script does not poll
+            if not watch.exit_raised:
+                watch.exit_raised = True
+                raise SystemExit(REQUEUE_EXIT_CODE)
+            return
+        watch.request(signal.Signals(signum).name.removeprefix("SIG"))
+        if self._watchdog is not None:
+            self._watchdog.wake(signum)
+
+    def owns_handler(self, signum: int) -> bool:
+        """Whether this context's handler is the one installed for ``signum``."""
+        return bool(signal.getsignal(signum) == self._on_signal)
+
+    def in_charge(self) -> bool:
+        """Whether this context handles the stop signals: it installed its handler and
+        nothing replaced it since (a later context, a script runner or a framework that
+        handles stops itself; the watchdog then stands aside)."""
+        return self._installed and self.owns_handler(signal.SIGTERM)
 
     def should_stop(self) -> bool:
         """True once the trial was asked to stop (preemption, time limit, searcher)."""
-        if self.stop_reason is None and self._trial_dir is not None:
+        watch = self._watch
+        watch.polled()
+        if watch.reason is None and self._trial_dir is not None and self._watchdog is None:
             now = time.monotonic()
             if now - self._last_stop_check >= _STOP_FILE_EVERY_S:
                 self._last_stop_check = now
                 if stop_requested(self._trial_dir):
-                    self.stop_reason = "searcher"
-        return self.stop_reason is not None
+                    watch.request("searcher")
+        if watch.reason is not None:
+            watch.noticed = True  # the script handles it: the watchdog stands aside
+            return True
+        return False
 
     def train_state(self, **objects: Any) -> TrainState:
         """A :class:`~dlhpc.harness.state.TrainState` in this trial's checkpoint folder.
@@ -250,8 +308,25 @@ class TrialContext:
     def log(self, level: str, message: str) -> None:
         """A line for the trial's history (``dlhpc status``/reports) and stderr."""
         print(f"[dlhpc {level}] {message}", file=sys.stderr, flush=True)
-        if self._writer is not None:
+        self.record_log(level, message)
+
+    def record_log(self, level: str, message: str) -> None:
+        """A line for the trial's history only (not printed); any thread. Published
+        with the next batch (at the latest when the process exits)."""
+        if self._writer is None:
+            return
+        if threading.get_ident() == self._owner:  # the thread that reports
             self._writer.add("log", level=level, message=message)
+        else:
+            self._writer.add_from_thread("log", level=level, message=message)
+
+    def last_resort_flush(self, timeout_s: float) -> None:
+        """Publish what is buffered from a thread other than the main one, waiting
+        at most ``timeout_s`` (the watchdog, before it ends the process)."""
+        if self._writer is not None:
+            with contextlib.suppress(Exception):  # ending the process matters more
+                self._writer.submit()
+                self._writer.wait_idle(timeout_s)
 
     def checkpoint(self, state: Saveable) -> None:
         """Publish metrics reported so far, then a checkpoint of ``state``.
@@ -260,8 +335,13 @@ class TrialContext:
         previous checkpoint (``metric``, at report step ``metric_step``), or null
         when none was (e.g. a mid-epoch save at preemption): the checkpoint's score
         for the keep-best policy (:mod:`dlhpc.orchestrator.checkpoints`)."""
-        self.flush()
-        ckpt = state.save()
+        if self._writer is not None:
+            self._writer.submit()  # metrics first; written while the state is saved
+        self._watch.busy += 1
+        try:
+            ckpt = state.save()
+        finally:
+            self._watch.busy -= 1
         self._step = state.step
         self._checkpoint_step = state.step
         evaluated, self._evaluated = self._evaluated, None
@@ -274,7 +354,7 @@ class TrialContext:
                 metric=evaluated[1] if evaluated else None,
                 metric_step=evaluated[0] if evaluated else None,
             )
-            self._writer.flush()
+        self.flush()
         self._write_progress()
 
     def step(self, state: Saveable | None = None) -> None:
@@ -296,6 +376,7 @@ class TrialContext:
 
     def exit_for_requeue(self) -> NoReturn:
         """Flush and exit with the code that tells dlhpc to run this trial again."""
+        self._watch.noticed = True
         self.close()
         # A second TERM/USR2 during interpreter shutdown must not turn 75 into 128+n.
         if threading.current_thread() is threading.main_thread():
@@ -329,12 +410,15 @@ def init(
     local_hparams: dict[str, Any] | None = None,
     flush_every: int = 1000,
     flush_interval_s: float = 30.0,
+    poll_grace_s: float | None = POLL_GRACE_S,
 ) -> TrialContext:
     """The context of the trial this process runs.
 
     Inside a dlhpc job the hyperparameters come from the trial's ``trial.json``.
     Outside one (a quick local run of the script) pass ``local_hparams``;
     without them this raises, rather than silently training on made-up values.
+    ``poll_grace_s``: how long a script that does not poll is given after a stop
+    request before dlhpc ends it (see :class:`TrialContext`; None: never).
     """
     trial_dir = os.environ.get(ENV_TRIAL_DIR)
     if not trial_dir:
@@ -357,4 +441,5 @@ def init(
         flush_every,
         flush_interval_s,
         trial_dir=Path(trial_dir),
+        poll_grace_s=poll_grace_s,
     )

@@ -57,6 +57,7 @@ __all__ = [
     "REQUEUE_EXIT_CODE",
     "EventBatch",
     "EventWriter",
+    "encode_record",
     "iter_attempt_dirs",
     "read_event_batches",
 ]
@@ -65,6 +66,14 @@ REQUEUE_EXIT_CODE = 75  # sysexits' EX_TEMPFAIL: "checkpointed, run me again"
 
 EVENT_FILE_RE = re.compile(r"^(?P<stream>[A-Za-z0-9_-]+)-(?P<seq>\d{8})\.jsonl$")
 _STREAM_RE = re.compile(r"^[A-Za-z0-9_]+(-[A-Za-z0-9_]+)*$")
+# json.dumps(r, sort_keys=True, allow_nan=True) builds this encoder on every call
+_ENCODER = json.JSONEncoder(sort_keys=True, allow_nan=True)
+
+
+def encode_record(record: dict[str, Any]) -> str:
+    """One line of an event file: ``json.dumps(record, sort_keys=True,
+    allow_nan=True)`` and a newline (the encoder is built once)."""
+    return _ENCODER.encode(record) + "\n"
 
 
 class EventWriter:
@@ -98,13 +107,24 @@ class EventWriter:
 
     def flush(self) -> Path | None:
         """Publish buffered records as one new file; returns its path (None if empty)."""
-        if not self._buffer:
+        path = self.publish(self._buffer)
+        self._buffer.clear()
+        return path
+
+    def publish(self, records: list[dict[str, Any]]) -> Path | None:
+        """Publish ``records`` (as :meth:`add` builds them) as the stream's next file,
+        bypassing the buffer; returns its path (None if empty)."""
+        return self.publish_text("".join(encode_record(r) for r in records))
+
+    def publish_text(self, body: str) -> Path | None:
+        """Publish ``body`` (lines from :func:`encode_record`) as the stream's next
+        file; returns its path (None if empty). On error nothing is published and the
+        sequence number is not used up."""
+        if not body:
             return None
-        body = "".join(json.dumps(r, sort_keys=True, allow_nan=True) + "\n" for r in self._buffer)
         path = self.attempt_dir / f"{self.stream}-{self._seq:08d}.jsonl"
         atomic_write_text(path, body)
         self._seq += 1
-        self._buffer.clear()
         return path
 
 
