@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dlhpc.config import _fields as F
+from dlhpc.config._adapters import check_adapters
 from dlhpc.config._cluster import ClusterRules, RulesFactory, check_cluster
 from dlhpc.config._data import read_data
 from dlhpc.config._deepspeed import read_deepspeed
@@ -235,6 +236,8 @@ def load_experiment(
             issues.add(("workdir",), str(exc))
         except OSError as exc:
             issues.add(("workdir",), f"cannot access {workdir}: {exc.strerror}")
+    if isinstance(top["entrypoint"], str) and issues.ok(("workdir",)):
+        site_issues += check_adapters(top["entrypoint"], workdir, cfg_site.python)
 
     # The experiment's problems in file order, then those of other files
     # (a DeepSpeed config, the site) as they came.

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
+from dlhpc._extras import ADAPTERS
 from dlhpc.errors import DlhpcError
 from dlhpc.protocol import TrialSpec, trial_file
 
@@ -31,14 +32,15 @@ class MissingExtraError(DlhpcError, ImportError):
     """An adapter's framework is not installed; the message names the extra to install."""
 
 
-def require(module: str, extra: str, adapter: str) -> ModuleType:
-    """Import ``module`` or raise :class:`MissingExtraError` naming ``dlhpc[extra]``."""
+def require(module: str, adapter: str) -> ModuleType:
+    """Import ``module`` or raise :class:`MissingExtraError` naming the extra that
+    :data:`dlhpc._extras.ADAPTERS` gives for ``adapter`` (the adapter's module name)."""
     try:
         return importlib.import_module(module)
     except ImportError as err:
         raise MissingExtraError(
             f"{adapter} needs the {module!r} package, which is not installed "
-            f"({err}); install it with: pip install 'dlhpc[{extra}]'"
+            f"({err}); install it with: {ADAPTERS[adapter].install}"
         ) from err
 
 

@@ -58,7 +58,7 @@ from dlhpc.errors import DlhpcError
 from dlhpc.integrations._common import hparams, require, restore_rng, rng_snapshot
 from dlhpc.protocol.checkpoint import Checkpoint, latest_verified, prune, publish_checkpoint
 
-require("lightning.pytorch", "lightning", "dlhpc.integrations.lightning")
+require("lightning.pytorch", __name__)
 # after the check, so that a missing extra is the error shown
 from lightning.pytorch import Callback  # noqa: E402
 from lightning.pytorch.utilities.exceptions import SIGTERMException  # noqa: E402

@@ -59,7 +59,7 @@ from dlhpc.errors import DlhpcError
 from dlhpc.integrations._common import hparams, require
 from dlhpc.protocol.checkpoint import Checkpoint, latest_verified, prune, publish_checkpoint
 
-require("transformers", "transformers", "dlhpc.integrations.transformers")
+require("transformers", __name__)
 # after the check, so that a missing extra is the error shown
 from transformers import TrainerCallback, TrainingArguments  # noqa: E402
 from transformers.trainer_utils import SaveStrategy  # noqa: E402
