@@ -158,6 +158,9 @@ def test_a_core_api_script_under_converted_asha_with_preemption(cli: Cli, tmp_pa
     finally:
         con.close()
     assert names == {"val_loss", "train_loss"}, names
+    page = tmp_path / "page.html"  # the report page has the curves and the other metrics
+    cli("report", str(exp_id), "-o", str(page))
+    assert "Other metrics recorded: train_loss" in page.read_text()
     preempted = sorted({tid for tid, cause, _ in attempts if cause == "preempted"})
     assert preempted, attempts
     logs = [_log(log) for tid, _, log in attempts if tid in preempted and log]

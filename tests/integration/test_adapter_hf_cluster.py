@@ -49,6 +49,9 @@ def test_hf_trainer_asha_requeued_trial_resumes_bitwise(cli: Cli, tmp_path: Path
     # the adapter saw TERM, saved where needed and exited for requeue itself
     assert ("requeued", 75) in attempt_exits(cli, victim), attempt_exits(cli, victim)
     assert 0.0 < t["best_metric"] <= 1.0  # eval_accuracy, reported by the callback
+    page = tmp_path / "page.html"  # the report page has the curves and the other metrics
+    cli("report", str(exp["id"]), "-o", str(page))
+    assert "Other metrics recorded:" in page.read_text() and "eval_loss" in page.read_text()
 
     ref = Trial(tmp_path / "ref", "hf-trainer", {**t["hparams"], "step_sleep": 0.0})
     ref.seed = trial_seed(cli, victim)

@@ -47,6 +47,9 @@ def test_lightning_asha_requeued_trial_resumes_bitwise(cli: Cli, tmp_path: Path)
     # the adapter saw TERM, saved where needed and exited for requeue itself
     assert ("requeued", 75) in attempt_exits(cli, victim), attempt_exits(cli, victim)
     assert 0.0 < t["best_metric"] <= 1.0  # val_accuracy, reported by the callback
+    page = tmp_path / "page.html"  # the report page has the curves and the other metrics
+    cli("report", str(exp["id"]), "-o", str(page))
+    assert "Other metrics recorded:" in page.read_text() and "train_loss" in page.read_text()
 
     ref = Trial(tmp_path / "ref", "lightning", {**t["hparams"], "step_sleep": 0.0})
     ref.seed = trial_seed(cli, victim)
