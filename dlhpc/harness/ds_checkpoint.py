@@ -43,7 +43,7 @@ import torch.distributed as dist
 
 from dlhpc._failpoints import failpoint
 from dlhpc.errors import DlhpcError
-from dlhpc.harness.state import _set_rng_state, loop_payload
+from dlhpc.harness.state import loop_payload, set_rng_state
 from dlhpc.protocol.checkpoint import (
     Checkpoint,
     latest_verified,
@@ -251,7 +251,7 @@ class EngineState:
         if same:  # another rank's RNG streams would be wrong, not just different
             for name, g in self.generators.items():
                 g.set_state(mine["generators"][name])
-            _set_rng_state(mine["rng"])
+            set_rng_state(mine["rng"])
         counters = mine["counters"]
         self.epoch, self.batch, self.step = counters["epoch"], counters["batch"], counters["step"]
         self.extras = dict(mine["extras"])

@@ -35,7 +35,7 @@ a global RNG (random augmentation), skip at the sampler level instead
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -78,7 +78,9 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
         model = inner
 
 
-def _rng_state() -> dict[str, Any]:
+def rng_state() -> dict[str, Any]:
+    """Python's, NumPy's global (None without NumPy), torch's CPU and every CUDA
+    device's RNG state: what a checkpoint needs to resume the same random stream."""
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
     try:
         import numpy as np
@@ -90,7 +92,8 @@ def _rng_state() -> dict[str, Any]:
     return state
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    """Set the RNGs :func:`rng_state` captured (CUDA devices present here only)."""
     random.setstate(state["python"])
     if state.get("numpy") is not None:
         import numpy as np
@@ -136,7 +139,7 @@ def loop_payload(state: _LoopState, fmt: int) -> dict[str, Any]:
             "step": _nonneg_int("step", state.step),
         },
         "generators": {name: g.get_state() for name, g in state.generators.items()},
-        "rng": _rng_state(),
+        "rng": rng_state(),
         "extras": extras,
     }
 
@@ -250,7 +253,7 @@ class TrainState:
                 obj.load_state_dict(sd)
         for name, g in self.generators.items():
             g.set_state(payload["generators"][name])
-        _set_rng_state(payload["rng"])
+        set_rng_state(payload["rng"])
         counters = payload["counters"]
         self.epoch, self.batch, self.step = counters["epoch"], counters["batch"], counters["step"]
         self.extras = dict(payload["extras"])

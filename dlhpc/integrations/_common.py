@@ -11,8 +11,6 @@ import argparse
 import copy
 import importlib
 import os
-import random
-from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
@@ -21,7 +19,7 @@ from dlhpc._extras import ADAPTERS
 from dlhpc.errors import DlhpcError
 from dlhpc.protocol import TrialSpec, trial_file
 
-__all__ = ["MissingExtraError", "hparams", "require", "restore_rng", "rng_snapshot", "trial_spec"]
+__all__ = ["MissingExtraError", "hparams", "require", "trial_spec"]
 
 ENV_TRIAL_DIR = "DLHPC_TRIAL_DIR"  # set by the worker in every dlhpc job (harness.context)
 
@@ -75,30 +73,3 @@ def hparams(defaults: H) -> H:
         key = name.replace("-", "_") if name not in fields else name
         fields[key] = value
     return out
-
-
-def rng_snapshot() -> dict[str, Any]:
-    """Python's, NumPy's global, torch's CPU and every CUDA device's RNG state."""
-    import numpy as np
-    import torch
-
-    return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-    }
-
-
-def restore_rng(state: Mapping[str, Any]) -> None:
-    """Set the RNGs :func:`rng_snapshot` captured (CUDA devices present here only)."""
-    import numpy as np
-    import torch
-
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    cuda = state.get("cuda")
-    if cuda and torch.cuda.is_available():
-        for device, s in enumerate(cuda[: torch.cuda.device_count()]):
-            torch.cuda.set_rng_state(s, device)

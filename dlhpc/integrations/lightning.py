@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dlhpc.errors import DlhpcError
-from dlhpc.integrations._common import hparams, require, restore_rng, rng_snapshot
+from dlhpc.integrations._common import hparams, require
 from dlhpc.protocol.checkpoint import Checkpoint, latest_verified, prune, publish_checkpoint
 
 require("lightning.pytorch", __name__)
@@ -64,6 +64,7 @@ from lightning.pytorch import Callback  # noqa: E402
 from lightning.pytorch.utilities.exceptions import SIGTERMException  # noqa: E402
 
 import dlhpc  # noqa: E402
+from dlhpc.harness.state import rng_state, set_rng_state  # noqa: E402
 
 if TYPE_CHECKING:
     from dlhpc.harness.context import TrialContext
@@ -156,11 +157,11 @@ class DlhpcCallback(Callback):
         print(f"resumed at epoch {epoch}, step {ckpt.step}", flush=True)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rng": rng_snapshot()}
+        return {"rng": rng_state()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # Restored before fit draws anything: the train iterator is created after.
-        restore_rng(state_dict["rng"])
+        set_rng_state(state_dict["rng"])
 
     # -- signals -------------------------------------------------------------
 
