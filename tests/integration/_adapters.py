@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dlhpc.protocol import checkpoint_trial_dir, recorded_slug
 from dlhpc.states import TERMINAL_EXPERIMENT_STATES as TERMINAL
 from tests.integration.conftest import Cli
 from tests.unit._adapters import EXAMPLES
@@ -115,4 +116,13 @@ def db_metrics(cli: Cli, trial_id: int) -> dict[int, dict[str, float]]:
 
 
 def checkpoint_dir(cli: Cli, exp_id: int, trial_id: int) -> Path:
-    return cli.home / "scratch" / "checkpoints" / f"exp-{exp_id:06d}" / f"trial-{trial_id:06d}"
+    """The trial's checkpoint folder, named as dlhpc names it (``exp-<id>-<slug>``)."""
+    con = sqlite3.connect(cli.home / "dlhpc.db")
+    try:
+        (run_dir,) = con.execute(
+            "SELECT run_dir FROM experiments WHERE id = ?", (exp_id,)
+        ).fetchone()
+    finally:
+        con.close()
+    root = cli.home / "scratch" / "checkpoints"
+    return checkpoint_trial_dir(root, exp_id, trial_id, recorded_slug(exp_id, run_dir))
