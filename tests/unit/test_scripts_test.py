@@ -148,3 +148,38 @@ def test_a_cluster_that_does_not_come_up_is_a_failed_part(
     assert proc.stdout.splitlines()[-1].startswith("6 passed, 1 failed, 1 skipped in ")
     calls = (root / "calls").read_text()
     assert "python 26.05" not in calls and "python 22.05-noacct" in calls
+
+
+def test_lanes_keep_a_version_in_one_lane_and_add_up_as_one_after_another(
+    stand_in: tuple[Path, dict[str, str]],
+) -> None:
+    root, env = stand_in
+    matrix = "24.11-default,22.05-strict,26.05-noacct,24.11-strict"
+    runs = {}
+    for lanes in ("1", "2"):
+        (root / "calls").unlink(missing_ok=True)
+        proc = _script(
+            {
+                **env,
+                "DLHPC_TEST_MATRIX": matrix,
+                "DLHPC_TEST_LANES": lanes,
+                "FAIL_PYTEST": "26.05-noacct",
+            },
+            root,
+        )
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        runs[lanes] = proc.stdout.splitlines()
+    serial, lanes2 = runs["1"], runs["2"]
+    assert not any(ln.startswith("== lane") for ln in serial)
+    # parts in matrix order; versions take lanes in turn: 24.11 -> 0, 22.05 -> 1, 26.05 -> 0
+    assert any(
+        ln.startswith("== lane 0: 24.11-default 24.11-strict 26.05-noacct ") for ln in lanes2
+    )
+    assert any(ln.startswith("== lane 1: 22.05-strict ") for ln in lanes2)
+
+    def table(lines: list[str]) -> list[str]:
+        return [ln.split(" in ")[0] for ln in lines if re.match(r"^\d\d\.\d\d-\w+ +(ok|FAI)", ln)]
+
+    assert table(lanes2) == table(serial) and len(table(serial)) == 4
+    assert serial[-1].split(" in ")[0] == lanes2[-1].split(" in ")[0]  # the same counts
+    assert "failed parts: 26.05-noacct" in lanes2
