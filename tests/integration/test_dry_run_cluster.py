@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from dlhpc.orchestrator.request import DRY_RUN_UID
+from dlhpc.protocol import experiment_dir_name
 from tests.integration.conftest import Cli
 
 pytestmark = pytest.mark.cluster
@@ -53,7 +54,7 @@ def test_dry_run_script_is_the_script_submitit_wrote(cli: Cli, tmp_path: Path) -
         # two of the three grid points (max_concurrent_trials), in one array throttled to 2
         assert len(real["slurm_job_ids"]) == 2 and len(arrays) == len(dry["scripts"]) == 1
         # submitit moves the script it handed to sbatch to <jobs>/<array id>_submission.sh
-        jobs = cli.home / "runs" / "exp-000001" / "jobs"
+        jobs = cli.home / "runs" / experiment_dir_name(1, "dry-run-check") / "jobs"
         submitted = [(jobs / f"{a}_submission.sh").read_text(encoding="utf-8") for a in arrays]
         names = {m for s in submitted for m in re.findall(r"dlhpc-e1-[0-9a-f]{8}", s)}
         assert len(names) == 1, names  # one submission, one unique job name
