@@ -36,9 +36,13 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from itertools import compress
+from collections.abc import Mapping
 from typing import Any
 
 from dlhpc.config.model import HParam, SearcherConfig
+from dlhpc.config.searchers import Report
+from dlhpc.search._budget import check_budget, check_budget_settings, unused
+from dlhpc.search._proposers import check_proposer, make_proposer
 from dlhpc.search._rungs import (
     EXITED,
     FINISHED,
@@ -52,7 +56,6 @@ from dlhpc.search._rungs import (
     check_max_new,
     rank_key,
     rung_results,
-    sample_config,
 )
 from dlhpc.search._rungstate import (
     RungState,
@@ -88,20 +91,46 @@ class _Bracket:
 class ASHASearcher(RungState, BaseSearcher):
     """ASHA over the rungs of :func:`~dlhpc.search._rungs.rung_lengths` (see the module doc).
 
-    Request ids are ``0, 1, 2, ...`` in creation order; trial ``i`` has the
-    hyperparameters of random search's trial ``i`` for the same seed.
+    Request ids are ``0, 1, 2, ...`` in creation order; the proposer
+    (:mod:`dlhpc.search._proposers`) gives each its hyperparameters: with the
+    default ``random``, trial ``i`` has those of random search's trial ``i`` for
+    the same seed. ``max_budget`` (:mod:`dlhpc.search._budget`) caps what it grants.
     """
 
     kind = "asha"
-    state_version = 2  # 2: columns (dlhpc.search._rungstate); version 1 states still load
+    # 2: columns (dlhpc.search._rungstate); 3: "spent", the proposer's keys, hyperband's
+    # "allocation". Versions 1 and 2 still load.
+    state_version = 3
+    options = frozenset({"min_length", "stop_once", "proposer", "max_budget"})
     _other = "rungs or brackets"
+
+    @classmethod
+    def check_settings(
+        cls, config: SearcherConfig, space: Mapping[str, HParam], report: Report
+    ) -> SearcherConfig:
+        """The proposer's name and settings (defaults filled in), ``max_budget >= max_length``."""
+        check_budget_settings(config, report)
+        return check_proposer(config, report)
+
+    @classmethod
+    def expected_trials(cls, config: SearcherConfig, space: Mapping[str, HParam]) -> int:
+        """``max_trials``; with ``max_budget``, at most the budget over the first rung."""
+        if config.max_budget is None:
+            return config.max_trials
+        try:
+            first = check_adaptive_config(cls.kind, config)[0]
+        except ValueError:
+            return config.max_trials
+        return min(config.max_trials, config.max_budget // first)
 
     def __init__(self, space: dict[str, HParam], config: SearcherConfig) -> None:
         super().__init__(space, config)
         self._check_mode(config)
+        check_budget(self.kind, config)
         self.lengths: tuple[int, ...] = tuple(check_adaptive_config(self.kind, config))
         self.brackets: tuple[BracketPlan, ...] = tuple(self._plan(list(self.lengths)))
         self._stop_once = config.stop_once
+        self._proposer = make_proposer(space, config)
         self._reset()
 
     # --- hooks for Hyperband ----------------------------------------------------
@@ -121,6 +150,8 @@ class ASHASearcher(RungState, BaseSearcher):
         self._trials = TrialTable()
         self._stops: list[int] = []
         self._exited = 0
+        self._spent = 0  # granted, less what exited trials did not reach
+        self._proposer.reset()
 
     @property
     def total(self) -> int:
@@ -131,6 +162,18 @@ class ASHASearcher(RungState, BaseSearcher):
     def created(self) -> int:
         """How many trials were created so far (the next request id)."""
         return len(self._trials)
+
+    @property
+    def spent(self) -> int:
+        """The length granted so far, less what exited trials did not reach."""
+        return self._spent
+
+    def _fits(self, cost: int) -> bool:
+        return self.config.max_budget is None or self._spent + cost <= self.config.max_budget
+
+    def _can_create(self, b: _Bracket) -> bool:
+        first = b.lengths[-1 if self._stop_once else 0]
+        return b.created < b.target and not b.finalised and self._fits(first)
 
     def rung_table(self, bracket: int = 0) -> list[dict[int, float]]:
         """The results of each rung of ``bracket`` so far, by request id (copies)."""
@@ -173,7 +216,7 @@ class ASHASearcher(RungState, BaseSearcher):
     def _promotable(self, b: _Bracket) -> tuple[int, int] | None:
         """``(rung, request id)`` of the next promotion in ``b``, or None."""
         for k in range(len(b.lengths) - 2, -1, -1):
-            if b.waiting[k]:
+            if b.waiting[k] and self._fits(b.lengths[k + 1] - b.lengths[k]):
                 best = b.waiting[k][0]
                 top = len(b.ranked[k]) // self.config.divisor
                 if bisect.bisect_left(b.ranked[k], best) < top:
@@ -185,10 +228,10 @@ class ASHASearcher(RungState, BaseSearcher):
         3: rungs of 6, 2, 0) would end with no trial trained to ``max_length``, so no
         final model. Once nothing else can happen in it, the best paused trial of the
         highest rung that has one is promoted, until a trial reaches the top."""
-        if b.created < b.target or b.running or b.ranked[-1]:
+        if self._can_create(b) or b.running or b.ranked[-1]:
             return None
         for k in range(len(b.lengths) - 2, -1, -1):
-            if b.waiting[k]:
+            if b.waiting[k] and self._fits(b.lengths[k + 1] - b.lengths[k]):
                 return k, b.waiting[k][0][2]
         return None
 
@@ -216,26 +259,47 @@ class ASHASearcher(RungState, BaseSearcher):
                 t = self._trials[rid]
                 self._move(rid, t, RUNNING)
                 t.grant = rung + 1
+                self._spent += b.lengths[t.grant] - b.lengths[rung]
                 return Continue(rid, b.lengths[t.grant])
         return None
 
     def _create(self) -> Create | None:
-        open_ = [i for i, b in enumerate(self._b) if b.created < b.target]
+        open_ = [i for i, b in enumerate(self._b) if self._can_create(b)]
         if not open_:
             return None
-        i = min(open_, key=lambda i: (self._b[i].created - self._b[i].target, i))
+        i = self._pick(open_)
         b = self._b[i]
         rid = len(self._trials)
         grant = len(b.lengths) - 1 if self._stop_once else 0
+        hparams = self._proposer.propose(rid, self._pooled())
         self._trials.append(TrialRecord(i, grant, RUNNING))
         b.created += 1
         b.running += 1
-        hparams = sample_config(self.space, self.config.seed, rid)
+        self._spent += b.lengths[grant]
         return Create(rid, hparams, b.lengths[grant])
+
+    def _unused(self, t: TrialRecord) -> int:
+        """The part of its grant a trial did not reach (0 once paused or finished)."""
+        b = self._b[t.bracket]
+        before = b.lengths[t.grant - 1] if t.grant and not self._stop_once else 0
+        return unused(b.lengths[t.grant], before, t.last)
+
+    def _pick(self, open_: list[int]) -> int:
+        """The bracket of the next new trial among ``open_`` (indices, not empty): the
+        one with the most creations left, ties to the more aggressive (one for ASHA)."""
+        return min(open_, key=lambda i: (self._b[i].created - self._b[i].target, i))
+
+    def _pooled(self) -> dict[int, list[dict[int, float]]]:
+        """Rung length -> the results of every bracket at that length (not copies)."""
+        out: dict[int, list[dict[int, float]]] = {}
+        for b in self._b:
+            for length, results in zip(b.lengths, b.results, strict=True):
+                out.setdefault(length, []).append(results)
+        return out
 
     def _finalise(self, b: _Bracket) -> list[Operation]:
         """Stop the paused trials of a bracket that can do nothing more (once)."""
-        if b.finalised or b.created < b.target or b.running or self._promotable(b):
+        if b.finalised or self._can_create(b) or b.running or self._promotable(b):
             return []
         b.finalised = True
         paused = sorted(key[2] for waiting in b.waiting for key in waiting)
@@ -271,11 +335,13 @@ class ASHASearcher(RungState, BaseSearcher):
             return
         if request_id in self._stops:
             self._stops.remove(request_id)
+        self._spent -= self._unused(t)  # give back what it did not reach
         self._move(request_id, t, EXITED)
 
     @property
     def done(self) -> bool:
-        return len(self._trials) >= self.total and self._exited == len(self._trials)
+        """Every trial exited and no bracket can create one (all created, or the budget spent)."""
+        return self._exited == len(self._trials) and not any(map(self._can_create, self._b))
 
     # --- state ------------------------------------------------------------------
 
@@ -285,7 +351,18 @@ class ASHASearcher(RungState, BaseSearcher):
             "brackets": [[p.s, p.trials] for p in self.brackets],
             "stop_once": self._stop_once,
             "smaller_is_better": self.config.smaller_is_better,
+            **self._new_settings(),
         }
+
+    def _new_settings(self) -> dict[str, Any]:
+        """The settings newer than version 2, in the fingerprint only when not the default
+        (so that a version 2 state matches a config that leaves them out)."""
+        c, out = self.config, {}
+        if c.max_budget is not None:
+            out["max_budget"] = c.max_budget
+        if c.proposer != "random" or c.proposer_settings:
+            out["proposer"] = {"name": c.proposer, **c.proposer_settings}
+        return out
 
     def _state(self) -> dict[str, Any]:
         sib = self.config.smaller_is_better
@@ -296,17 +373,29 @@ class ASHASearcher(RungState, BaseSearcher):
             ],
             "stops": list(self._stops),
             "finalised": [b.finalised for b in self._b],
+            "spent": self._spent,
+            **self._proposer.state(),
         }
 
     def _upgrade(self, state: dict[str, Any]) -> dict[str, Any]:
-        sib = self.config.smaller_is_better
-        results = [[results_from_rows(rows) for rows in rungs] for rungs in state["results"]]
-        return {
-            **state,
-            "version": self.state_version,
-            "trials": TrialTable.from_rows(state["trials"]).encode(),
-            "results": [[encode_results(rank_sorted(r, sib), r) for r in rs] for rs in results],
-        }
+        """Version 1 to 2 (columns), then 2 to 3: ``spent`` is what the trials were granted
+        less what the exited ones did not reach (an old config has no budget and the
+        default proposer, which keeps no state)."""
+        if state["version"] == 1:
+            sib = self.config.smaller_is_better
+            results = [[results_from_rows(rows) for rows in rungs] for rungs in state["results"]]
+            state = {
+                **state,
+                "trials": TrialTable.from_rows(state["trials"]).encode(),
+                "results": [[encode_results(rank_sorted(r, sib), r) for r in rs] for rs in results],
+            }
+        trials, _ = TrialTable.decode(state["trials"])
+        spent = 0
+        for rid in range(len(trials)):
+            t = trials[rid]
+            spent += self._b[t.bracket].lengths[t.grant]
+            spent -= self._unused(t) if t.status == EXITED else 0
+        return {**state, "version": self.state_version, "spent": spent}
 
     def _load(self, state: dict[str, Any]) -> None:
         """Counters from the trial columns, rankings checked in their stored order
@@ -341,6 +430,8 @@ class ASHASearcher(RungState, BaseSearcher):
         for b, flag in zip(self._b, state["finalised"], strict=True):
             b.finalised = bool(flag)
         self._trials = trials
+        self._spent = int(state["spent"])
+        self._proposer.load(state, len(trials))
         self._stops = [int(rid) for rid in state["stops"]]
         if any(not 0 <= rid < len(trials) for rid in self._stops):
             raise ValueError("a pending stop names a request never created")
