@@ -370,7 +370,10 @@ class RungState:
                 f"{kind} searcher: cannot load state of kind {state.get('kind')!r} "
                 f"version {version!r}"
             )
-        if any(state.get(k) != v for k, v in self._fingerprint().items()):
+        mine = self._fingerprint()
+        # settings newer than version 2 are in the fingerprint only when given
+        optional = {k: mine.get(k) for k in ("max_budget", "proposer")}
+        if any(state.get(k) != v for k, v in {**mine, **optional}.items()):
             raise ValueError(
                 f"{kind} searcher: state is for other {self._other} "
                 "(did the searcher config change?)"

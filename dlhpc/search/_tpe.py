@@ -7,10 +7,15 @@ so far, the rung searcher decides "how long". For trial ``index``:
 1. a generator seeded with ``(seed, index)`` draws a coin: with probability
    ``random_fraction``, or while no rung has ``min_points`` results, the trial
    is random search's trial ``index`` (:func:`~dlhpc.search._rungs.sample_config`);
-2. otherwise the model is the highest rung length (results of every bracket
-   at that length pooled) with at least ``min_points`` results, ranked best
-   first (NaN last, ties by request id); the best ``max(1, ceil(gamma * n))``
-   (at most ``n - 1``) are *good*, the rest *bad*;
+2. otherwise the trials are ranked (results of every bracket at a length
+   pooled; NaN last, ties by request id). ``fidelity: all`` (the default, as
+   Optuna's TPE ranks pruned trials): every trial with a result, those with a
+   result at a longer rung first, then by their result at their longest rung.
+   ``fidelity: highest`` (BOHB's): the results of the longest rung that has
+   ``min_points`` of them. With fewer than ``min_points`` ranked trials the
+   trial is random (as in 1); past :data:`MODEL_POINTS` the ranking is thinned
+   evenly. The best ``max(1, ceil(gamma * n))`` (at most ``n - 1``) are
+   *good*, the rest *bad*;
 3. each set is a product-kernel density (a mixture with one uniform component)
    over the free hyperparameters in the unit cube: ``double`` linearly, ``log``
    by exponent, ``int`` as cells of width ``1/(hi - lo + 1)``; truncated
@@ -41,17 +46,21 @@ from dlhpc.search._rungs import rank_key, sample_config
 from dlhpc.search._rungstate import decode_floats, encode_floats
 from dlhpc.search._space import _bounds, _int_bounds, _log_base, _plain, _pow, _vals
 
-__all__ = ["TPE_DEFAULTS", "TPEProposer", "check_tpe_settings"]
+__all__ = ["FIDELITIES", "MODEL_POINTS", "TPE_DEFAULTS", "TPEProposer", "check_tpe_settings"]
 
 #: The settings and their defaults: BOHB's gamma (top 15 %), random fraction (1/3) and
 #: bandwidth factor (3); Optuna's 24 candidates; ``min_points`` None: free dims + 1 (BOHB).
 TPE_DEFAULTS: Mapping[str, Any] = {
+    "fidelity": "all",
     "gamma": 0.15,
     "random_fraction": 1 / 3,
     "min_points": None,
     "candidates": 24,
     "bandwidth_factor": 3.0,
 }
+FIDELITIES = ("all", "highest")
+#: The most trials a density is fitted on (a long search's ranking is thinned evenly).
+MODEL_POINTS = 1000
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 _STD = NormalDist()
 
@@ -84,6 +93,9 @@ def check_tpe_settings(settings: Mapping[str, Any]) -> tuple[dict[str, Any], lis
             msg = f"must be an integer >= {floor}, got {value!r}" if bad else None
             if value is None and key == "min_points":
                 msg = None
+        elif key == "fidelity":
+            ok = value in FIDELITIES
+            msg = None if ok else f"must be one of {', '.join(FIDELITIES)}, got {value!r}"
         elif key == "gamma":
             msg = _number(value, 0.0, 1.0, True, True)
         elif key == "random_fraction":
@@ -260,16 +272,36 @@ class TPEProposer:
         return hparams
 
     def _split(self, pooled: Pooled) -> tuple[list[int], list[int]] | None:
-        """The good and bad request ids of the highest rung with ``min_points`` results."""
+        """The good and bad request ids (None: too few results for a model)."""
+        ranked = self._ranked_all(pooled) if self.settings["fidelity"] == "all" else None
+        if self.settings["fidelity"] == "highest":
+            ranked = self._ranked_highest(pooled)
+        if ranked is None or len(ranked) < max(self.min_points, 2):
+            return None
+        if len(ranked) > MODEL_POINTS:  # every step-th, the best kept: the same quantiles
+            step = math.ceil(len(ranked) / MODEL_POINTS)
+            ranked = ranked[::step]
+        n = len(ranked)
+        k = min(max(1, math.ceil(self.settings["gamma"] * n)), n - 1)
+        return ranked[:k], ranked[k:]
+
+    def _ranked_all(self, pooled: Pooled) -> list[int]:
+        """Every trial with a result, by the longest rung it has a result at (longest
+        first), then by that result (:func:`~dlhpc.search._rungs.rank_key`)."""
+        keys: dict[int, tuple[int, tuple[int, float, int]]] = {}
+        for length in sorted(pooled):  # a longer rung's result replaces a shorter one's
+            for results in pooled[length]:
+                for rid, v in results.items():
+                    keys[rid] = (-length, rank_key(v, rid, self.smaller_is_better))
+        return sorted(keys, key=keys.__getitem__)
+
+    def _ranked_highest(self, pooled: Pooled) -> list[int] | None:
+        """BOHB's: the results of the longest rung with ``min_points`` of them, best first."""
         for length in sorted(pooled, reverse=True):
-            n = sum(map(len, pooled[length]))
-            if n < max(self.min_points, 2):
-                continue
-            results = {rid: v for r in pooled[length] for rid, v in r.items()}
-            sib = self.smaller_is_better
-            ranked = sorted(results, key=lambda rid: rank_key(results[rid], rid, sib))
-            k = min(max(1, math.ceil(self.settings["gamma"] * n)), n - 1)
-            return ranked[:k], ranked[k:]
+            if sum(map(len, pooled[length])) >= max(self.min_points, 2):
+                results = {rid: v for r in pooled[length] for rid, v in r.items()}
+                sib = self.smaller_is_better
+                return sorted(results, key=lambda rid: rank_key(results[rid], rid, sib))
         return None
 
     def state(self) -> dict[str, Any]:
