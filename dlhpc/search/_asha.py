@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from itertools import compress
 from collections.abc import Mapping
+from itertools import compress
 from typing import Any
 
 from dlhpc.config.model import HParam, SearcherConfig
@@ -357,7 +357,7 @@ class ASHASearcher(RungState, BaseSearcher):
     def _new_settings(self) -> dict[str, Any]:
         """The settings newer than version 2, in the fingerprint only when not the default
         (so that a version 2 state matches a config that leaves them out)."""
-        c, out = self.config, {}
+        c, out = self.config, dict[str, Any]()
         if c.max_budget is not None:
             out["max_budget"] = c.max_budget
         if c.proposer != "random" or c.proposer_settings:

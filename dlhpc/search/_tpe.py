@@ -127,7 +127,7 @@ def _free_dims(space: Mapping[str, HParam]) -> list[_Dim]:
         elif hp.type == "int" and len(set(_int_bounds(hp))) > 1:
             dims.append(_Dim(hp))
         elif hp.type in ("double", "log") and len(set(_bounds(hp))) > 1:
-            dims.append(_Dim(hp))
+            dims.append(_Dim(hp))  # noqa: SIM114 (one line per type reads better)
     return dims
 
 
@@ -139,7 +139,7 @@ def _encode(d: _Dim, value: Any) -> float:
         return float(keys.index(json.dumps(value, sort_keys=True)))
     if hp.type == "int":
         lo_i, hi_i = _int_bounds(hp)
-        return (value - lo_i + 0.5) / (hi_i - lo_i + 1)
+        return (float(value) - lo_i + 0.5) / (hi_i - lo_i + 1)
     lo, hi = _bounds(hp)
     x = math.log(value, _log_base(hp)) if hp.type == "log" else value
     return min(max((x - lo) / (hi - lo), 0.0), 1.0)

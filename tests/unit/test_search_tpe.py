@@ -36,7 +36,9 @@ SPACE = {
     "act": HParam("act", "categorical", vals=("relu", "tanh", "gelu", "elu")),
     "fixed": HParam("fixed", "const", value=[1, 2]),
 }
-V2 = json.loads((Path(__file__).resolve().parents[1] / "data" / "searcher-states-v2.json").read_text())
+V2 = json.loads(
+    (Path(__file__).resolve().parents[1] / "data" / "searcher-states-v2.json").read_text()
+)
 
 
 def loss(h: dict[str, Any], length: int) -> float:
@@ -99,8 +101,11 @@ def test_tpe_beats_random_on_a_synthetic_objective(name: str) -> None:
     the optimum is 0.011)."""
     best = {
         proposer: statistics.median(
-            simulate(make_searcher(SPACE, _cfg(name=name, proposer=proposer, seed=seed,
-                                               max_budget=27 * 40)))["best"]
+            simulate(
+                make_searcher(
+                    SPACE, _cfg(name=name, proposer=proposer, seed=seed, max_budget=27 * 40)
+                )
+            )["best"]
             for seed in range(8)
         )
         for proposer in ("random", "tpe")
@@ -126,8 +131,9 @@ def test_tpe_is_deterministic_and_restores_mid_search() -> None:
     creates = [op for op in whole if isinstance(op, Create)]
     # a model proposes (not random search's configuration) for most later trials
     rand = make_searcher(SPACE, _cfg(seed=3, max_trials=120))
-    random_hps = {op.request_id: op.hparams for op in simulate(rand)["ops"]
-                  if isinstance(op, Create)}
+    random_hps = {
+        op.request_id: op.hparams for op in simulate(rand)["ops"] if isinstance(op, Create)
+    }
     differ = sum(op.hparams != random_hps.get(op.request_id) for op in creates[40:])
     assert differ > 0.5 * len(creates[40:])
 
@@ -147,7 +153,9 @@ def test_random_proposer_changes_nothing() -> None:
     """``proposer: random`` (the default) is random search's trial i, as before."""
     cfg = _cfg(seed=9, max_trials=40)
     ops = simulate(make_searcher(SPACE, cfg))["ops"]
-    assert ops == simulate(make_searcher(SPACE, _cfg(seed=9, max_trials=40, proposer="random")))["ops"]
+    assert (
+        ops == simulate(make_searcher(SPACE, _cfg(seed=9, max_trials=40, proposer="random")))["ops"]
+    )
     rand = make_searcher(SPACE, SearcherConfig(name="random", max_trials=40, seed=9, max_length=27))
     expected = [op.hparams for op in rand.ask(40) if isinstance(op, Create)]
     assert [op.hparams for op in ops if isinstance(op, Create)] == expected
@@ -173,11 +181,23 @@ def test_tpe_proposer_samples_every_type_inside_the_space() -> None:
 
 def test_tpe_settings_are_checked() -> None:
     _, problems = check_tpe_settings(
-        {"gamma": 1.5, "random_fraction": -1, "min_points": 1, "candidates": True,
-         "bandwidth_factor": 0.5, "fidelity": "best", "other": 1}
+        {
+            "gamma": 1.5,
+            "random_fraction": -1,
+            "min_points": 1,
+            "candidates": True,
+            "bandwidth_factor": 0.5,
+            "fidelity": "best",
+            "other": 1,
+        }
     )
     assert sorted(k for k, _ in problems) == [
-        "bandwidth_factor", "candidates", "fidelity", "gamma", "min_points", "other",
+        "bandwidth_factor",
+        "candidates",
+        "fidelity",
+        "gamma",
+        "min_points",
+        "other",
         "random_fraction",
     ]
 
@@ -187,8 +207,12 @@ def test_tpe_settings_are_checked() -> None:
 
 @pytest.mark.parametrize(
     ("name", "kw"),
-    [("asha", {}), ("asha", {"proposer": "tpe"}), ("hyperband", {}),
-     ("hyperband", {"mode": "conservative"})],
+    [
+        ("asha", {}),
+        ("asha", {"proposer": "tpe"}),
+        ("hyperband", {}),
+        ("hyperband", {"mode": "conservative"}),
+    ],
 )
 def test_budget_ends_the_search_exactly(name: str, kw: dict[str, Any]) -> None:
     """No trial count: the grants never pass max_budget, and the search ends when
@@ -254,8 +278,10 @@ def _replay(s: BaseSearcher, calls: list[list[Any]]) -> None:
 def test_version_2_states_answer_as_before(case: dict[str, Any]) -> None:
     """States written by dlhpc before version 3 (tests/data/gen_searcher_states_v2.py):
     restored, the searcher answers as it did (hyperband keeps its old allocation)."""
-    space = {"x": HParam("x", "double", minval=0.0, maxval=1.0),
-             "width": HParam("width", "int", minval=8, maxval=64)}
+    space = {
+        "x": HParam("x", "double", minval=0.0, maxval=1.0),
+        "width": HParam("width", "int", minval=8, maxval=64),
+    }
     cfg = SearcherConfig(**{"max_length": 27, "max_rungs": 4, "metric": "loss", **case["searcher"]})
     for snap in case["snapshots"]:
         assert snap["state"]["version"] == 2
