@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 from dlhpc.config.model import HParam, SearcherConfig
+from dlhpc.config.serde import from_jsonable, to_jsonable
+from dlhpc.errors import ConfigError
 from dlhpc.search import (
     ASHASearcher,
     BaseSearcher,
@@ -27,7 +29,8 @@ from dlhpc.search import (
     make_searcher,
 )
 from dlhpc.search._budget import sha_cost
-from dlhpc.search._tpe import TPEProposer, check_tpe_settings
+from dlhpc.search._tpe import TPE_DEFAULTS, TPEProposer, check_tpe_settings
+from tests._config import load_experiment
 
 SPACE = {
     "x": HParam("x", "double", minval=0.0, maxval=1.0),
@@ -294,3 +297,63 @@ def test_version_2_states_answer_as_before(case: dict[str, Any]) -> None:
             assert s.allocation == "most_left"
         _replay(again, case["log"][snap["at"] :])
         assert again.done
+
+
+# --- the experiment file ----------------------------------------------------------
+
+HEAD = "name: t\nentrypoint: python t.py\n"  # two lines: the searcher starts at line 3
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    (tmp_path / "home").mkdir()
+    monkeypatch.chdir(tmp_path)
+    return {"HOME": str(tmp_path / "home"), "PATH": str(tmp_path), "USER": "alice"}
+
+
+def _load(env: dict[str, str], text: str) -> SearcherConfig:
+    Path("exp.yaml").write_text(HEAD + text)
+    return load_experiment("exp.yaml", environ=env).searcher
+
+
+def _errors(env: dict[str, str], text: str) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        _load(env, text)
+    assert info.value.exit_code == 2
+    return str(info.value).splitlines()
+
+
+def test_proposer_and_budget_settings_from_the_file(env: dict[str, str]) -> None:
+    s = _load(env, "searcher: {name: asha, max_length: 27, proposer: tpe, max_budget: 5000}\n")
+    assert (s.proposer, s.proposer_settings) == ("tpe", dict(TPE_DEFAULTS))
+    assert s.max_budget == 5000 and s.max_trials == 1_000_000  # no count: the budget ends it
+    assert from_jsonable(SearcherConfig, to_jsonable(s)) == s
+    s = _load(
+        env,
+        "searcher:\n  name: hyperband\n  max_length: 27\n  proposer:\n"
+        "    name: tpe\n    gamma: 0.25\n",
+    )
+    assert s.proposer_settings["gamma"] == 0.25 and s.max_trials == 1 and s.max_budget is None
+    s = _load(env, "searcher: {name: asha, max_length: 27, max_trials: 9}\n")
+    assert (s.proposer, s.proposer_settings, s.max_budget) == ("random", {}, None)
+    out = _errors(
+        env,
+        "searcher:\n  name: asha\n  max_length: 27\n  proposer:\n"
+        "    name: tpe\n    gamma: 2\n    colour: red\n",
+    )
+    assert any(
+        "exp.yaml:8: searcher.proposer.gamma: must be a number in (0, 1)" in ln for ln in out
+    ), out
+    assert any("searcher.proposer.colour: unknown setting" in ln for ln in out), out
+    out = _errors(env, "searcher: {name: asha, max_length: 27, proposer: gp}\n")
+    assert any("exp.yaml:3: searcher.proposer: unknown proposer 'gp'" in ln for ln in out), out
+    out = _errors(env, "searcher: {name: random, proposer: tpe, max_budget: 9}\n")
+    assert any(
+        "searcher.proposer: only applies to searchers 'asha', 'hyperband'" in ln for ln in out
+    ), out
+    assert any(
+        "searcher.max_budget: only applies to searchers 'sha', 'asha', 'hyperband'" in ln
+        for ln in out
+    ), out
+    out = _errors(env, "searcher: {name: sha, max_length: 27, max_budget: 26}\n")
+    assert any("searcher.max_budget: must be >= max_length (27" in ln for ln in out), out
