@@ -357,3 +357,30 @@ def test_proposer_and_budget_settings_from_the_file(env: dict[str, str]) -> None
     ), out
     out = _errors(env, "searcher: {name: sha, max_length: 27, max_budget: 26}\n")
     assert any("searcher.max_budget: must be >= max_length (27" in ln for ln in out), out
+
+
+def test_tpe_with_a_budget_through_the_orchestrator(tmp_path: Path) -> None:
+    """``dlhpc simulate``'s real launch and ticks (the state saved and restored on every
+    tick): asha with the tpe proposer and no trial count ends when the budget is spent."""
+    from dlhpc.config import load_experiment as load
+    from dlhpc.simulate import SimSettings, SyntheticCurves, best_reference, simulate_once
+
+    path = tmp_path / "exp.yaml"
+    path.write_text(
+        "name: sim-tpe\nentrypoint: python train.py\nresources: {time: '01:00:00'}\n"
+        "hyperparameters:\n  lr: {type: log, minval: -4, maxval: -1}\n"
+        "  width: {type: int, minval: 16, maxval: 256}\n"
+        "  act: {type: categorical, vals: [relu, tanh]}\n"
+        "searcher:\n  name: asha\n  metric: loss\n  max_length: 9\n  max_budget: 120\n"
+        "  proposer: {name: tpe, min_points: 4}\n  max_concurrent_trials: 3\n"
+    )
+    cfg = load(path, site="local")
+    src = SyntheticCurves(cfg.hyperparameters, 9, True, 120.0)
+    ref = best_reference(src, cfg.hyperparameters, 9, True)
+    settings = SimSettings(gpus=4, queue_wait_s=30.0, tick_interval_s=120.0)
+    result = simulate_once(cfg, src, settings, ref, home=tmp_path / "home")
+    assert result.state == "COMPLETED", result
+    assert result.completed >= 1 and result.stopped_early > 0
+    # every trial trained at least the first rung (1): 120 epochs hold at most 120 trials,
+    # and more than the 13 of 120 / 9 full ones
+    assert 13 < result.trials <= 120
