@@ -46,6 +46,7 @@ _EXACT_INT = 2**53  # int bounds are used as floats by the searchers
 _MAX_GRID = 100_000  # the grid searcher's own limit (for hyperparameter counts)
 _MAX_TRIALS = 1_000_000  # what one launch may ask the searcher for
 _MAX_LENGTH = 10**12  # steps or epochs; far beyond any run, well inside SQLite's integers
+_MAX_BUDGET = 10**15  # max_budget: max_length times a long search's trials
 
 
 def _vals(value: Any) -> tuple[Any, ...]:
@@ -151,11 +152,21 @@ def _searcher_name(value: Any) -> str:
     raise Invalid(f"must be one of {', '.join(searcher_names())}, got {describe(value)}")
 
 
+def _proposer(value: Any) -> tuple[str, dict[str, Any]]:
+    """``name`` or ``{name: ..., setting: ...}``: the name and the settings (the
+    searcher's rules check both, :mod:`dlhpc.search._proposers`)."""
+    if isinstance(value, str) and value:
+        return value, {}
+    if isinstance(value, dict) and isinstance(value.get("name"), str) and value["name"]:
+        return value["name"], {k: json_value(v) for k, v in value.items() if k != "name"}
+    raise Invalid(f"must be a proposer name or {{name: ..., settings}}, got {describe(value)}")
+
+
 _SEARCHER_FIELDS = {
     "name": Field(_searcher_name, default="single"),
     "metric": Field(string(nonempty=True, single_line=True), default="val_loss"),
     "smaller_is_better": Field(boolean, default=True),
-    "max_trials": Field(integer(min=1, cap=_MAX_TRIALS), default=1),
+    "max_trials": Field(integer(min=1, cap=_MAX_TRIALS), nullable=True),
     "max_concurrent_trials": Field(integer(min=0, cap=_MAX_TRIALS), nullable=True),
     "max_length": Field(integer(min=1, cap=_MAX_LENGTH), nullable=True),
     "divisor": Field(integer(min=2, cap=_MAX_LENGTH), default=3),
@@ -164,6 +175,8 @@ _SEARCHER_FIELDS = {
     "stop_once": Field(boolean, default=False),
     "seed": Field(integer(min=0, max=2**32 - 1), default=0),
     "mode": Field(choice("aggressive", "standard", "conservative"), nullable=True),
+    "proposer": Field(_proposer, nullable=True),
+    "max_budget": Field(integer(min=1, cap=_MAX_BUDGET), nullable=True),
 }
 
 
@@ -198,11 +211,15 @@ def read_searcher(issues: Issues, value: Any, space: Mapping[str, HParam]) -> Se
         if min_length is not None and max_length is not None and min_length <= max_length:
             max_rungs = _rungs_between(min_length, max_length, s["divisor"] or 2)
     given = s["max_concurrent_trials"]
+    max_trials = s["max_trials"]
+    if max_trials is None:  # a budget ends the search: no count unless one is given
+        max_trials = 1 if s["max_budget"] is None else _MAX_TRIALS
+    proposer, proposer_settings = s["proposer"] or ("random", {})
     config = SearcherConfig(
         name=name,
         metric=s["metric"],
         smaller_is_better=s["smaller_is_better"],
-        max_trials=s["max_trials"],
+        max_trials=max_trials,
         max_concurrent_trials=given if given is not None else default_concurrency(rules),
         max_length=max_length if max_length is not None else 1,
         divisor=s["divisor"],
@@ -211,6 +228,9 @@ def read_searcher(issues: Issues, value: Any, space: Mapping[str, HParam]) -> Se
         mode=s["mode"],
         min_length=min_length,
         stop_once=bool(s["stop_once"]),
+        proposer=proposer,
+        proposer_settings=proposer_settings,
+        max_budget=s["max_budget"],
     )
     return rules.check_settings(config, space, issues)
 
@@ -221,7 +241,7 @@ def _check_options(issues: Issues, s: Section, rules: SearcherRules) -> None:
     path = ("searcher",)
     if not issues.ok((*path, "name")):
         return
-    for key in ("mode", "min_length", "stop_once"):
+    for key in ("mode", "min_length", "stop_once", "proposer", "max_budget"):
         given = s[key] is not None and s[key] is not False
         if given and key not in rules.options:
             known = searchers_knowing(key)

@@ -80,9 +80,9 @@ class SearcherRules(Protocol):
 
     * ``kind``: its name in experiment files;
     * ``default_max_length``: ``max_length`` when the file gives none (None: required);
-    * ``options``: the optional keys it knows among ``mode``, ``min_length`` and
-      ``stop_once`` (a key it does not know is refused by the loader, naming the
-      searchers that know it);
+    * ``options``: the optional keys it knows among ``mode``, ``min_length``,
+      ``stop_once``, ``proposer`` and ``max_budget`` (a key it does not know is
+      refused by the loader, naming the searchers that know it);
     * ``learns``: it learns from results, so its trials are bounded by
       :data:`DEFAULT_LEARNING_CONCURRENCY` unless ``max_concurrent_trials`` is set;
     * ``check_settings(config, space, report)``: its own rules; reports problems

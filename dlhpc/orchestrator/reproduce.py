@@ -150,6 +150,9 @@ def _reproduction_config(
             min_length=None,
             mode=None,
             stop_once=False,
+            proposer="random",
+            proposer_settings={},
+            max_budget=None,
         ),
         reproducibility=replace(cfg.reproducibility, trial_seed=seed),
     )

@@ -34,11 +34,13 @@ ASHA); :class:`~dlhpc.search._hyperband.HyperbandSearcher` plans several.
 from __future__ import annotations
 
 import bisect
-from collections import Counter
-from itertools import compress
-from typing import Any
+from collections.abc import Mapping
 
 from dlhpc.config.model import HParam, SearcherConfig
+from dlhpc.config.searchers import Report
+from dlhpc.search._ashastate import ASHAState, _Bracket
+from dlhpc.search._budget import check_budget, check_budget_settings, unused
+from dlhpc.search._proposers import check_proposer, make_proposer
 from dlhpc.search._rungs import (
     EXITED,
     FINISHED,
@@ -52,56 +54,56 @@ from dlhpc.search._rungs import (
     check_max_new,
     rank_key,
     rung_results,
-    sample_config,
 )
-from dlhpc.search._rungstate import (
-    RungState,
-    TrialTable,
-    decode_results,
-    encode_ranked,
-    encode_results,
-    rank_order,
-    rank_sorted,
-    results_dict,
-    results_from_rows,
-)
+from dlhpc.search._rungstate import TrialTable
 from dlhpc.search.base import BaseSearcher, Continue, Create, Operation, Stop
 
 __all__ = ["ASHASearcher"]
 
 
-class _Bracket:
-    """The rungs of one bracket: results, their order, and the paused trials per rung."""
-
-    def __init__(self, plan: BracketPlan) -> None:
-        self.lengths = plan.lengths
-        self.target = plan.trials
-        self.created = 0
-        self.running = 0
-        self.finalised = False
-        rungs = range(len(plan.lengths))
-        self.results: list[dict[int, float]] = [{} for _ in rungs]
-        self.ranked: list[list[RankKey]] = [[] for _ in rungs]  # all results, best first
-        self.waiting: list[list[RankKey]] = [[] for _ in rungs]  # paused at this rung's grant
-
-
-class ASHASearcher(RungState, BaseSearcher):
+class ASHASearcher(ASHAState, BaseSearcher):
     """ASHA over the rungs of :func:`~dlhpc.search._rungs.rung_lengths` (see the module doc).
 
-    Request ids are ``0, 1, 2, ...`` in creation order; trial ``i`` has the
-    hyperparameters of random search's trial ``i`` for the same seed.
+    Request ids are ``0, 1, 2, ...`` in creation order; the proposer
+    (:mod:`dlhpc.search._proposers`) gives each its hyperparameters: with the
+    default ``random``, trial ``i`` has those of random search's trial ``i`` for
+    the same seed. ``max_budget`` (:mod:`dlhpc.search._budget`) caps what it grants.
     """
 
     kind = "asha"
-    state_version = 2  # 2: columns (dlhpc.search._rungstate); version 1 states still load
+    # 2: columns (dlhpc.search._rungstate); 3: "spent", the proposer's keys, hyperband's
+    # "allocation". Versions 1 and 2 still load.
+    state_version = 3
+    options = frozenset({"min_length", "stop_once", "proposer", "max_budget"})
     _other = "rungs or brackets"
+
+    @classmethod
+    def check_settings(
+        cls, config: SearcherConfig, space: Mapping[str, HParam], report: Report
+    ) -> SearcherConfig:
+        """The proposer's name and settings (defaults filled in), ``max_budget >= max_length``."""
+        check_budget_settings(config, report)
+        return check_proposer(config, report)
+
+    @classmethod
+    def expected_trials(cls, config: SearcherConfig, space: Mapping[str, HParam]) -> int:
+        """``max_trials``; with ``max_budget``, at most the budget over the first rung."""
+        if config.max_budget is None:
+            return config.max_trials
+        try:
+            first = check_adaptive_config(cls.kind, config)[0]
+        except ValueError:
+            return config.max_trials
+        return min(config.max_trials, config.max_budget // first)
 
     def __init__(self, space: dict[str, HParam], config: SearcherConfig) -> None:
         super().__init__(space, config)
         self._check_mode(config)
+        check_budget(self.kind, config)
         self.lengths: tuple[int, ...] = tuple(check_adaptive_config(self.kind, config))
         self.brackets: tuple[BracketPlan, ...] = tuple(self._plan(list(self.lengths)))
         self._stop_once = config.stop_once
+        self._proposer = make_proposer(space, config)
         self._reset()
 
     # --- hooks for Hyperband ----------------------------------------------------
@@ -121,6 +123,8 @@ class ASHASearcher(RungState, BaseSearcher):
         self._trials = TrialTable()
         self._stops: list[int] = []
         self._exited = 0
+        self._spent = 0  # granted, less what exited trials did not reach
+        self._proposer.reset()
 
     @property
     def total(self) -> int:
@@ -131,6 +135,18 @@ class ASHASearcher(RungState, BaseSearcher):
     def created(self) -> int:
         """How many trials were created so far (the next request id)."""
         return len(self._trials)
+
+    @property
+    def spent(self) -> int:
+        """The length granted so far, less what exited trials did not reach."""
+        return self._spent
+
+    def _fits(self, cost: int) -> bool:
+        return self.config.max_budget is None or self._spent + cost <= self.config.max_budget
+
+    def _can_create(self, b: _Bracket) -> bool:
+        first = b.lengths[-1 if self._stop_once else 0]
+        return b.created < b.target and not b.finalised and self._fits(first)
 
     def rung_table(self, bracket: int = 0) -> list[dict[int, float]]:
         """The results of each rung of ``bracket`` so far, by request id (copies)."""
@@ -173,7 +189,7 @@ class ASHASearcher(RungState, BaseSearcher):
     def _promotable(self, b: _Bracket) -> tuple[int, int] | None:
         """``(rung, request id)`` of the next promotion in ``b``, or None."""
         for k in range(len(b.lengths) - 2, -1, -1):
-            if b.waiting[k]:
+            if b.waiting[k] and self._fits(b.lengths[k + 1] - b.lengths[k]):
                 best = b.waiting[k][0]
                 top = len(b.ranked[k]) // self.config.divisor
                 if bisect.bisect_left(b.ranked[k], best) < top:
@@ -185,10 +201,10 @@ class ASHASearcher(RungState, BaseSearcher):
         3: rungs of 6, 2, 0) would end with no trial trained to ``max_length``, so no
         final model. Once nothing else can happen in it, the best paused trial of the
         highest rung that has one is promoted, until a trial reaches the top."""
-        if b.created < b.target or b.running or b.ranked[-1]:
+        if self._can_create(b) or b.running or b.ranked[-1]:
             return None
         for k in range(len(b.lengths) - 2, -1, -1):
-            if b.waiting[k]:
+            if b.waiting[k] and self._fits(b.lengths[k + 1] - b.lengths[k]):
                 return k, b.waiting[k][0][2]
         return None
 
@@ -216,26 +232,47 @@ class ASHASearcher(RungState, BaseSearcher):
                 t = self._trials[rid]
                 self._move(rid, t, RUNNING)
                 t.grant = rung + 1
+                self._spent += b.lengths[t.grant] - b.lengths[rung]
                 return Continue(rid, b.lengths[t.grant])
         return None
 
     def _create(self) -> Create | None:
-        open_ = [i for i, b in enumerate(self._b) if b.created < b.target]
+        open_ = [i for i, b in enumerate(self._b) if self._can_create(b)]
         if not open_:
             return None
-        i = min(open_, key=lambda i: (self._b[i].created - self._b[i].target, i))
+        i = self._pick(open_)
         b = self._b[i]
         rid = len(self._trials)
         grant = len(b.lengths) - 1 if self._stop_once else 0
+        hparams = self._proposer.propose(rid, self._pooled())
         self._trials.append(TrialRecord(i, grant, RUNNING))
         b.created += 1
         b.running += 1
-        hparams = sample_config(self.space, self.config.seed, rid)
+        self._spent += b.lengths[grant]
         return Create(rid, hparams, b.lengths[grant])
+
+    def _unused(self, t: TrialRecord) -> int:
+        """The part of its grant a trial did not reach (0 once paused or finished)."""
+        b = self._b[t.bracket]
+        before = b.lengths[t.grant - 1] if t.grant and not self._stop_once else 0
+        return unused(b.lengths[t.grant], before, t.last)
+
+    def _pick(self, open_: list[int]) -> int:
+        """The bracket of the next new trial among ``open_`` (indices, not empty): the
+        one with the most creations left, ties to the more aggressive (one for ASHA)."""
+        return min(open_, key=lambda i: (self._b[i].created - self._b[i].target, i))
+
+    def _pooled(self) -> dict[int, list[dict[int, float]]]:
+        """Rung length -> the results of every bracket at that length (not copies)."""
+        out: dict[int, list[dict[int, float]]] = {}
+        for b in self._b:
+            for length, results in zip(b.lengths, b.results, strict=True):
+                out.setdefault(length, []).append(results)
+        return out
 
     def _finalise(self, b: _Bracket) -> list[Operation]:
         """Stop the paused trials of a bracket that can do nothing more (once)."""
-        if b.finalised or b.created < b.target or b.running or self._promotable(b):
+        if b.finalised or self._can_create(b) or b.running or self._promotable(b):
             return []
         b.finalised = True
         paused = sorted(key[2] for waiting in b.waiting for key in waiting)
@@ -271,97 +308,10 @@ class ASHASearcher(RungState, BaseSearcher):
             return
         if request_id in self._stops:
             self._stops.remove(request_id)
+        self._spent -= self._unused(t)  # give back what it did not reach
         self._move(request_id, t, EXITED)
 
     @property
     def done(self) -> bool:
-        return len(self._trials) >= self.total and self._exited == len(self._trials)
-
-    # --- state ------------------------------------------------------------------
-
-    def _fingerprint(self) -> dict[str, Any]:
-        return {
-            "lengths": list(self.lengths),
-            "brackets": [[p.s, p.trials] for p in self.brackets],
-            "stop_once": self._stop_once,
-            "smaller_is_better": self.config.smaller_is_better,
-        }
-
-    def _state(self) -> dict[str, Any]:
-        sib = self.config.smaller_is_better
-        return {
-            "results": [
-                [encode_ranked(keys, r, sib) for keys, r in zip(b.ranked, b.results, strict=True)]
-                for b in self._b
-            ],
-            "stops": list(self._stops),
-            "finalised": [b.finalised for b in self._b],
-        }
-
-    def _upgrade(self, state: dict[str, Any]) -> dict[str, Any]:
-        sib = self.config.smaller_is_better
-        results = [[results_from_rows(rows) for rows in rungs] for rungs in state["results"]]
-        return {
-            **state,
-            "version": self.state_version,
-            "trials": TrialTable.from_rows(state["trials"]).encode(),
-            "results": [[encode_results(rank_sorted(r, sib), r) for r in rs] for rs in results],
-        }
-
-    def _load(self, state: dict[str, Any]) -> None:
-        """Counters from the trial columns, rankings checked in their stored order
-        (no per-trial work in Python but for the paused trials)."""
-        self._reset()
-        trials, combos = TrialTable.decode(state["trials"])
-        if len(trials) > self.total or len(state["results"]) != len(self._b):
-            raise ValueError("too many trials or wrong number of brackets")
-        paused: Counter[tuple[int, int]] = Counter()  # by bracket and grant
-        for (i, grant, resolved, status), n in combos.items():
-            if not 0 <= i < len(self._b):
-                raise ValueError("a trial names a bracket that does not exist")
-            b = self._b[i]
-            if not 0 <= grant < len(b.lengths) or not 0 <= resolved <= len(b.lengths):
-                rid = trials.first(i, grant, resolved, status)
-                raise ValueError(f"request {rid}: grant or rung out of range")
-            b.created += n
-            b.running += n if status == RUNNING else 0
-            self._exited += n if status == EXITED else 0
-            paused[i, grant] += n if status == PAUSED else 0
-        if any(b.created > b.target for b in self._b):
-            raise ValueError("a bracket has more trials than planned")
-        marks = trials.pause_marks() if paused.total() else []
-        for i, (b, rungs) in enumerate(zip(self._b, state["results"], strict=True)):
-            if len(rungs) != len(b.lengths):
-                raise ValueError("wrong number of rungs")
-            for k, data in enumerate(rungs):
-                self._load_rung(trials, i, k, data, marks)
-                if len(b.waiting[k]) != paused[i, k]:
-                    rid = min(self._unresulted(trials, marks, i, k))
-                    raise ValueError(f"request {rid}: paused without a result at its grant")
-        for b, flag in zip(self._b, state["finalised"], strict=True):
-            b.finalised = bool(flag)
-        self._trials = trials
-        self._stops = [int(rid) for rid in state["stops"]]
-        if any(not 0 <= rid < len(trials) for rid in self._stops):
-            raise ValueError("a pending stop names a request never created")
-
-    def _load_rung(self, trials: TrialTable, i: int, k: int, data: Any, marks: list[int]) -> None:
-        """Rung ``k`` of bracket ``i``: its results, ranking, and the paused trials waiting
-        (``marks``: :meth:`TrialTable.pause_marks`, empty when none is paused)."""
-        b = self._b[i]
-        ids, metrics = decode_results(data, len(trials))
-        if len(self._b) > 1 and not trials.in_bracket(ids, i):  # one: checked by combos
-            raise ValueError(f"a result of bracket {i} names a request of another bracket")
-        b.results[k] = results_dict(ids, metrics)
-        b.ranked[k] = rank_order(ids, metrics, self.config.smaller_is_better)
-        if marks:
-            waits = map((k + 1).__eq__, map(marks.__getitem__, ids))
-            b.waiting[k] = list(compress(b.ranked[k], waits))
-
-    def _unresulted(self, trials: TrialTable, marks: list[int], i: int, k: int) -> list[int]:
-        """The trials paused at rung ``k`` of bracket ``i`` without a result there."""
-        return [
-            rid
-            for rid, mark in enumerate(marks)
-            if mark == k + 1 and trials[rid].bracket == i and rid not in self._b[i].results[k]
-        ]
+        """Every trial exited and no bracket can create one (all created, or the budget spent)."""
+        return self._exited == len(self._trials) and not any(map(self._can_create, self._b))

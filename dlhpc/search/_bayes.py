@@ -35,10 +35,19 @@ from dlhpc.errors import DlhpcError, UsageError
 from dlhpc.search._space import _bounds, _int_bounds, _log_base, _plain, _pow, _vals
 from dlhpc.search.base import BaseSearcher, Create, Operation
 
-__all__ = ["MAX_INITIAL_POINTS", "BayesSearcher"]
+__all__ = ["MAX_INITIAL_POINTS", "BayesSearcher", "initial_points"]
 
-#: Random (space-filling) trials before the Gaussian process proposes any.
+#: Random (space-filling) trials before the Gaussian process proposes any, at most.
 MAX_INITIAL_POINTS = 10
+
+
+def initial_points(max_trials: int) -> int:
+    """The random trials before the GP proposes: a third of ``max_trials`` (rounded up),
+    at most :data:`MAX_INITIAL_POINTS`: 1 of 3, 2 of 6, 4 of 10, 7 of 20, 10 from 28 on.
+    (skopt's fixed 10 made every search of up to 10 trials a random search.)"""
+    return min(MAX_INITIAL_POINTS, max(1, -(-max_trials // 3)))
+
+
 _INSTALL_HINT = "pip install 'dlhpc[bayes]'"
 
 
@@ -147,9 +156,10 @@ class BayesSearcher(BaseSearcher):
     """Gaussian-process Bayesian optimisation over ``space`` (scikit-optimize).
 
     Creates ``max_trials`` trials, each training to ``max_length`` (no early
-    stopping). The first ``min(10, max_trials)`` trials are random (skopt's
-    ``n_initial_points``; so with ``max_trials <= 10`` this is random search);
-    once that many results and lies are known, a GP (``base_estimator="GP"``,
+    stopping). The first :func:`initial_points` trials are random (skopt's
+    ``n_initial_points``: a third of ``max_trials``, at most 10; a state of
+    version 1 keeps its ``min(10, max_trials)``); once that many results and
+    lies are known, a GP (``base_estimator="GP"``,
     skopt's default ``gp_hedge`` acquisition, refit per proposal) proposes.
 
     ``ask(max_new)`` proposes ``min(max_new, max_trials - created)`` trials at
@@ -169,6 +179,7 @@ class BayesSearcher(BaseSearcher):
 
     kind = "bayes"
     learns = True
+    state_version = 2  # 2: "n_initial_points"; version 1 states load with min(10, max_trials)
 
     def __init__(self, space: dict[str, HParam], config: SearcherConfig) -> None:
         super().__init__(space, config)
@@ -178,7 +189,7 @@ class BayesSearcher(BaseSearcher):
         if config.max_length < 1:
             raise ValueError(f"bayes search: max_length must be >= 1, got {config.max_length}")
         self._fixed, self._dims = _plan(space)
-        self.n_initial_points = min(MAX_INITIAL_POINTS, config.max_trials)
+        self.n_initial_points = initial_points(config.max_trials)
         self._points: list[list[Any]] = []  # request id -> point (skopt coordinates)
         self._results: dict[int, float | None] = {}  # the value told to skopt (None: failed)
         self._latest: dict[int, float | None] = {}  # running trials without a result yet
@@ -325,10 +336,11 @@ class BayesSearcher(BaseSearcher):
             "results": [[rid, v] for rid, v in sorted(self._results.items())],
             "latest": [[rid, v] for rid, v in sorted(self._latest.items())],
             "exited": sorted(self._exited),
+            "n_initial_points": self.n_initial_points,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("kind") != self.kind or state.get("version") != self.state_version:
+        if state.get("kind") != self.kind or state.get("version") not in (1, self.state_version):
             raise ValueError(
                 f"bayes searcher: cannot load state of kind {state.get('kind')!r} "
                 f"version {state.get('version')!r}"
@@ -351,4 +363,9 @@ class BayesSearcher(BaseSearcher):
         exited = {int(rid) for rid in state["exited"]}
         if any(not 0 <= rid < len(points) for rid in (*results, *latest, *exited)):
             raise ValueError("bayes searcher: state names a request never created")
+        old_rule = min(MAX_INITIAL_POINTS, self.config.max_trials)
+        initial = int(state["n_initial_points"]) if state["version"] != 1 else old_rule
+        if not 1 <= initial <= MAX_INITIAL_POINTS:
+            raise ValueError("bayes searcher: bad n_initial_points in state")
         self._points, self._results, self._latest, self._exited = points, results, latest, exited
+        self.n_initial_points = initial

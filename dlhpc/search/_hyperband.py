@@ -16,8 +16,15 @@ promotes ``floor(n / divisor)``, the paper's synchronous table.
 ``max_trials = sum(n_s)`` reproduces the paper's ``n_s`` exactly.
 
 Free slots go to promotions first (brackets from the most aggressive, rungs
-from the top), then to new trials in the bracket with the most creations
-left (ties: the more aggressive). Request ids are global across brackets.
+from the top), then to new trials, interleaved in the paper's proportions: the
+next one goes to the open bracket with the smallest ``created / n_s`` (ties: the
+more aggressive), so every bracket starts within its first ``n_s`` trials and
+the order does not depend on ``max_trials`` (which only caps each bracket).
+Each bracket of the paper spends about the same budget, so this spreads the
+compute evenly over them. A search saved before version 3 keeps the rule it
+started with (the bracket with the most creations left; state key
+``allocation``: ``most_left``), so its decisions stay as they were.
+Request ids are global across brackets.
 Everything else (pausing, ranking, ending) is :class:`ASHASearcher`'s.
 ``stop_once`` is refused.
 """
@@ -26,6 +33,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from fractions import Fraction
+from typing import Any
 
 from dlhpc.config.model import HParam, SearcherConfig
 from dlhpc.config.searchers import Report
@@ -40,17 +49,20 @@ class HyperbandSearcher(ASHASearcher):
 
     kind = "hyperband"
     # It knows stop_once (a rung searcher) but refuses it, naming the ones that take it.
-    options = frozenset({"mode", "min_length", "stop_once"})
+    options = frozenset({"mode", "min_length", "stop_once", "proposer", "max_budget"})
+    _allocations = ("interleave", "most_left")  # how new trials pick a bracket; see module doc
 
     @classmethod
     def check_settings(
         cls, config: SearcherConfig, space: Mapping[str, HParam], report: Report
     ) -> SearcherConfig:
-        """Refuses ``stop_once``; ``mode`` defaults to ``standard``."""
+        """Refuses ``stop_once``; ``mode`` defaults to ``standard``; the proposer's and the
+        budget's rules as ASHA's."""
         if config.stop_once:
             report.add(
                 ("searcher", "stop_once"), "only applies to 'sha' and 'asha', not 'hyperband'"
             )
+        config = super().check_settings(config, space, report)
         return dataclasses.replace(config, mode=config.mode or "standard")
 
     def _check_mode(self, config: SearcherConfig) -> None:
@@ -69,3 +81,25 @@ class HyperbandSearcher(ASHASearcher):
 
     def _plan(self, lengths: list[int]) -> list[BracketPlan]:
         return hyperband_plan(lengths, self.config.divisor, self.mode, self.config.max_trials)
+
+    def _reset(self) -> None:
+        super()._reset()
+        self.allocation = "interleave"
+
+    def _pick(self, open_: list[int]) -> int:
+        if self.allocation == "most_left":
+            return super()._pick(open_)
+        plans = self.brackets
+        return min(open_, key=lambda i: (Fraction(self._b[i].created, plans[i].paper_trials), i))
+
+    def _state(self) -> dict[str, Any]:
+        return {**super()._state(), "allocation": self.allocation}
+
+    def _upgrade(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {**super()._upgrade(state), "allocation": "most_left"}
+
+    def _load(self, state: dict[str, Any]) -> None:
+        super()._load(state)
+        if state["allocation"] not in self._allocations:
+            raise ValueError(f"unknown allocation {state['allocation']!r}")
+        self.allocation = state["allocation"]

@@ -19,7 +19,9 @@ Version 2 (this module's):
   checked, not sorted, on load: :func:`rank_order`).
 
 Version 1 (JSON rows) still loads: :meth:`RungState.load_state_dict` has the
-searcher upgrade it (:meth:`RungState._upgrade`) and loads the result.
+searcher upgrade it (:meth:`RungState._upgrade`) and loads the result. ASHA and
+Hyperband's version 3 adds keys to version 2 (``spent``, the proposer's, and
+Hyperband's ``allocation``); their versions 1 and 2 load the same way.
 """
 
 from __future__ import annotations
@@ -52,8 +54,10 @@ __all__ = [
     "STATUS_CODES",
     "RungState",
     "TrialTable",
+    "decode_floats",
     "decode_ints",
     "decode_results",
+    "encode_floats",
     "encode_ints",
     "encode_ranked",
     "encode_results",
@@ -107,6 +111,16 @@ def encode_ints(values: Iterable[int]) -> str:
 def decode_ints(text: Any) -> array[int]:
     """Inverse of :func:`encode_ints` (the array keeps the stored typecode)."""
     return _decode(text, _INT_CODES)
+
+
+def encode_floats(values: Iterable[float]) -> str:
+    """Floats as a column of IEEE doubles (NaN and the infinities round-trip exactly)."""
+    return _encode(array("d", values))
+
+
+def decode_floats(text: Any) -> array[float]:
+    """Inverse of :func:`encode_floats`."""
+    return _decode(text, "d")
 
 
 def encode_results(order: Iterable[int], results: Mapping[int, float]) -> dict[str, str]:
@@ -297,8 +311,8 @@ class RungState:
     config the state belongs to), the trials (:class:`TrialTable`), then the
     searcher's own part (:meth:`_state`). A state of another kind or version,
     or for another config (for other :attr:`_other`, the error says), raises
-    :class:`ValueError`; so does a malformed one, after :meth:`_reset`. A
-    version 1 state is upgraded (:meth:`_upgrade`) and loaded.
+    :class:`ValueError`; so does a malformed one, after :meth:`_reset`. A state
+    of an older version is upgraded (:meth:`_upgrade`) and loaded.
     """
 
     kind: ClassVar[str]
@@ -333,7 +347,7 @@ class RungState:
         raise NotImplementedError
 
     def _upgrade(self, state: dict[str, Any]) -> dict[str, Any]:
-        """A version 1 state (fingerprint checked) as this version's."""
+        """A state of an older version (fingerprint checked) as this version's."""
         raise NotImplementedError
 
     def _reset(self) -> None:
@@ -350,12 +364,16 @@ class RungState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         kind, version = self.kind, state.get("version")
-        if state.get("kind") != kind or version not in (1, self.state_version):
+        known = isinstance(version, int) and 1 <= version <= self.state_version
+        if state.get("kind") != kind or not known:
             raise ValueError(
                 f"{kind} searcher: cannot load state of kind {state.get('kind')!r} "
                 f"version {version!r}"
             )
-        if any(state.get(k) != v for k, v in self._fingerprint().items()):
+        mine = self._fingerprint()
+        # settings newer than version 2 are in the fingerprint only when given
+        optional = {k: mine.get(k) for k in ("max_budget", "proposer")}
+        if any(state.get(k) != v for k, v in {**mine, **optional}.items()):
             raise ValueError(
                 f"{kind} searcher: state is for other {self._other} "
                 "(did the searcher config change?)"

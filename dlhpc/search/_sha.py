@@ -17,15 +17,21 @@ trials have exited.
 rung ``k`` is decided when all its live members have reported there, and the
 losers are stopped while they run (survivors may be past ``r_{k+1}`` by then).
 
+``max_budget`` (:mod:`dlhpc.search._budget`): the search plays the largest
+``max_trials`` whose whole plan fits in it (:attr:`SHASearcher.trials`).
+
 Rung results are fixed as in ASHA (:func:`~dlhpc.search._rungs.rung_results`);
 reports of trials the searcher does not count as running are ignored.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from dlhpc.config.model import HParam, SearcherConfig
+from dlhpc.config.searchers import Report
+from dlhpc.search._budget import check_budget, check_budget_settings, sha_trials
 from dlhpc.search._rungs import (
     EXITED,
     FINISHED,
@@ -61,14 +67,35 @@ class SHASearcher(RungState, BaseSearcher):
     kind = "sha"
     state_version = 2  # 2: columns (dlhpc.search._rungstate); version 1 states still load
     _other = "rungs or trials"
+    options = frozenset({"min_length", "stop_once", "max_budget"})
+
+    @classmethod
+    def check_settings(
+        cls, config: SearcherConfig, space: Mapping[str, HParam], report: Report
+    ) -> SearcherConfig:
+        """``max_budget`` must be at least ``max_length``."""
+        check_budget_settings(config, report)
+        return config
+
+    @classmethod
+    def expected_trials(cls, config: SearcherConfig, space: Mapping[str, HParam]) -> int:
+        """:attr:`trials`, without building the searcher."""
+        try:
+            check_budget(cls.kind, config)
+            return sha_trials(config, check_adaptive_config(cls.kind, config))
+        except ValueError:
+            return config.max_trials
 
     def __init__(self, space: dict[str, HParam], config: SearcherConfig) -> None:
         super().__init__(space, config)
         if config.mode is not None:
             raise ValueError("sha searcher: 'mode' only applies to hyperband")
+        check_budget(self.kind, config)
         self.lengths: tuple[int, ...] = tuple(check_adaptive_config(self.kind, config))
+        #: How many trials it creates: ``max_trials``, or fewer to fit ``max_budget``.
+        self.trials = sha_trials(config, self.lengths)
         #: One bracket over all rungs (the same shape as ASHA's and Hyperband's ``brackets``).
-        n = config.max_trials
+        n = self.trials
         self.brackets = (BracketPlan(len(self.lengths) - 1, n, self.lengths, n),)
         self._stop_once = config.stop_once
         self._reset()
@@ -115,7 +142,7 @@ class SHASearcher(RungState, BaseSearcher):
         top = len(self.lengths) - 1
         while self.rung < top:
             k = self.rung
-            if k == 0 and len(self._trials) < self.config.max_trials:
+            if k == 0 and len(self._trials) < self.trials:
                 return
             members, results = self._members[k], self._results[k]
             while self._settled < len(members) and (
@@ -155,7 +182,7 @@ class SHASearcher(RungState, BaseSearcher):
                 t.grant += 1
                 self._move(t, RUNNING)
                 ops.append(Continue(rid, self.lengths[t.grant]))
-            elif len(self._trials) < self.config.max_trials:
+            elif len(self._trials) < self.trials:
                 rid = len(self._trials)
                 grant = len(self.lengths) - 1 if self._stop_once else 0
                 self._trials.append(TrialRecord(0, grant, RUNNING))
@@ -187,14 +214,15 @@ class SHASearcher(RungState, BaseSearcher):
 
     @property
     def done(self) -> bool:
-        return len(self._trials) >= self.config.max_trials and self._exited == len(self._trials)
+        return len(self._trials) >= self.trials and self._exited == len(self._trials)
 
     def _fingerprint(self) -> dict[str, Any]:
         return {
             "lengths": list(self.lengths),
-            "max_trials": self.config.max_trials,
+            "max_trials": self.trials,
             "stop_once": self._stop_once,
             "smaller_is_better": self.config.smaller_is_better,
+            **({} if self.config.max_budget is None else {"max_budget": self.config.max_budget}),
         }
 
     def _state(self) -> dict[str, Any]:
@@ -219,7 +247,7 @@ class SHASearcher(RungState, BaseSearcher):
         self._reset()
         trials, combos = TrialTable.decode(state["trials"])
         n = len(trials)
-        if n > self.config.max_trials or len(state["results"]) != len(self.lengths):
+        if n > self.trials or len(state["results"]) != len(self.lengths):
             raise ValueError("too many trials or wrong number of rungs")
         if any(not 0 <= grant < len(self.lengths) for _, grant, _, _ in combos):
             raise ValueError("a grant is out of range")

@@ -103,7 +103,8 @@ class BaseSearcher(ABC):
     state_version: ClassVar[int] = 1
     #: ``max_length`` when the experiment gives none; None: the key is required.
     default_max_length: ClassVar[int | None] = None
-    #: The optional keys it knows among ``mode``, ``min_length`` and ``stop_once``.
+    #: The optional keys it knows among ``mode``, ``min_length``, ``stop_once``,
+    #: ``proposer`` and ``max_budget``.
     options: ClassVar[frozenset[str]] = frozenset()
     #: Learns from results: bounded concurrency unless ``max_concurrent_trials`` is set.
     learns: ClassVar[bool] = False

@@ -693,8 +693,25 @@ def test_hyperband_creations_spread_and_ids_global() -> None:
     ops = [op for op in s.ask(20) if isinstance(op, Create)]
     assert [op.request_id for op in ops] == list(range(20))
     assert Counter(op.length for op in ops) == {1: 13, 3: 5, 9: 2}
-    # the bracket with the most creations left first, ties to the more aggressive
-    assert [op.length for op in ops[:10]] == [1] * 9 + [3]
+    # interleaved in the paper's proportions (n_s = 81, 34, 15): the open bracket with the
+    # smallest created / n_s, ties to the more aggressive; every bracket starts at once
+    assert [op.length for op in ops[:10]] == [1, 3, 9, 1, 1, 3, 1, 1, 3, 1]
+
+
+def test_hyperband_allocation_ignores_max_trials() -> None:
+    """The order of new trials' brackets does not depend on max_trials (it only caps
+    them): 143 conservative trials start the paper's brackets as 20,000 do."""
+
+    def lengths(n: int) -> list[int]:
+        cfg = _cfg("hyperband", max_length=81, max_rungs=5, max_trials=n, mode="conservative")
+        s = HyperbandSearcher(SPACE, cfg)
+        return [op.length for op in s.ask(60) if isinstance(op, Create)]
+
+    small, large = lengths(143), lengths(20_000)
+    assert small == large
+    assert small[:5] == [1, 3, 9, 27, 81]  # every bracket within the first five trials
+    # about the paper's proportions 81/34/15/8/5 among the first 60
+    assert Counter(small) == {1: 33, 3: 14, 9: 7, 27: 4, 81: 2}
 
 
 def test_hyperband_standard_rung_sizes() -> None:

@@ -330,3 +330,28 @@ def test_launch_dry_run_and_without_skopt_exit_2(
 @needs_skopt
 def test_registry_builds_bayes() -> None:
     assert type(make_searcher(_space(), _cfg())) is BayesSearcher
+
+
+@needs_skopt
+def test_few_trials_are_not_random_search() -> None:
+    """A third of max_trials (at most 10) are random; the GP proposes the rest, also for
+    max_trials <= 10 (skopt's fixed 10 made those a random search)."""
+    from dlhpc.search._bayes import initial_points
+
+    assert [initial_points(n) for n in (1, 3, 6, 10, 20, 27, 28, 500)] == [1, 1, 2, 4, 7, 9, 10, 10]
+    s = BayesSearcher(_space(), _cfg(max_trials=6))
+    assert s.n_initial_points == 2
+    for op, metric in zip(_creates(s.ask(2)), (0.3, 0.1), strict=True):
+        _finish(s, op, metric)
+    state = s.state_dict()
+    gp = _creates(s.ask(1))[0].hparams
+    # the same state under the old rule (version 1: min(10, max_trials) = 6 random)
+    old = BayesSearcher(_space(), _cfg(max_trials=6))
+    old.load_state_dict(
+        {k: v for k, v in {**state, "version": 1}.items() if k != "n_initial_points"}
+    )
+    assert old.n_initial_points == 6
+    assert _creates(old.ask(1))[0].hparams != gp
+    again = BayesSearcher(_space(), _cfg(max_trials=6))
+    again.load_state_dict(json.loads(json.dumps(state)))
+    assert again.n_initial_points == 2 and _creates(again.ask(1))[0].hparams == gp

@@ -80,11 +80,14 @@ def test_version_1_states_answer_as_before(case: dict[str, Any]) -> None:
         assert snap["state"]["version"] == 1
         restored = make_searcher(SPACE, cfg)
         restored.load_state_dict(snap["state"])
-        # the upgrade is the state this version reaches by the same calls
-        fresh = make_searcher(SPACE, cfg)
-        _replay(fresh, log[: snap["at"]])
-        assert restored.state_dict() == fresh.state_dict()
-        assert restored.state_dict()["version"] == 2
+        # the upgrade is the state this version reaches by the same calls; not for
+        # hyperband, which since version 3 interleaves its brackets' new trials (a restored
+        # one keeps the rule it started with, so it answers as logged below)
+        if cfg.name != "hyperband":
+            fresh = make_searcher(SPACE, cfg)
+            _replay(fresh, log[: snap["at"]])
+            assert restored.state_dict() == fresh.state_dict()
+        assert restored.state_dict()["version"] == type(restored).state_version
         _replay(restored, log[snap["at"] :])
         assert restored.done
 
@@ -97,7 +100,7 @@ def test_version_1_text_through_the_orchestrator() -> None:
         ExperimentConfig, SimpleNamespace(hyperparameters=SPACE, searcher=_cfg(**case["searcher"]))
     )
     s = searcher_of(cfg, json.dumps(snap["state"]))
-    assert json.loads(state_json(s))["version"] == 2
+    assert json.loads(state_json(s))["version"] == 3
     again = searcher_of(cfg, state_json(s))
     _replay(again, case["log"][snap["at"] :])
     assert again.done
