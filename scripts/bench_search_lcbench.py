@@ -13,7 +13,7 @@ regret at a log-spaced set of budgets. Protocol: docs/BENCHMARKS.md, "Issue 17".
 
     pip install -e '.[bench]'   # onnxruntime, optuna, syne-tune
     python scripts/bench_search_lcbench.py --tasks all --seeds 5 --workers 1,4,16,64 \\
-        --json results.json --svg-dir docs/img
+        --json results.json --svg-dir docs
     python scripts/bench_search_lcbench.py --report results.json   # the tables again
 
 A dlhpc method is a searcher name (``asha``) or ``LABEL={YAML searcher mapping}`` with

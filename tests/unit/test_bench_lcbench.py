@@ -130,9 +130,7 @@ def test_regret_is_normalised_from_the_best_so_far() -> None:
     t = Trace(budget=10)
     for wall, value in enumerate([50.0, 80.0, 60.0, 95.0]):
         t.add(float(wall), 1.0, value)
-    assert t.regret_at([0, 1, 3, 4, 10], ref.regret) == pytest.approx(
-        [1.0, 0.5, 0.2, 0.05, 0.05]
-    )
+    assert t.regret_at([0, 1, 3, 4, 10], ref.regret) == pytest.approx([1.0, 0.5, 0.2, 0.05, 0.05])
 
 
 def test_checkpoints_medians_and_ratios() -> None:
