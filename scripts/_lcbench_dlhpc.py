@@ -7,7 +7,7 @@ A method is a YAML ``searcher:`` mapping (exactly what an experiment file holds,
 settings, without changes to this file. The experiment file is written to the run's
 scratch folder and read by :func:`dlhpc.config.load_experiment`, so the searcher's own
 settings rules apply. Keys the mapping leaves out get the benchmark's values
-(:func:`searcher_section`).
+(:func:`searcher_section`; ``max_trials``: :func:`natural_trials`).
 
 One run is :func:`run_dlhpc`: as :func:`dlhpc.simulate.simulate_once` (the same
 :class:`SimCluster`, :class:`VirtualClock`, ``launch`` and ``tick`` loop with idle
@@ -18,6 +18,7 @@ stretches skipped), except that it ends when the run has trained ``budget`` epoc
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 import tempfile
@@ -37,10 +38,9 @@ from dlhpc.orchestrator.common import SchedulerPool
 from dlhpc.orchestrator.decide import STOP_GRACE
 from dlhpc.orchestrator.recovery import EXIT_RECORD_GRACE
 from dlhpc.scheduler.registry import Backend, default_registry
+from dlhpc.search import make_searcher
 from dlhpc.simulate import ClusterSpec, SimCluster, VirtualClock, sim_config
 from dlhpc.store import Store
-
-NON_ADAPTIVE = ("random", "grid", "bayes", "single")
 
 
 @dataclass(frozen=True)
@@ -56,19 +56,55 @@ class SimKnobs:
 
 def searcher_section(given: Mapping[str, Any], budget: int, workers: int) -> dict[str, Any]:
     """``given`` plus the benchmark's values of the keys it leaves out: the metric
-    (val_accuracy, larger is better), ``max_length`` 50, ``max_concurrent_trials`` =
-    ``workers`` and ``max_trials``: for random/grid/bayes the full trainings the budget
-    pays for plus ``workers`` (runs still going when it is spent), for every other
-    searcher ``budget`` (a trial costs at least one epoch, so it never runs out first)."""
+    (val_accuracy, larger is better), ``max_length`` 50 and ``max_concurrent_trials`` =
+    ``workers``. ``max_trials`` (when not given) is set by :func:`natural_trials`."""
     out = dict(given)
     out.setdefault("metric", "val_accuracy")
     out.setdefault("smaller_is_better", False)
     out.setdefault("max_length", MAX_LENGTH)
     out.setdefault("max_concurrent_trials", workers)
-    if "max_trials" not in out:
-        non_adaptive = out.get("name") in NON_ADAPTIVE
-        out["max_trials"] = math.ceil(budget / MAX_LENGTH) + workers if non_adaptive else budget
     return out
+
+
+def expected_spend(searcher: Any, divisor: int) -> float | None:
+    """Epochs a rung-based searcher spends when each rung keeps 1/divisor of the one below
+    it: sum over brackets of trials * sum_k (l_k - l_(k-1)) / divisor^k (None: the
+    searcher has no ``brackets``)."""
+    brackets = getattr(searcher, "brackets", None)
+    if not brackets:
+        return None
+    return float(
+        sum(
+            b.trials
+            * sum(
+                (hi - lo) / divisor**k
+                for k, (lo, hi) in enumerate(zip((0, *b.lengths), b.lengths, strict=False))
+            )
+            for b in brackets
+        )
+    )
+
+
+def natural_trials(cfg: ExperimentConfig, budget: int, workers: int) -> int:
+    """``max_trials`` for a run of ``budget`` epochs: for a searcher with rungs
+    (``brackets``), the largest count whose :func:`expected_spend` fits the budget (as
+    scripts/bench_search.py); for any other, the full trainings the budget pays for plus
+    ``workers`` (the runs still going when it is spent)."""
+    sc = cfg.searcher
+
+    def spend(n: int) -> float | None:
+        made = make_searcher(cfg.hyperparameters, dataclasses.replace(sc, max_trials=n))
+        return expected_spend(made, sc.divisor)
+
+    if spend(1) is None:
+        return math.ceil(budget / sc.max_length) + workers
+    lo, hi = 1, 2
+    while (spend(hi) or 0.0) <= budget:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:  # spend(lo) <= budget < spend(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if (spend(mid) or 0.0) <= budget else (lo, mid)
+    return lo
 
 
 def experiment_text(section: Mapping[str, Any]) -> str:
@@ -98,6 +134,17 @@ def load_method(section: Mapping[str, Any], folder: Path) -> ExperimentConfig:
     path = folder / "experiment.yaml"
     path.write_text(experiment_text(section))
     return load_experiment(path, site="local")
+
+
+def method_config(
+    section: Mapping[str, Any], folder: Path, budget: int, workers: int
+) -> ExperimentConfig:
+    """:func:`load_method`, with :func:`natural_trials` when ``section`` has no max_trials
+    (the loader checks the searcher's rules again with the count it gets)."""
+    if "max_trials" in section:
+        return load_method(section, folder)
+    first = load_method({**section, "max_trials": 1}, folder)
+    return load_method({**section, "max_trials": natural_trials(first, budget, workers)}, folder)
 
 
 class _SimCurve:
@@ -152,7 +199,8 @@ def run_dlhpc(
     root = Path(tempfile.mkdtemp(prefix="dlhpc-lcbench-"))
     trace = Trace(budget)
     try:
-        cfg = sim_config(load_method(section, root / "exp"), seed, root / "sim")
+        exp = method_config(section, root / "exp", budget, knobs.workers)
+        cfg = sim_config(exp, seed, root / "sim")
         clock = VirtualClock()
         source = LCBenchSource(surrogate, task, trace, knobs.time_scale)
         source.start = clock.time()
@@ -168,6 +216,7 @@ def run_dlhpc(
             cluster.finalize()
             facts = {
                 "end": end,
+                "max_trials": cfg.searcher.max_trials,
                 "ticks": ticks,
                 "trials": cluster.stats.starts,
                 "cluster_gpu_hours": cluster.stats.gpu_s / 3600,

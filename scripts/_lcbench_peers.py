@@ -19,6 +19,7 @@ method runs (benchmark-only dependencies).
 from __future__ import annotations
 
 import heapq
+import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -167,9 +168,10 @@ class OptunaMethod:
 
 
 class SyneMethod:
-    """A Syne Tune scheduler driven directly (suggest, on_trial_add, on_trial_result,
-    on_trial_complete): ``asha`` (ASHA) or ``bohb`` (BOHB: ASHA with a KDE proposer);
-    grace period 1 epoch, reduction factor 3, max_t 50, one bracket (its defaults)."""
+    """A Syne Tune scheduler driven directly as its ``Tuner`` drives it (suggest,
+    on_trial_add, on_trial_result, on_trial_remove): ``asha`` (ASHA) or ``bohb`` (BOHB:
+    ASHA with a KDE proposer); grace period 1 epoch, reduction factor 3, max_t 50, one
+    bracket (its defaults)."""
 
     def __init__(self, variant: str, seed: int) -> None:
         from datetime import datetime
@@ -179,6 +181,7 @@ class SyneMethod:
         from syne_tune.optimizer import baselines
         from syne_tune.optimizer.scheduler import SchedulerDecision
 
+        logging.getLogger("syne_tune").setLevel(logging.ERROR)  # a warning per scheduler
         np.random.seed(seed)  # on_trial_add draws its bracket from numpy's global RNG
         makers = {"float": cs.uniform, "log": cs.loguniform, "int": cs.randint}
         space: dict[str, Any] = {
@@ -204,9 +207,8 @@ class SyneMethod:
 
     def report(self, handle: Any, epoch: int, value: float) -> bool:
         result = {"val_accuracy": value, "epoch": epoch}
-        if epoch >= MAX_LENGTH:
-            self.scheduler.on_trial_complete(handle, result)
-            return False
+        # as syne_tune.Tuner does: every result goes to on_trial_result; a STOP (also the
+        # one at max_t) is followed by on_trial_remove, and then no on_trial_complete
         if self.scheduler.on_trial_result(handle, result) == self._stop:
             self.scheduler.on_trial_remove(handle)
             return False
