@@ -129,12 +129,60 @@ def svg(result: dict[str, Any], workers: int, width: int = 720, height: int = 44
     return "\n".join(parts) + "\n"
 
 
+def is_peer(method: str) -> bool:
+    """Optuna's and Syne Tune's methods (``topk`` is the counter-anchor, not a peer)."""
+    return method.startswith(("optuna-", "syne-"))
+
+
+def verdicts(result: dict[str, Any], workers: int) -> list[str]:
+    """Issue 17's target per dlhpc method at ``workers``: its median epochs to target
+    against random's (<= 1/10) and the best peer's, and the share of the regret
+    checkpoints where its mean curve is at or below every peer's."""
+    runs = [r for r in result["runs"] if r["workers"] == workers]
+    methods = list(dict.fromkeys(r["method"] for r in runs))
+    peers = [m for m in methods if is_peer(m)]
+    med = {
+        m: statistics.median(_per_task([r for r in runs if r["method"] == m], "epochs").values())
+        for m in methods
+    }
+    curves = mean_curves(result, workers)
+    best_peer = min(peers, key=lambda m: med[m]) if peers else None
+    out = []
+    for m in methods:
+        if is_peer(m) or m in ("topk", "random"):
+            continue
+        line = f"W={workers} {m}: median epochs to target {_fmt(med[m], 'g')}"
+        if "random" in med:
+            line += f" (random {_fmt(med['random'], 'g')})"
+        if best_peer is not None:
+            below = sum(
+                all(c <= curves[p][i] + 1e-12 for p in peers) for i, c in enumerate(curves[m])
+            )
+            line += (
+                f"; best peer {best_peer} {_fmt(med[best_peer], 'g')};"
+                f" regret at or below every peer's at {below}/{len(curves[m])} checkpoints"
+            )
+        out.append(line)
+    return out
+
+
+def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Shards of one run (the same arguments but ``--shard``) as one result."""
+    first = dict(results[0])
+    first["runs"] = [r for res in results for r in res["runs"]]
+    first["references"] = {k: v for res in results for k, v in res["references"].items()}
+    first["skipped"] = {k: v for res in results for k, v in res.get("skipped", {}).items()}
+    first["runtime_s"] = sum(res.get("runtime_s", 0.0) for res in results)
+    return first
+
+
 def write_report(result: dict[str, Any], svg_dir: Path | None, stem: str) -> str:
     """Every W's table (returned as markdown); with ``svg_dir``, ``<stem>-w<W>.svg`` and
     ``<stem>-w<W>.csv`` (the curves' data) there."""
     texts = []
     for w in sorted({r["workers"] for r in result["runs"]}):
         texts.append(table(result, w))
+        texts.append("\n".join(verdicts(result, w)))
         if svg_dir is not None:
             svg_dir.mkdir(parents=True, exist_ok=True)
             (svg_dir / f"{stem}-w{w}.svg").write_text(svg(result, w))

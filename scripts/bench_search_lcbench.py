@@ -15,6 +15,7 @@ regret at a log-spaced set of budgets. Protocol: docs/BENCHMARKS.md, "Issue 17".
     python scripts/bench_search_lcbench.py --tasks all --seeds 5 --workers 1,4,16,64 \\
         --json results.json --svg-dir docs
     python scripts/bench_search_lcbench.py --report results.json   # the tables again
+    # on 2 cores: two processes with --shard 0/2 and --shard 1/2, then --report a.json,b.json
 
 A dlhpc method is a searcher name (``asha``) or ``LABEL={YAML searcher mapping}`` with
 ``--searcher`` (``--searcher 'asha-tpe={name: asha, proposer: tpe}'``), so any searcher
@@ -36,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _lcbench_dlhpc import SimKnobs, run_dlhpc, searcher_section  # noqa: E402
 from _lcbench_measures import Trace, checkpoints  # noqa: E402
 from _lcbench_peers import MISSING, PEERS, make_peer, run_workers  # noqa: E402
-from _lcbench_report import write_report  # noqa: E402
+from _lcbench_report import merge, write_report  # noqa: E402
 from _lcbench_surrogate import MAX_LENGTH, Surrogate, TaskReference, reference  # noqa: E402
 
 from dlhpc.errors import DlhpcError  # noqa: E402
@@ -110,6 +111,8 @@ def record(
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
     surrogate = Surrogate(args.data, args.metric)
     tasks = surrogate.tasks if args.tasks == "all" else args.tasks.split(",")
+    shard, shards = (int(x) for x in args.shard.split("/"))
+    tasks = tasks[shard::shards]
     methods = parse_methods(args.methods, args.searcher)
     workers = [int(w) for w in args.workers.split(",")]
     marks = checkpoints(args.budget, MAX_LENGTH)
@@ -167,10 +170,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="write every run here")
     p.add_argument("--svg-dir", type=Path, default=None, help="write regret SVG + CSV here")
     p.add_argument("--stem", default="lcbench-regret", help="file name stem of the SVGs")
-    p.add_argument("--report", type=Path, default=None, help="only print tables of this JSON")
+    p.add_argument("--shard", default="0/1", help="K/N: run every N-th task from the K-th")
+    p.add_argument("--report", default=None, help="only the tables of these JSON files (shards)")
     args = p.parse_args(argv)
+    k, _, n = args.shard.partition("/")
+    if not (k.isdigit() and n.isdigit() and int(k) < int(n)):
+        p.error(f"--shard: expected K/N with 0 <= K < N, got {args.shard!r}")
     if args.report is not None:
-        result = json.loads(args.report.read_text())
+        result = merge([json.loads(Path(f).read_text()) for f in args.report.split(",")])
     else:
         t0 = time.monotonic()
         result = run_all(args)

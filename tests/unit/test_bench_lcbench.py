@@ -190,3 +190,36 @@ def test_driver_smoke_random_and_asha(tmp_path: Path) -> None:
     assert asha["facts"]["trials"] > result["runs"][0]["facts"]["trials"]
     assert (tmp_path / "svg" / "lcbench-regret-w4.svg").read_text().startswith("<svg")
     assert bench.main(["--report", str(out)]) == 0
+
+
+def _fake_run(
+    method: str, task: str, seed: int, epochs: int | None, regret: tuple[float, float]
+) -> dict[str, Any]:
+    hit = None if epochs is None else {"epochs": epochs, "gpu_hours": 1.0, "wall_hours": 2.0}
+    return {
+        "method": method, "task": task, "seed": seed, "workers": 4, "to_target": hit,
+        "regret": list(regret), "real_s": 1.0,
+    }  # fmt: skip
+
+
+def test_report_table_ratios_and_shard_merge() -> None:
+    from _lcbench_report import merge, table, verdicts
+
+    def result(task: str, random: list[int | None], asha: list[int | None]) -> dict[str, Any]:
+        runs = [_fake_run("random", task, s, e, (0.5, 0.2)) for s, e in enumerate(random)]
+        runs += [_fake_run("asha", task, s, e, (0.5, 0.1)) for s, e in enumerate(asha)]
+        runs += [_fake_run("syne-asha", task, s, 400, (0.6, 0.05)) for s in range(3)]
+        args = {"budget": 1000, "reference_samples": 2000, "points": 1.0}
+        return {"args": args, "checkpoints": [50, 1000], "runs": runs, "references": {}}
+
+    shards = [result("a", [100, 200, 300], [10, 20, None]), result("b", [None] * 3, [100] * 3)]
+    merged = merge(shards)
+    text = table(merged, 4)
+    # per-task medians: random a=200, b=inf (counts as the budget, 1000); asha a=20, b=100:
+    # ratios 0.1 and 0.1; medians over tasks: asha 60, random inf
+    assert "| asha | 5/6 | 60 | 0.10 | 1 | 2 | 0.1000 | 1.0 |" in text
+    assert "| random | 3/6 | > budget | > budget |" in text
+    assert "| syne-asha | 6/6 | 400 | 1.20 |" in text  # 400/200 and 400/1000
+    (line,) = verdicts(merged, 4)
+    assert line.startswith("W=4 asha: median epochs to target 60 (random > budget)")
+    assert "best peer syne-asha 400" in line and "every peer's at 1/2 checkpoints" in line
