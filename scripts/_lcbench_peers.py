@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -182,6 +183,8 @@ class SyneMethod:
         from syne_tune.optimizer.scheduler import SchedulerDecision
 
         logging.getLogger("syne_tune").setLevel(logging.ERROR)  # a warning per scheduler
+        # statsmodels (BOHB's KDE) announces a future change of its default RNG on every fit
+        warnings.filterwarnings("ignore", category=FutureWarning, message="After 0.17")
         np.random.seed(seed)  # on_trial_add draws its bracket from numpy's global RNG
         makers = {"float": cs.uniform, "log": cs.loguniform, "int": cs.randint}
         space: dict[str, Any] = {
