@@ -218,7 +218,7 @@ def run_dlhpc(
                 "end": end,
                 "max_trials": cfg.searcher.max_trials,
                 "ticks": ticks,
-                "trials": cluster.stats.starts,
+                "starts": cluster.stats.starts,  # trial starts, a resumed trial again
                 "cluster_gpu_hours": cluster.stats.gpu_s / 3600,
             }
         finally:

@@ -65,12 +65,12 @@ def run_workers(
             heapq.heappush(running, (now + curve.seconds[done] * scale, seq, handle, [curve, done]))
             seq, trials, idle = seq + 1, trials + 1, idle - 1
         if not running:
-            return trace, {"end": "method started nothing more", "trials": trials}
+            return trace, {"end": "method started nothing more", "starts": trials}
         now, _, handle, state = heapq.heappop(running)
         curve, done = state[0], state[1] + 1
         value = curve.values[done - 1]
         if trace.add(now, curve.seconds[done - 1] * scale, value):
-            return trace, {"end": "budget", "trials": trials}
+            return trace, {"end": "budget", "starts": trials}
         if method.report(handle, done, value) and done < MAX_LENGTH:
             state[1] = done
             heapq.heappush(running, (now + curve.seconds[done] * scale, seq, handle, state))
