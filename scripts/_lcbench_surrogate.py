@@ -175,6 +175,10 @@ class Surrogate:
     def curve(self, task: str, hp: Mapping[str, Any]) -> Curve:
         return self.curves(task, [hp])[0]
 
+    def clear(self) -> None:
+        """Forget the cached curves (a run's thousands of configurations add up)."""
+        self._cache.clear()
+
 
 def random_configs(n: int, seed: str | int) -> list[dict[str, Any]]:
     """``n`` configurations from dlhpc's own sampler over :data:`SPACE` (names sorted)."""

@@ -134,6 +134,8 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
                         skipped[label] = f"{type(exc).__name__}: {exc}"
                         print(f"  skipped {label}: {skipped[label]}", flush=True)
                         break
+                    finally:
+                        surrogate.clear()
                     rec = record(label, task, seed, w, trace, facts, ref, marks, 0.0)
                     rec["real_s"] = round(time.monotonic() - t0, 3)
                     runs.append(rec)
