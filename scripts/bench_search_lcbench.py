@@ -108,7 +108,50 @@ def record(
     }
 
 
+def run_task(
+    task: str,
+    ref: TaskReference,
+    methods: list[tuple[str, dict[str, Any] | None]],
+    workers: list[int],
+    surrogate: Surrogate,
+    marks: list[int],
+    args: argparse.Namespace,
+    skipped: dict[str, str],
+) -> list[dict[str, Any]]:
+    """Every method, W and seed on ``task``; a method that cannot run is added to
+    ``skipped`` (with the reason) and not tried again."""
+    runs = []
+    print(f"task {task}: best {ref.best:.3f}, target {ref.target:.3f}, share {ref.share:.4f}")
+    for label, section in methods:
+        for w in workers:
+            for seed in range(args.seeds):
+                if label in skipped:
+                    break
+                t0 = time.monotonic()
+                try:
+                    trace, facts = one_run(label, section, surrogate, task, seed, w, args)
+                except (ImportError, ValueError, DlhpcError) as exc:
+                    skipped[label] = f"{type(exc).__name__}: {exc}"
+                    print(f"  skipped {label}: {skipped[label]}", flush=True)
+                    break
+                finally:
+                    surrogate.clear()
+                rec = record(label, task, seed, w, trace, facts, ref, marks, 0.0)
+                rec["real_s"] = round(time.monotonic() - t0, 3)
+                runs.append(rec)
+                hit = rec["to_target"]
+                print(
+                    f"  {label} W={w} seed={seed}: to target"
+                    f" {hit['epochs'] if hit else '> budget'} epochs,"
+                    f" best {rec['best']}, {rec['real_s']:.1f} s",
+                    flush=True,
+                )
+    return runs
+
+
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
+    """The whole run; with ``--json`` the results so far are rewritten after every task."""
+    t0 = time.monotonic()
     surrogate = Surrogate(args.data, args.metric)
     tasks = surrogate.tasks if args.tasks == "all" else args.tasks.split(",")
     shard, shards = (int(x) for x in args.shard.split("/"))
@@ -117,42 +160,23 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     workers = [int(w) for w in args.workers.split(",")]
     marks = checkpoints(args.budget, MAX_LENGTH)
     refs = {t: reference(surrogate, t, args.reference_samples, args.points) for t in tasks}
-    runs: list[dict[str, Any]] = []
-    skipped: dict[str, str] = {}
-    for task in tasks:
-        ref = refs[task]
-        print(f"task {task}: best {ref.best:.3f}, target {ref.target:.3f}, share {ref.share:.4f}")
-        for label, section in methods:
-            for w in workers:
-                for seed in range(args.seeds):
-                    if label in skipped:
-                        break
-                    t0 = time.monotonic()
-                    try:
-                        trace, facts = one_run(label, section, surrogate, task, seed, w, args)
-                    except (ImportError, ValueError, DlhpcError) as exc:
-                        skipped[label] = f"{type(exc).__name__}: {exc}"
-                        print(f"  skipped {label}: {skipped[label]}", flush=True)
-                        break
-                    finally:
-                        surrogate.clear()
-                    rec = record(label, task, seed, w, trace, facts, ref, marks, 0.0)
-                    rec["real_s"] = round(time.monotonic() - t0, 3)
-                    runs.append(rec)
-                    hit = rec["to_target"]
-                    print(
-                        f"  {label} W={w} seed={seed}: to target"
-                        f" {hit['epochs'] if hit else '> budget'} epochs,"
-                        f" best {rec['best']}, {rec['real_s']:.1f} s",
-                        flush=True,
-                    )
-    return {
+    result: dict[str, Any] = {
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "references": {t: vars(r) for t, r in refs.items()},
         "checkpoints": marks,
-        "runs": runs,
-        "skipped": skipped,
+        "runs": [],
+        "skipped": {},
+        "complete": False,
     }
+    for task in tasks:
+        result["runs"] += run_task(
+            task, refs[task], methods, workers, surrogate, marks, args, result["skipped"]
+        )
+        result["runtime_s"] = time.monotonic() - t0
+        if args.json is not None:
+            args.json.write_text(json.dumps(result, indent=1))
+    result["complete"] = True
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,9 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report is not None:
         result = merge([json.loads(Path(f).read_text()) for f in args.report.split(",")])
     else:
-        t0 = time.monotonic()
         result = run_all(args)
-        result["runtime_s"] = time.monotonic() - t0
         if args.json is not None:
             args.json.write_text(json.dumps(result, indent=1))
     print()
