@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""Benchmark: hyperparameter search on the YAHPO Gym LCBench surrogate (issue 17).
+
+Every method gets the same budget of trial-epochs on each task, seed and worker count W.
+dlhpc's searchers run through the ``dlhpc simulate`` machinery (a real ``launch`` and
+``tick`` loop on a simulated cluster of W GPUs and a virtual clock; ``_lcbench_dlhpc.py``);
+the peers (Optuna, Syne Tune, the one-epoch top-K baseline) run on a virtual-worker model
+with the same W and the same epoch times (``_lcbench_peers.py``). Curves and epoch times
+come from the surrogate (``_lcbench_surrogate.py``: budget epochs 1..50 are its epochs
+2..51). Measures (``_lcbench_measures.py``): epochs, GPU-hours and wall time until a trial
+reports the task's best - 1 point (best of 2,000 random configurations), and normalised
+regret at a log-spaced set of budgets. Protocol: docs/BENCHMARKS.md, "Issue 17".
+
+    pip install -e '.[bench]'   # onnxruntime, optuna, syne-tune
+    python scripts/bench_search_lcbench.py --tasks all --seeds 5 --workers 1,4,16,64 \\
+        --json results.json --svg-dir docs
+    python scripts/bench_search_lcbench.py --report results.json   # the tables again
+    # on 2 cores: two processes with --shard 0/2 and --shard 1/2, then --report a.json,b.json
+
+A dlhpc method is a searcher name (``asha``) or ``LABEL={YAML searcher mapping}`` with
+``--searcher`` (``--searcher 'asha-tpe={name: asha, proposer: tpe}'``), so any searcher
+dlhpc knows runs by its settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _lcbench_dlhpc import SimKnobs, run_dlhpc, searcher_section  # noqa: E402
+from _lcbench_measures import Trace, checkpoints  # noqa: E402
+from _lcbench_peers import MISSING, PEERS, make_peer, run_workers  # noqa: E402
+from _lcbench_report import merge, write_report  # noqa: E402
+from _lcbench_surrogate import MAX_LENGTH, Surrogate, TaskReference, reference  # noqa: E402
+
+from dlhpc.errors import DlhpcError  # noqa: E402
+
+DLHPC_METHODS = ("random", "grid", "sha", "asha", "hyperband", "bayes")
+DEFAULT_METHODS = ",".join((*DLHPC_METHODS, *PEERS))
+
+
+def parse_methods(names: str, extra: list[str]) -> list[tuple[str, dict[str, Any] | None]]:
+    """(label, searcher mapping or None for a peer) per method, in the order given.
+    SystemExit(2) with the offending text for a malformed ``--searcher``."""
+    out: list[tuple[str, dict[str, Any] | None]] = []
+    for name in (n.strip() for n in names.split(",") if n.strip()):
+        is_peer = name in PEERS or name in MISSING
+        out.append((name, None if is_peer else {"name": name}))
+    for text in extra:
+        label, sep, body = text.partition("=")
+        try:
+            mapping = yaml.safe_load(body) if sep else None
+        except yaml.YAMLError as exc:
+            raise SystemExit(f"--searcher {text!r}: not YAML: {exc}") from exc
+        if not label.strip() or not isinstance(mapping, dict) or "name" not in mapping:
+            raise SystemExit(f"--searcher {text!r}: expected LABEL={{name: ..., ...}}")
+        out.append((label.strip(), mapping))
+    return out
+
+
+def one_run(
+    label: str,
+    section: dict[str, Any] | None,
+    surrogate: Surrogate,
+    task: str,
+    seed: int,
+    workers: int,
+    args: argparse.Namespace,
+) -> tuple[Trace, dict[str, Any]]:
+    """One method, task, seed and W: its trace and facts."""
+    if section is None:
+        method = make_peer(label, seed, args.budget)
+        return run_workers(method, surrogate, task, workers, args.budget, args.time_scale)
+    knobs = SimKnobs(workers, args.tick_interval, 0.0, 0.0, args.time_scale)
+    full = searcher_section({**section, "seed": seed}, args.budget, workers)
+    trace, facts = run_dlhpc(full, surrogate, task, 0, args.budget, knobs)
+    return trace, {**facts, "searcher": full}
+
+
+def record(
+    label: str,
+    task: str,
+    seed: int,
+    workers: int,
+    trace: Trace,
+    facts: dict[str, Any],
+    ref: TaskReference,
+    marks: list[int],
+    real_s: float,
+) -> dict[str, Any]:
+    return {
+        "method": label,
+        "task": task,
+        "seed": seed,
+        "workers": workers,
+        "to_target": trace.to_target(ref.target),
+        **trace.summary(),
+        "regret": trace.regret_at(marks, ref.regret),
+        "facts": facts,
+        "real_s": real_s,
+    }
+
+
+def run_task(
+    task: str,
+    ref: TaskReference,
+    methods: list[tuple[str, dict[str, Any] | None]],
+    workers: list[int],
+    surrogate: Surrogate,
+    marks: list[int],
+    args: argparse.Namespace,
+    skipped: dict[str, str],
+) -> list[dict[str, Any]]:
+    """Every method, W and seed on ``task``; a method that cannot run is added to
+    ``skipped`` (with the reason) and not tried again."""
+    runs = []
+    print(f"task {task}: best {ref.best:.3f}, target {ref.target:.3f}, share {ref.share:.4f}")
+    for label, section in methods:
+        for w in workers:
+            for seed in range(args.seeds):
+                if label in skipped:
+                    break
+                t0 = time.monotonic()
+                try:
+                    trace, facts = one_run(label, section, surrogate, task, seed, w, args)
+                except (ImportError, ValueError, DlhpcError) as exc:
+                    skipped[label] = f"{type(exc).__name__}: {exc}"
+                    print(f"  skipped {label}: {skipped[label]}", flush=True)
+                    break
+                finally:
+                    surrogate.clear()
+                rec = record(label, task, seed, w, trace, facts, ref, marks, 0.0)
+                rec["real_s"] = round(time.monotonic() - t0, 3)
+                runs.append(rec)
+                hit = rec["to_target"]
+                print(
+                    f"  {label} W={w} seed={seed}: to target"
+                    f" {hit['epochs'] if hit else '> budget'} epochs,"
+                    f" best {rec['best']}, {rec['real_s']:.1f} s",
+                    flush=True,
+                )
+    return runs
+
+
+def run_all(args: argparse.Namespace) -> dict[str, Any]:
+    """The whole run; with ``--json`` the results so far are rewritten after every task."""
+    t0 = time.monotonic()
+    surrogate = Surrogate(args.data, args.metric)
+    tasks = surrogate.tasks if args.tasks == "all" else args.tasks.split(",")
+    shard, shards = (int(x) for x in args.shard.split("/"))
+    tasks = tasks[shard::shards]
+    methods = parse_methods(args.methods, args.searcher)
+    workers = [int(w) for w in args.workers.split(",")]
+    marks = checkpoints(args.budget, MAX_LENGTH)
+    refs = {t: reference(surrogate, t, args.reference_samples, args.points) for t in tasks}
+    result: dict[str, Any] = {
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "references": {t: vars(r) for t, r in refs.items()},
+        "checkpoints": marks,
+        "runs": [],
+        "skipped": {},
+        "complete": False,
+    }
+    for task in tasks:
+        result["runs"] += run_task(
+            task, refs[task], methods, workers, surrogate, marks, args, result["skipped"]
+        )
+        result["runtime_s"] = time.monotonic() - t0
+        if args.json is not None:
+            args.json.write_text(json.dumps(result, indent=1))
+    result["complete"] = True
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tasks", default="all", help="'all' or comma-separated OpenML task ids")
+    p.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1")
+    p.add_argument("--workers", default="1,4,16,64", help="W values (GPUs), comma-separated")
+    p.add_argument("--budget", type=int, default=200 * MAX_LENGTH, help="trial-epochs per run")
+    p.add_argument("--methods", default=DEFAULT_METHODS, help="dlhpc searcher names and peers")
+    p.add_argument("--searcher", action="append", default=[], help="LABEL={YAML mapping}")
+    p.add_argument("--points", type=float, default=1.0, help="target = best - this")
+    p.add_argument("--reference-samples", type=int, default=2000)
+    p.add_argument("--metric", default="val_accuracy")
+    p.add_argument("--tick-interval", type=float, default=60.0, help="dlhpc tick, virtual s")
+    p.add_argument("--time-scale", type=float, default=1.0, help="x the surrogate's seconds")
+    p.add_argument("--data", type=Path, default=None, help="the surrogate's folder")
+    p.add_argument("--json", type=Path, default=None, help="write every run here")
+    p.add_argument("--svg-dir", type=Path, default=None, help="write regret SVG + CSV here")
+    p.add_argument("--stem", default="lcbench-regret", help="file name stem of the SVGs")
+    p.add_argument("--shard", default="0/1", help="K/N: run every N-th task from the K-th")
+    p.add_argument("--report", default=None, help="only the tables of these JSON files (shards)")
+    args = p.parse_args(argv)
+    k, _, n = args.shard.partition("/")
+    if not (k.isdigit() and n.isdigit() and int(k) < int(n)):
+        p.error(f"--shard: expected K/N with 0 <= K < N, got {args.shard!r}")
+    if args.report is not None:
+        result = merge([json.loads(Path(f).read_text()) for f in args.report.split(",")])
+    else:
+        result = run_all(args)
+        if args.json is not None:
+            args.json.write_text(json.dumps(result, indent=1))
+    print()
+    print(write_report(result, args.svg_dir, args.stem))
+    if "runtime_s" in result:
+        print(f"\nruntime {result['runtime_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
