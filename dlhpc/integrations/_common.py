@@ -8,6 +8,7 @@ are imported by the functions that need them).
 from __future__ import annotations
 
 import argparse
+import atexit
 import copy
 import importlib
 import os
@@ -19,7 +20,13 @@ from dlhpc._extras import ADAPTERS
 from dlhpc.errors import DlhpcError
 from dlhpc.protocol import TrialSpec, trial_file
 
-__all__ = ["MissingExtraError", "hparams", "require", "trial_spec"]
+__all__ = [
+    "MissingExtraError",
+    "destroy_process_group_at_exit",
+    "hparams",
+    "require",
+    "trial_spec",
+]
 
 ENV_TRIAL_DIR = "DLHPC_TRIAL_DIR"  # set by the worker in every dlhpc job (harness.context)
 
@@ -73,3 +80,24 @@ def hparams(defaults: H) -> H:
         key = name.replace("-", "_") if name not in fields else name
         fields[key] = value
     return out
+
+
+def _destroy_default_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def destroy_process_group_at_exit() -> None:
+    """Destroy torch's default process group at interpreter exit, if still there.
+
+    Idempotent (registered once however often it is called). Without it a gloo rank
+    that ends without ``destroy_process_group()`` can abort (SIGABRT, "terminate
+    called without an active exception") while the interpreter finalizes, and the
+    attempt of a trial that finished would count as crashed. Lightning registers
+    such a handler for NCCL only. At exit nothing uses the group any more, so the
+    handler cannot disturb a script that keeps using it after training.
+    """
+    atexit.unregister(_destroy_default_group)
+    atexit.register(_destroy_default_group)

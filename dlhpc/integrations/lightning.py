@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dlhpc.errors import DlhpcError
-from dlhpc.integrations._common import hparams, require
+from dlhpc.integrations._common import destroy_process_group_at_exit, hparams, require
 from dlhpc.protocol.checkpoint import Checkpoint, latest_verified, prune, publish_checkpoint
 
 require("lightning.pytorch", __name__)
@@ -126,6 +126,8 @@ class DlhpcCallback(Callback):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit":
             return
+        if trainer.world_size > 1:
+            destroy_process_group_at_exit()
         if threading.current_thread() is threading.main_thread():
             self._handlers = {sig: signal.getsignal(sig) for sig in _SIGNALS}
         ctx = self.ctx

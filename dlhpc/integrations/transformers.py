@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dlhpc.errors import DlhpcError
-from dlhpc.integrations._common import hparams, require
+from dlhpc.integrations._common import destroy_process_group_at_exit, hparams, require
 from dlhpc.protocol.checkpoint import Checkpoint, latest_verified, prune, publish_checkpoint
 
 require("transformers", __name__)
@@ -151,6 +151,8 @@ class DlhpcCallback(TrainerCallback):
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         training_args(args, self.unit, self.ctx)
+        if args.world_size > 1:
+            destroy_process_group_at_exit()
 
     # -- metrics -------------------------------------------------------------
 
