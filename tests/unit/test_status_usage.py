@@ -268,7 +268,7 @@ def test_the_status_json_encoder_writes_what_json_dumps_writes(
         monkeypatch.setattr(model, "_ENCODER", None)
     value = {
         "a": [1, 2.5, float("nan"), float("inf"), -float("inf"), None, True],
-        "é ünïcode \u2028 \"q\" \\": {"nested": [{"x": 1e-300}], "": ""},
+        'é ünïcode \u2028 "q" \\': {"nested": [{"x": 1e-300}], "": ""},
         "big": 10**30,
     }
     assert model._dumps(value) == json.dumps(value)
