@@ -328,6 +328,7 @@ class SimCluster(BaseScheduler):
                 t.writer.add("checkpoint", time=now, step=t.epoch, path=f"sim:{t.epoch}", size=0)
                 self._checkpoints[t.trial_dir] = t.epoch
                 t.useful_s += t.epoch_len
+                self.stats.epochs += 1
                 self._dirty.add(t.job_id)
             if t.epoch >= t.grant:
                 self._finish(t, now, 0, "completed", None, JobState.COMPLETED)

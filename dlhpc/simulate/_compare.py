@@ -65,6 +65,7 @@ class SearcherSummary:
             "reps": len(r),
             "median_gpu_hours": self._median([x.gpu_hours for x in r]),
             "median_wall_hours": self._median([x.wall_hours for x in r]),
+            "median_epochs": self._median([x.epochs for x in r]),
             "p_best": sum(x.found_best for x in r) / len(r) if r else None,
             "median_best_metric": self._median([x.best_metric for x in r]),
             "median_trials": self._median([x.trials for x in r]),

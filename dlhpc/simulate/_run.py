@@ -75,6 +75,7 @@ class RunResult:
     gpu_hours: float
     wall_hours: float
     wasted_gpu_hours: float
+    epochs: int  # trial-epochs trained (checkpointed; a lost epoch is not counted)
     best_metric: float | None  # the chosen trial's observed final metric
     best_true: float | None  # its noise-free final metric
     found_best: bool
@@ -240,6 +241,7 @@ def _result(
         gpu_hours=stats.gpu_s / 3600,
         wall_hours=0.0,
         wasted_gpu_hours=stats.wasted_gpu_s / 3600,
+        epochs=stats.epochs,
         best_metric=chosen.latest_metric if chosen is not None else None,
         best_true=true,
         found_best=true is not None and reference.is_best(true),

@@ -33,6 +33,7 @@ class SimStats:
     stops: int = 0
     cancels: int = 0
     events: int = 0  # task events processed (starts, epochs, exits)
+    epochs: int = 0  # trial-epochs trained and checkpointed (lost ones not counted)
 
 
 @dataclass(eq=False)  # compared by identity
