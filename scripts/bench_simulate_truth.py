@@ -71,16 +71,23 @@ def status(env: dict[str, str], exp_id: int) -> dict[str, Any]:
 
 
 def run_real(env: dict[str, str], yaml: Path, tick_s: float, timeout_s: float) -> int:
-    """Launch, then tick every ``tick_s`` seconds (fixed period) until it ends."""
+    """Launch, then tick every ``tick_s`` seconds (fixed period; later when a tick and
+    the status read take longer) until it ends; prints the mean period reached."""
     exp_id = int(json.loads(dlhpc(env, "launch", str(yaml), "--json"))["experiment_id"])
     print(f"launched experiment {exp_id}", flush=True)
     t0 = time.monotonic()
     nxt = t0
+    ticks: list[float] = []
     while True:
+        ticks.append(time.monotonic())
         dlhpc(env, "tick", "-q")
         exp = status(env, exp_id)
         if exp["state"] != "ACTIVE":
-            print(f"experiment {exp_id} {exp['state']} after {time.monotonic() - t0:.0f} s")
+            period = (ticks[-1] - ticks[0]) / max(1, len(ticks) - 1)
+            print(
+                f"experiment {exp_id} {exp['state']} after {time.monotonic() - t0:.0f} s,"
+                f" {len(ticks)} ticks, mean period {period:.2f} s"
+            )
             return exp_id
         if time.monotonic() - t0 > timeout_s:
             sys.exit(f"experiment {exp_id} still ACTIVE after {timeout_s:.0f} s")

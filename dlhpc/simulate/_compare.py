@@ -32,11 +32,12 @@ from dlhpc.search.registry import default_concurrency
 from dlhpc.simulate._curves import (
     BestReference,
     CurveSource,
+    RecordedCurves,
     SyntheticCurves,
     best_reference,
     load_recorded,
 )
-from dlhpc.simulate._run import RunResult, SimSettings, simulate_once
+from dlhpc.simulate._run import DEFAULT_STARTUP_S, RunResult, SimSettings, simulate_once
 from dlhpc.store import Store
 from dlhpc.store.store import DB_NAME
 
@@ -182,7 +183,7 @@ def _check_fits(cfg: ExperimentConfig, source: CurveSource, settings: SimSetting
     if gpus > settings.gpus:
         raise UsageError(f"a trial needs {gpus} GPUs; --gpus is {settings.gpus}")
     limit = cfg.resources.time_minutes * 60 - cfg.preemption.lead_time_s
-    need = source.max_epoch_seconds() + settings.startup_s
+    need = source.max_epoch_seconds() + (settings.startup_s or 0.0)
     if need >= limit:
         raise UsageError(
             f"an epoch (up to {need:.0f} s with startup) does not fit the time limit"
@@ -211,6 +212,10 @@ def compare(
     sources = [factory(off) for off in offsets]
     sml, length = cfg.searcher.smaller_is_better, cfg.searcher.max_length
     refs = [best_reference(src, cfg.hyperparameters, length, sml, settings.top) for src in sources]
+    if settings.startup_s is None:  # recorded curves: the start-up their jobs had
+        first = sources[0]
+        measured = first.startup_s if isinstance(first, RecordedCurves) else DEFAULT_STARTUP_S
+        settings = dataclasses.replace(settings, startup_s=measured)
     _check_fits(cfg, sources[0], settings)
     out = Comparison(cfg.name, cfg.searcher.metric, sml, label, settings, reps, seed, refs)
     for name in dict.fromkeys([cfg.searcher.name, *searchers]):

@@ -22,8 +22,12 @@ judged to have found the best configuration (:func:`best_reference`).
 * :class:`RecordedCurves`: each configuration gets the curve of the nearest
   recorded trial (normalised hyperparameter distance, categoricals 0/1), read by
   :func:`load_recorded` from a finished experiment in the DB; epoch durations
-  come from the times of its metric records. Past its last recorded step a
-  curve stays flat at its last value.
+  come from the times of its metric records. An attempt's first record comes
+  after the job's start-up too (imports, data, restore), which the simulated
+  cluster adds by itself: the experiment's start-up (``startup_s``, the median
+  over attempts of the first record's delay after the attempt's start minus the
+  trial's own median epoch) is taken off those first epochs, so that it is not
+  counted twice. Past its last recorded step a curve stays flat at its last value.
 """
 
 from __future__ import annotations
@@ -234,6 +238,7 @@ class RecordedCurves:
     space: Mapping[str, HParam]
     trials: list[RecordedTrial]
     label: str = "recorded"
+    startup_s: float = 0.0  # measured start-up, taken off each attempt's first epoch
     _cache: dict[str, RecordedTrial] = field(default_factory=dict)
 
     def _distance(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
@@ -264,18 +269,41 @@ class RecordedCurves:
         return max(max(t.seconds) for t in self.trials)
 
 
-def _durations(rows: list[tuple[int, float, int]], starts: dict[int, float | None]) -> list[float]:
-    """Seconds per step from (step, time, attempt id) rows in step order."""
-    out: list[float] = []
+def _durations(
+    rows: list[tuple[int, float, int]], starts: dict[int, float | None]
+) -> list[tuple[float, bool]]:
+    """(seconds, from the attempt's start) of each (step, time, attempt id) row in step
+    order: since the previous row of the same attempt, else since the attempt's start
+    (start-up included; NaN when the start is unknown)."""
+    out: list[tuple[float, bool]] = []
     prev: tuple[float, int] | None = None
     for _step, at, attempt in rows:
         if prev is not None and prev[1] == attempt:
-            out.append(max(at - prev[0], 1e-3))
+            out.append((max(at - prev[0], 1e-3), False))
         else:
             start = starts.get(attempt)
-            out.append(max(at - start, 1e-3) if start is not None else math.nan)
+            out.append((max(at - start, 1e-3) if start is not None else math.nan, True))
         prev = (at, attempt)
     return out
+
+
+def _without_startup(per_trial: list[list[tuple[float, bool]]]) -> tuple[list[list[float]], float]:
+    """Each trial's step seconds with the measured start-up taken off its attempts'
+    first steps, and that start-up (0 when no attempt has two records to tell it)."""
+    own = [[d for d, first in ds if not first and math.isfinite(d)] for ds in per_trial]
+    every = [d for ds in own for d in ds]
+    if not every:
+        return [[d for d, _first in ds] for ds in per_trial], 0.0
+    shared = statistics.median(every)
+    delays = [
+        d - (statistics.median(mine) if mine else shared)
+        for ds, mine in zip(per_trial, own, strict=True)
+        for d, first in ds
+        if first and math.isfinite(d)
+    ]
+    startup = max(0.0, statistics.median(delays)) if delays else 0.0
+    out = [[max(d - startup, 1e-3) if first else d for d, first in ds] for ds in per_trial]
+    return out, startup
 
 
 def load_recorded(
@@ -310,10 +338,11 @@ def load_recorded(
             f"--curves experiment:{experiment_id}: no trial reported {metric!r}"
             f" (the metric of the experiment being simulated)"
         )
+    timed = [_durations([(st, at, att) for st, _v, at, att in by_trial[t.id]], starts) for t in use]
+    per_trial, startup = _without_startup(timed)
     recorded = []
-    for t in use:
+    for t, durations in zip(use, per_trial, strict=True):
         points = by_trial[t.id]
-        durations = _durations([(st, at, att) for st, _v, at, att in points], starts)
         values: list[float] = []
         seconds: list[float] = []
         last = math.nan
@@ -338,7 +367,8 @@ def load_recorded(
         for t, vals, secs in recorded
         if vals
     ]
-    return RecordedCurves(space, out, label=f"experiment {experiment_id} ({len(out)} trials)")
+    label = f"experiment {experiment_id} ({len(out)} trials, start-up {startup:.3g} s)"
+    return RecordedCurves(space, out, label=label, startup_s=startup)
 
 
 @dataclass(frozen=True)

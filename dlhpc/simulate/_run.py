@@ -47,7 +47,9 @@ from dlhpc.simulate._tasks import ClusterSpec, SimStats
 from dlhpc.states import TrialState
 from dlhpc.store import Attempt, Decision, Experiment, Store, Trial
 
-__all__ = ["RunResult", "SimSettings", "sim_config", "simulate_once"]
+__all__ = ["DEFAULT_STARTUP_S", "RunResult", "SimSettings", "sim_config", "simulate_once"]
+
+DEFAULT_STARTUP_S = 30.0  # a job's start-up when neither given nor measured
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ class SimSettings:
     gpus: int = 8
     queue_wait_s: float = 60.0
     preempt_rate: float = 0.0  # per running GPU-hour
-    startup_s: float = 30.0
+    startup_s: float | None = None  # None: recorded curves' measured start-up, else 30 s
     tick_interval_s: float = 60.0
     max_days: float = 30.0  # virtual time limit of one run
     top: float = 0.05  # "the best" = the top 5 % of the space
@@ -141,7 +143,7 @@ def simulate_once(
             settings.gpus,
             settings.queue_wait_s,
             settings.preempt_rate,
-            settings.startup_s,
+            DEFAULT_STARTUP_S if settings.startup_s is None else settings.startup_s,
             seed=offset,
         )
         cluster = SimCluster(clock, source, spec)

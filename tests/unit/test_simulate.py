@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -258,7 +258,11 @@ def test_recorded_curves_come_from_a_finished_experiment(
     store.close()
     assert len(curves.trials) == 6
     assert curves.true_final(hp, 4) == final
-    assert all(math.isclose(s, 120.0, rel_tol=0.2) for s in curves.nearest(hp).seconds[1:])
+    # the run's 30 s start-up is measured and taken off each attempt's first epoch
+    # (the simulated cluster adds it again), so every epoch is the curve's own ~120 s
+    assert curves.startup_s == pytest.approx(30.0, abs=5.0)
+    for t in curves.trials:  # epochs of one config differ by their 3 % jitter only
+        assert len(t.seconds) == 4 and abs(t.seconds[0] - statistics.median(t.seconds[1:])) < 10
 
 
 def _cli(*args: str) -> Any:
