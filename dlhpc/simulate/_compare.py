@@ -32,11 +32,10 @@ from dlhpc.search.registry import default_concurrency
 from dlhpc.simulate._curves import (
     BestReference,
     CurveSource,
-    RecordedCurves,
     SyntheticCurves,
     best_reference,
-    load_recorded,
 )
+from dlhpc.simulate._recorded import RecordedCurves, load_recorded
 from dlhpc.simulate._run import DEFAULT_STARTUP_S, RunResult, SimSettings, simulate_once
 from dlhpc.store import Store
 from dlhpc.store.store import DB_NAME
