@@ -111,6 +111,13 @@ def _table(c: Comparison) -> Table:
     " --curves experiment:ID).",
 )
 @click.option(
+    "--teardown",
+    type=float,
+    default=None,
+    help="Seconds from a job's last epoch to its exit (default: 0, or the time measured in"
+    " --curves experiment:ID).",
+)
+@click.option(
     "--epoch-seconds",
     type=float,
     default=None,
@@ -141,6 +148,7 @@ def simulate(
     queue_wait: float,
     preempt_rate: float,
     startup: float | None,
+    teardown: float | None,
     epoch_seconds: float | None,
     curves: str,
     reps: int,
@@ -159,6 +167,7 @@ def simulate(
         queue_wait=(queue_wait, 0, True),
         preempt_rate=(preempt_rate, 0, True),
         startup=(startup or 0.0, 0, True),
+        teardown=(teardown or 0.0, 0, True),
         reps=(reps, 1, True),
         tick_interval=(tick_interval, 0, False),
         max_days=(max_days, 0, False),
@@ -173,6 +182,7 @@ def simulate(
         queue_wait_s=queue_wait,
         preempt_rate=preempt_rate,
         startup_s=startup,
+        teardown_s=teardown,
         tick_interval_s=tick_interval,
         max_days=max_days,
         top=top,

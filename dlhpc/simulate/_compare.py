@@ -177,6 +177,21 @@ def curve_sources(
     return (lambda _off: recorded), f"recorded curves of {recorded.label}"
 
 
+def _measured_defaults(settings: SimSettings, source: CurveSource) -> SimSettings:
+    """``settings`` with an unset start-up and teardown filled in: those its jobs had
+    for recorded curves, else 30 s and 0 s."""
+    rec = source if isinstance(source, RecordedCurves) else None
+    return dataclasses.replace(
+        settings,
+        startup_s=settings.startup_s
+        if settings.startup_s is not None
+        else (rec.startup_s if rec else DEFAULT_STARTUP_S),
+        teardown_s=settings.teardown_s
+        if settings.teardown_s is not None
+        else (rec.teardown_s if rec else 0.0),
+    )
+
+
 def _check_fits(cfg: ExperimentConfig, source: CurveSource, settings: SimSettings) -> None:
     gpus = max(1, cfg.resources.nodes * cfg.resources.gpus_per_node)
     if gpus > settings.gpus:
@@ -211,10 +226,7 @@ def compare(
     sources = [factory(off) for off in offsets]
     sml, length = cfg.searcher.smaller_is_better, cfg.searcher.max_length
     refs = [best_reference(src, cfg.hyperparameters, length, sml, settings.top) for src in sources]
-    if settings.startup_s is None:  # recorded curves: the start-up their jobs had
-        first = sources[0]
-        measured = first.startup_s if isinstance(first, RecordedCurves) else DEFAULT_STARTUP_S
-        settings = dataclasses.replace(settings, startup_s=measured)
+    settings = _measured_defaults(settings, sources[0])
     _check_fits(cfg, sources[0], settings)
     out = Comparison(cfg.name, cfg.searcher.metric, sml, label, settings, reps, seed, refs)
     for name in dict.fromkeys([cfg.searcher.name, *searchers]):

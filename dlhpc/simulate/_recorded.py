@@ -2,7 +2,9 @@
 
 Read by :func:`load_recorded` from the DB (see :mod:`dlhpc.simulate._curves` for
 the rules: nearest recorded trial, epoch durations from the metric records'
-times, the measured start-up taken off each attempt's first epoch).
+times, the measured start-up taken off each attempt's first epoch). It also
+measures ``teardown_s``: the median over attempts that exited 0 of their exit
+time minus their last report (the last checkpoint and the process's exit).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class RecordedCurves:
     trials: list[RecordedTrial]
     label: str = "recorded"
     startup_s: float = 0.0  # measured start-up, taken off each attempt's first epoch
+    teardown_s: float = 0.0  # measured: an attempt's exit after its last report
     _cache: dict[str, RecordedTrial] = field(default_factory=dict)
 
     def _distance(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
@@ -136,11 +139,12 @@ def load_recorded(
             .where(Trial.experiment_id == experiment_id, Metric.name == metric)
             .order_by(Metric.trial_id, Metric.step)
         ).all()
-        starts = {
-            a.id: a.started_at.timestamp() if a.started_at else None
-            for a in s.scalars(
-                select(Attempt).join(Trial).where(Trial.experiment_id == experiment_id)
-            )
+        attempts = s.scalars(
+            select(Attempt).join(Trial).where(Trial.experiment_id == experiment_id)
+        ).all()
+        starts = {a.id: a.started_at.timestamp() if a.started_at else None for a in attempts}
+        ends = {  # attempts that trained their grant and exited 0
+            a.id: a.ended_at.timestamp() for a in attempts if a.ended_at and a.exit_code == 0
         }
     by_trial: dict[int, list[tuple[int, float | None, float, int]]] = {}
     for trial_id, step, value, at, attempt in rows:
@@ -181,5 +185,13 @@ def load_recorded(
         for t, vals, secs in recorded
         if vals
     ]
-    label = f"experiment {experiment_id} ({len(out)} trials, start-up {startup:.3g} s)"
-    return RecordedCurves(space, out, label=label, startup_s=startup)
+    last_report: dict[int, float] = {}
+    for _trial, _step, _value, at, attempt in rows:
+        last_report[attempt] = max(at, last_report.get(attempt, at))
+    exits = [end - last_report[a] for a, end in ends.items() if a in last_report]
+    teardown = max(0.0, statistics.median(exits)) if exits else 0.0
+    label = (
+        f"experiment {experiment_id} ({len(out)} trials, start-up {startup:.3g} s,"
+        f" teardown {teardown:.3g} s)"
+    )
+    return RecordedCurves(space, out, label=label, startup_s=startup, teardown_s=teardown)

@@ -60,6 +60,7 @@ class SimSettings:
     queue_wait_s: float = 60.0
     preempt_rate: float = 0.0  # per running GPU-hour
     startup_s: float | None = None  # None: recorded curves' measured start-up, else 30 s
+    teardown_s: float | None = None  # None: recorded curves' measured exit time, else 0 s
     tick_interval_s: float = 60.0
     max_days: float = 30.0  # virtual time limit of one run
     top: float = 0.05  # "the best" = the top 5 % of the space
@@ -144,6 +145,7 @@ def simulate_once(
             settings.queue_wait_s,
             settings.preempt_rate,
             DEFAULT_STARTUP_S if settings.startup_s is None else settings.startup_s,
+            settings.teardown_s or 0.0,
             seed=offset,
         )
         cluster = SimCluster(clock, source, spec)

@@ -265,6 +265,27 @@ def test_recorded_curves_come_from_a_finished_experiment(
         assert len(t.seconds) == 4 and abs(t.seconds[0] - statistics.median(t.seconds[1:])) < 10
 
 
+def test_teardown_lengthens_each_attempt_and_is_measured_from_the_records(
+    tmp_path: Path, random_run: tuple[ExperimentConfig, Path, RunResult]
+) -> None:
+    cfg, home, plain = random_run
+    slow = _run(cfg, home=tmp_path / "run", teardown_s=7.0)
+    # the same 6 one-attempt trials, each job 7 s longer (its last checkpoint and exit)
+    assert (slow.trials, slow.epochs) == (plain.trials, plain.epochs) == (6, 24)
+    assert slow.gpu_hours - plain.gpu_hours == pytest.approx(6 * 7.0 / 3600)
+    store = Store(tmp_path / "run" / "home")
+    try:
+        curves = load_recorded(store, 1, "acc", cfg.hyperparameters)
+    finally:
+        store.close()
+    assert curves.teardown_s == pytest.approx(7.0, abs=0.01)
+    store = Store(home)
+    try:
+        assert load_recorded(store, 1, "acc", cfg.hyperparameters).teardown_s < 0.01
+    finally:
+        store.close()
+
+
 def _cli(*args: str) -> Any:
     return CliRunner().invoke(cli, ["simulate", *args], catch_exceptions=False)
 
