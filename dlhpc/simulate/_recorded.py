@@ -21,7 +21,6 @@ from sqlalchemy import select
 from dlhpc.config.model import HParam
 from dlhpc.errors import UsageError
 from dlhpc.simulate._curves import Curve, unit_value
-from dlhpc.states import TrialState
 from dlhpc.store import Attempt, Experiment, Metric, Store, Trial
 
 __all__ = ["RecordedCurves", "RecordedTrial", "load_recorded"]
@@ -127,7 +126,8 @@ def load_recorded(
     store: Store, experiment_id: int, metric: str, space: Mapping[str, HParam]
 ) -> RecordedCurves:
     """The curves of experiment ``experiment_id``'s trials that reported ``metric``
-    (COMPLETED trials only when there are any). UsageError when there is nothing to use."""
+    (every trial that did, stopped ones too: an early-stopping search completes few, and
+    a replay needs each trial's own curve). UsageError when there is nothing to use."""
     with store.read() as s:
         exp = s.get(Experiment, experiment_id)
         if exp is None:
@@ -149,8 +149,7 @@ def load_recorded(
     by_trial: dict[int, list[tuple[int, float | None, float, int]]] = {}
     for trial_id, step, value, at, attempt in rows:
         by_trial.setdefault(trial_id, []).append((step, value, at, attempt))
-    done = [t for t in trials if t.state == TrialState.COMPLETED.value and t.id in by_trial]
-    use = done or [t for t in trials if t.id in by_trial]
+    use = [t for t in trials if t.id in by_trial]
     if not use:
         raise UsageError(
             f"--curves experiment:{experiment_id}: no trial reported {metric!r}"

@@ -161,6 +161,18 @@ def test_asha_pauses_promotes_and_stops_through_the_orchestrator(tmp_path: Path)
     store.close()
     assert kinds == {"promote", "stop"}
     assert lengths == {1, 3, 9}  # the rungs
+    # its recorded curves keep every trial, the stopped ones too, each with its own steps,
+    # so that simulating it again replays it (not every config on the few completed curves)
+    store = Store(tmp_path / "run" / "home")
+    try:
+        curves = load_recorded(store, 1, "loss", cfg.hyperparameters)
+        with store.read() as s:
+            trials = s.scalars(select(Trial)).all()
+            mine = [(json.loads(t.hparams_json), t.steps_completed) for t in trials]
+    finally:
+        store.close()
+    assert len(curves.trials) == result.trials == len(mine)
+    assert all(len(curves.nearest(hp).values) == steps for hp, steps in mine)
 
 
 def test_running_trials_stopped_by_the_searcher_exit_through_the_stop_file(
