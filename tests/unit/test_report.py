@@ -425,6 +425,7 @@ def test_page_model_summary_usage_and_rungs(store: Store, tmp_path: Path) -> Non
     assert page.disk is not None and page.disk.checkpoints == 0
     html = render_page(page)
     assert "GPU-hours saved by early stopping" in html and "rung 3: 9" in html
+    assert "(measured, 1 trials stopped early)" in html  # its own 60 s steps, no start-up
     assert "checkpoint disk use" in html and "0 B in 0 checkpoint(s)" in html
 
 
