@@ -104,7 +104,18 @@ def _table(c: Comparison) -> Table:
     "--preempt-rate", default=0.0, show_default=True, help="Preemptions per running GPU-hour."
 )
 @click.option(
-    "--startup", default=30.0, show_default=True, help="Seconds before a job's 1st epoch."
+    "--startup",
+    type=float,
+    default=None,
+    help="Seconds before a job's 1st epoch (default: 30, or the start-up measured in"
+    " --curves experiment:ID).",
+)
+@click.option(
+    "--teardown",
+    type=float,
+    default=None,
+    help="Seconds from a job's last epoch to its exit (default: 0, or the time measured in"
+    " --curves experiment:ID).",
 )
 @click.option(
     "--epoch-seconds",
@@ -136,7 +147,8 @@ def simulate(
     gpus: int,
     queue_wait: float,
     preempt_rate: float,
-    startup: float,
+    startup: float | None,
+    teardown: float | None,
     epoch_seconds: float | None,
     curves: str,
     reps: int,
@@ -154,7 +166,8 @@ def simulate(
         gpus=(gpus, 1, True),
         queue_wait=(queue_wait, 0, True),
         preempt_rate=(preempt_rate, 0, True),
-        startup=(startup, 0, True),
+        startup=(startup or 0.0, 0, True),
+        teardown=(teardown or 0.0, 0, True),
         reps=(reps, 1, True),
         tick_interval=(tick_interval, 0, False),
         max_days=(max_days, 0, False),
@@ -169,6 +182,7 @@ def simulate(
         queue_wait_s=queue_wait,
         preempt_rate=preempt_rate,
         startup_s=startup,
+        teardown_s=teardown,
         tick_interval_s=tick_interval,
         max_days=max_days,
         top=top,

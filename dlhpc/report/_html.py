@@ -59,8 +59,13 @@ def _summary(p: Page) -> str:
         "ended": when(p.ended) if p.ended is not None else "(still running)",
         "elapsed": duration(p.elapsed_s),
         f"{unit} used": f"{hours(u.used_h)} ({per})",
-        f"{unit} saved by early stopping": f"{hours(u.saved_h)} (estimate, {u.stopped_trials}"
-        " trials stopped early)",
+        f"{unit} saved by early stopping": f"{hours(u.saved_h)} (measured, {u.stopped_trials}"
+        " trials stopped early"
+        + (
+            f"; {u.startup_trials} timed with their start-up: an upper bound)"
+            if u.startup_trials
+            else ")"
+        ),
     }
     if p.best is not None:
         items["best trial"] = f"trial {p.best.id}: {p.metric} {fmt(p.best.best, 6)}"
@@ -90,8 +95,9 @@ def _summary(p: Page) -> str:
         f"{unit} used: each attempt's run time (start record to exit record) times {per}. "
         f"Saved: for each trial stopped early, (max_length {p.max_length} - its steps) x its "
         f"seconds per step x {per}, i.e. what running it to the end would have cost; seconds "
-        "per step are the median time between its consecutive metric reports (the median of "
-        "all trials when it has fewer than 3)."
+        "per step are its own: the time between its consecutive metric reports within one "
+        "attempt over the steps they span; a trial that reported once per attempt is timed "
+        "from each attempt's start to its first report, start-up included."
     )
     if u.uncounted_attempts:
         note += f" {u.uncounted_attempts} attempt(s) with no end time are not counted."

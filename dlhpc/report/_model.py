@@ -12,12 +12,15 @@ Accounting rules (stated on the page too):
   of these it is not counted.
 * Used device-hours: run hours x ``nodes x gpus_per_node`` GPUs; for a CPU
   experiment (no GPUs) CPU-hours with ``nodes x tasks_per_node x cpus_per_task``.
-* Saved by early stopping (an estimate): for each ``STOPPED_EARLY`` trial,
-  ``(max_length - steps_completed) x its seconds per step x devices``. Seconds per
-  step (:func:`step_seconds`): the median time between the trial's consecutive
-  metric reports per step; with fewer than 3 such intervals, the median over all
-  the experiment's trials; with none anywhere, its run time over its steps (which
-  counts start-up too).
+* Saved by early stopping (measured per trial): for each ``STOPPED_EARLY`` trial,
+  ``(max_length - steps_completed) x its own seconds per step x devices``, never a
+  median over other trials. Its seconds per step (:func:`step_seconds`): the time
+  between its consecutive metric reports within one attempt, summed and divided by
+  the steps they span (training and evaluation, no start-up); a trial with no such
+  pair (each attempt reported once, e.g. stopped after a one-step rung) is timed
+  from each attempt's start to its first report, and failing that by its run time
+  over its steps: both count the job's start-up too, so its saving is an upper
+  bound (``Usage.startup_trials`` counts those trials).
 """
 
 from __future__ import annotations
@@ -104,6 +107,7 @@ class Usage:
     saved_h: float
     stopped_trials: int  # STOPPED_EARLY trials the saving is summed over
     uncounted_attempts: int  # attempts with no end time to count
+    startup_trials: int = 0  # of the stopped trials, those timed with their start-up
 
 
 @dataclass(frozen=True)
@@ -182,47 +186,58 @@ def compute_usage(
     else:
         unit, per = "CPU", nodes * tasks * int(resources.get("cpus_per_task", 1) or 1)
     saved = 0.0
-    per_step = step_seconds(trials)
     used = sum(t.run_s for t in trials) * per / 3600.0
     if status_hours is not None:
         used = status_hours[0] if unit == "GPU" else status_hours[1]
-    stopped = uncounted = 0
+    stopped = uncounted = with_startup = 0
     for t in trials:
         uncounted += sum(1 for a in t.attempts if a.start is not None and a.end is None)
         if t.state == TrialState.STOPPED_EARLY.value and t.steps > 0:
             stopped += 1
-            sec = per_step.get(t.id)
-            if sec is None and t.run_s > 0:
-                sec = t.run_s / t.steps
-            saved += max(0, max_length - t.steps) * (sec or 0.0) * per / 3600.0
-    return Usage(unit, per, used, saved, stopped, uncounted)
+            measured = step_seconds(t)
+            if measured is None:
+                continue
+            sec, startup = measured
+            with_startup += startup
+            saved += max(0, max_length - t.steps) * sec * per / 3600.0
+    return Usage(unit, per, used, saved, stopped, uncounted, with_startup)
 
 
-def _intervals(t: TrialView) -> list[float]:
-    c = t.curve
-    if c is None:
-        return []
-    out = []
-    for i in range(1, len(c.steps)):
-        ds, dt = c.steps[i] - c.steps[i - 1], c.times[i] - c.times[i - 1]
-        if ds > 0 and dt >= 0 and math.isfinite(dt):
-            out.append(dt / ds)
-    return out
+def _owner(starts: Sequence[float], at: float) -> int | None:
+    """The index of the last of ``starts`` (ascending) at or before ``at`` (None: none)."""
+    found = None
+    for i, start in enumerate(starts):
+        if start <= at:
+            found = i
+    return found
 
 
-def step_seconds(trials: Sequence[TrialView], min_own: int = 3) -> dict[int, float]:
-    """Seconds per step of each trial, from its curve's report times (see the module
-    doc); a trial with no own or shared estimate is left out."""
-    own = {t.id: _intervals(t) for t in trials}
-    shared = sorted(x for xs in own.values() for x in xs)
-    fallback = shared[len(shared) // 2] if shared else None
-    out = {}
-    for tid, xs in own.items():
-        if len(xs) >= min_own:
-            out[tid] = sorted(xs)[len(xs) // 2]
-        elif fallback is not None:
-            out[tid] = fallback
-    return out
+def step_seconds(t: TrialView) -> tuple[float, bool] | None:
+    """Trial ``t``'s own measured seconds per step and whether they include start-up
+    (see the module doc); None when nothing of it was timed. Each point of its curve
+    belongs to the last attempt that started at or before it."""
+    starts = sorted(a.start for a in t.attempts if a.start is not None)
+    train_s = first_s = 0.0
+    train_steps = first_steps = 0
+    prev: tuple[int, float, int | None] | None = None  # step, time, attempt
+    points = zip(t.curve.steps, t.curve.times, strict=True) if t.curve is not None else ()
+    for step, at in points:
+        if not math.isfinite(at) or (prev is not None and step <= prev[0]):
+            continue
+        own = _owner(starts, at)
+        if prev is not None and own == prev[2]:
+            train_s, train_steps = train_s + at - prev[1], train_steps + step - prev[0]
+        elif own is not None:
+            first_s += at - starts[own]
+            first_steps += step - (prev[0] if prev is not None else 0)
+        prev = (step, at, own)
+    if train_steps > 0:
+        return max(0.0, train_s) / train_steps, False
+    if first_steps > 0:
+        return max(0.0, first_s) / first_steps, True
+    if t.run_s > 0 and t.steps > 0:
+        return t.run_s / t.steps, True
+    return None
 
 
 def pick_best(trials: Sequence[TrialView], smaller_is_better: bool) -> TrialView | None:

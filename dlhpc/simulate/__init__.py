@@ -23,12 +23,10 @@ from dlhpc.simulate._curves import (
     BestReference,
     Curve,
     CurveSource,
-    RecordedCurves,
-    RecordedTrial,
     SyntheticCurves,
     best_reference,
-    load_recorded,
 )
+from dlhpc.simulate._recorded import RecordedCurves, RecordedTrial, load_recorded
 from dlhpc.simulate._run import RunResult, SimSettings, sim_config, simulate_once
 from dlhpc.simulate._tasks import ClusterSpec, SimStats
 

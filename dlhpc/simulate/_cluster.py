@@ -19,6 +19,8 @@ tell it from Slurm:
   Records are published once per :meth:`SimCluster.advance_to` (a tick), with
   a ``start`` record first and an ``exit`` record (code, reason, signal, step,
   checkpoint_step) last; ``heartbeat.json`` is rewritten with the virtual time.
+  A task that reached its grant exits ``teardown_s`` after its last epoch (the
+  job's last checkpoint and exit; 0 by default).
 * Interruptions lose the epoch in progress (checkpoints are per epoch):
   preemption, a Poisson process of ``preempt_rate`` per running GPU-hour, writes
   ``exit`` code 75 reason ``requeue`` signal ``TERM`` and leaves the job
@@ -291,6 +293,7 @@ class SimCluster(BaseScheduler):
         t.preempt_at = now + self._rng.expovariate(rate) if rate > 0 else float("inf")
         t.limit_at = now + t.limit_s
         t.stop_at = float("inf")
+        t.tearing_down = False
         adir = attempt_dir(t.trial_dir, attempt_key(t.job_id, t.restart))
         t.writer = EventWriter(adir, "worker-r0")
         t.writer.add(
@@ -328,8 +331,13 @@ class SimCluster(BaseScheduler):
                 t.writer.add("checkpoint", time=now, step=t.epoch, path=f"sim:{t.epoch}", size=0)
                 self._checkpoints[t.trial_dir] = t.epoch
                 t.useful_s += t.epoch_len
+                self.stats.epochs += 1
                 self._dirty.add(t.job_id)
-            if t.epoch >= t.grant:
+            if t.epoch >= t.grant and self.spec.teardown_s > 0 and not t.tearing_down:
+                t.tearing_down = True  # the last checkpoint and the exit take teardown_s
+                t.next_epoch_end = now + self.spec.teardown_s
+                self._push(t)
+            elif t.epoch >= t.grant:
                 self._finish(t, now, 0, "completed", None, JobState.COMPLETED)
             else:
                 t.epoch_len = self._epoch_s(t)

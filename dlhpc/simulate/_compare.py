@@ -34,9 +34,9 @@ from dlhpc.simulate._curves import (
     CurveSource,
     SyntheticCurves,
     best_reference,
-    load_recorded,
 )
-from dlhpc.simulate._run import RunResult, SimSettings, simulate_once
+from dlhpc.simulate._recorded import RecordedCurves, load_recorded
+from dlhpc.simulate._run import DEFAULT_STARTUP_S, RunResult, SimSettings, simulate_once
 from dlhpc.store import Store
 from dlhpc.store.store import DB_NAME
 
@@ -65,6 +65,7 @@ class SearcherSummary:
             "reps": len(r),
             "median_gpu_hours": self._median([x.gpu_hours for x in r]),
             "median_wall_hours": self._median([x.wall_hours for x in r]),
+            "median_epochs": self._median([x.epochs for x in r]),
             "p_best": sum(x.found_best for x in r) / len(r) if r else None,
             "median_best_metric": self._median([x.best_metric for x in r]),
             "median_trials": self._median([x.trials for x in r]),
@@ -176,12 +177,27 @@ def curve_sources(
     return (lambda _off: recorded), f"recorded curves of {recorded.label}"
 
 
+def _measured_defaults(settings: SimSettings, source: CurveSource) -> SimSettings:
+    """``settings`` with an unset start-up and teardown filled in: those its jobs had
+    for recorded curves, else 30 s and 0 s."""
+    rec = source if isinstance(source, RecordedCurves) else None
+    return dataclasses.replace(
+        settings,
+        startup_s=settings.startup_s
+        if settings.startup_s is not None
+        else (rec.startup_s if rec else DEFAULT_STARTUP_S),
+        teardown_s=settings.teardown_s
+        if settings.teardown_s is not None
+        else (rec.teardown_s if rec else 0.0),
+    )
+
+
 def _check_fits(cfg: ExperimentConfig, source: CurveSource, settings: SimSettings) -> None:
     gpus = max(1, cfg.resources.nodes * cfg.resources.gpus_per_node)
     if gpus > settings.gpus:
         raise UsageError(f"a trial needs {gpus} GPUs; --gpus is {settings.gpus}")
     limit = cfg.resources.time_minutes * 60 - cfg.preemption.lead_time_s
-    need = source.max_epoch_seconds() + settings.startup_s
+    need = source.max_epoch_seconds() + (settings.startup_s or 0.0)
     if need >= limit:
         raise UsageError(
             f"an epoch (up to {need:.0f} s with startup) does not fit the time limit"
@@ -210,6 +226,7 @@ def compare(
     sources = [factory(off) for off in offsets]
     sml, length = cfg.searcher.smaller_is_better, cfg.searcher.max_length
     refs = [best_reference(src, cfg.hyperparameters, length, sml, settings.top) for src in sources]
+    settings = _measured_defaults(settings, sources[0])
     _check_fits(cfg, sources[0], settings)
     out = Comparison(cfg.name, cfg.searcher.metric, sml, label, settings, reps, seed, refs)
     for name in dict.fromkeys([cfg.searcher.name, *searchers]):

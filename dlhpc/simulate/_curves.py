@@ -19,40 +19,35 @@ judged to have found the best configuration (:func:`best_reference`).
   metric ``0.1 + 0.89 g`` or, when smaller is better, a loss ``0.05 + 2.25 (1 - g)``.
   Epochs take ``epoch_s`` times 0.75..1.25 (one "model-size" dimension) with 3 %
   jitter.
-* :class:`RecordedCurves`: each configuration gets the curve of the nearest
-  recorded trial (normalised hyperparameter distance, categoricals 0/1), read by
-  :func:`load_recorded` from a finished experiment in the DB; epoch durations
-  come from the times of its metric records. Past its last recorded step a
-  curve stays flat at its last value.
+* ``RecordedCurves`` (:mod:`dlhpc.simulate._recorded`): each configuration gets
+  the curve of the nearest recorded trial (normalised hyperparameter distance,
+  categoricals 0/1), read by ``load_recorded`` from a finished experiment in the DB; epoch durations
+  come from the times of its metric records. An attempt's first record comes
+  after the job's start-up too (imports, data, restore), which the simulated
+  cluster adds by itself: the experiment's start-up (``startup_s``, the median
+  over attempts of the first record's delay after the attempt's start minus the
+  trial's own median epoch) is taken off those first epochs, so that it is not
+  counted twice. Past its last recorded step a curve stays flat at its last value.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import random
-import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
-
-from sqlalchemy import select
 
 from dlhpc.config.model import HParam
 from dlhpc.errors import UsageError
 from dlhpc.search import sample
-from dlhpc.states import TrialState
-from dlhpc.store import Attempt, Experiment, Metric, Store, Trial
 
 __all__ = [
     "BestReference",
     "Curve",
     "CurveSource",
-    "RecordedCurves",
-    "RecordedTrial",
     "SyntheticCurves",
     "best_reference",
-    "load_recorded",
     "unit_value",
 ]
 
@@ -205,140 +200,6 @@ class SyntheticCurves:
         out = {n: _value_at(self.space[n], self.center[n]) for n in self.dims}
         out.update({n: hp.value for n, hp in self.space.items() if hp.type == "const"})
         return out
-
-
-@dataclass(frozen=True)
-class RecordedTrial:
-    """One finished trial's curve: the metric at steps 1..n and each epoch's seconds."""
-
-    hparams: dict[str, Any]
-    values: tuple[float, ...]
-    seconds: tuple[float, ...]
-
-
-@dataclass(frozen=True)
-class _Recorded:
-    trial: RecordedTrial
-
-    def value(self, epoch: int) -> float:
-        return self.trial.values[min(max(epoch, 1), len(self.trial.values)) - 1]
-
-    def seconds(self, epoch: int) -> float:
-        return self.trial.seconds[min(max(epoch, 1), len(self.trial.seconds)) - 1]
-
-
-@dataclass
-class RecordedCurves:
-    """Nearest recorded trial in normalised hyperparameter space (module docstring)."""
-
-    space: Mapping[str, HParam]
-    trials: list[RecordedTrial]
-    label: str = "recorded"
-    _cache: dict[str, RecordedTrial] = field(default_factory=dict)
-
-    def _distance(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
-        d = 0.0
-        for name, hp in self.space.items():
-            if hp.type == "const" or name not in b:
-                continue
-            if hp.type == "categorical":
-                d += 0.0 if a.get(name) == b[name] else 1.0
-                continue
-            ua, ub = unit_value(hp, a.get(name)), unit_value(hp, b[name])
-            d += 1.0 if ua is None or ub is None else (ua - ub) ** 2
-        return d
-
-    def nearest(self, hparams: Mapping[str, Any]) -> RecordedTrial:
-        key = json.dumps(dict(hparams), sort_keys=True, default=str)
-        if key not in self._cache:
-            self._cache[key] = min(self.trials, key=lambda t: self._distance(hparams, t.hparams))
-        return self._cache[key]
-
-    def curve(self, hparams: Mapping[str, Any], seed: int) -> Curve:
-        return _Recorded(self.nearest(hparams))
-
-    def true_final(self, hparams: Mapping[str, Any], length: int) -> float:
-        return _Recorded(self.nearest(hparams)).value(length)
-
-    def max_epoch_seconds(self) -> float:
-        return max(max(t.seconds) for t in self.trials)
-
-
-def _durations(rows: list[tuple[int, float, int]], starts: dict[int, float | None]) -> list[float]:
-    """Seconds per step from (step, time, attempt id) rows in step order."""
-    out: list[float] = []
-    prev: tuple[float, int] | None = None
-    for _step, at, attempt in rows:
-        if prev is not None and prev[1] == attempt:
-            out.append(max(at - prev[0], 1e-3))
-        else:
-            start = starts.get(attempt)
-            out.append(max(at - start, 1e-3) if start is not None else math.nan)
-        prev = (at, attempt)
-    return out
-
-
-def load_recorded(
-    store: Store, experiment_id: int, metric: str, space: Mapping[str, HParam]
-) -> RecordedCurves:
-    """The curves of experiment ``experiment_id``'s trials that reported ``metric``
-    (COMPLETED trials only when there are any). UsageError when there is nothing to use."""
-    with store.read() as s:
-        exp = s.get(Experiment, experiment_id)
-        if exp is None:
-            raise UsageError(f"--curves experiment:{experiment_id}: no such experiment")
-        trials = s.scalars(select(Trial).where(Trial.experiment_id == experiment_id)).all()
-        rows = s.execute(
-            select(Metric.trial_id, Metric.step, Metric.value, Metric.time, Metric.attempt_id)
-            .join(Trial, Trial.id == Metric.trial_id)
-            .where(Trial.experiment_id == experiment_id, Metric.name == metric)
-            .order_by(Metric.trial_id, Metric.step)
-        ).all()
-        starts = {
-            a.id: a.started_at.timestamp() if a.started_at else None
-            for a in s.scalars(
-                select(Attempt).join(Trial).where(Trial.experiment_id == experiment_id)
-            )
-        }
-    by_trial: dict[int, list[tuple[int, float | None, float, int]]] = {}
-    for trial_id, step, value, at, attempt in rows:
-        by_trial.setdefault(trial_id, []).append((step, value, at, attempt))
-    done = [t for t in trials if t.state == TrialState.COMPLETED.value and t.id in by_trial]
-    use = done or [t for t in trials if t.id in by_trial]
-    if not use:
-        raise UsageError(
-            f"--curves experiment:{experiment_id}: no trial reported {metric!r}"
-            f" (the metric of the experiment being simulated)"
-        )
-    recorded = []
-    for t in use:
-        points = by_trial[t.id]
-        durations = _durations([(st, at, att) for st, _v, at, att in points], starts)
-        values: list[float] = []
-        seconds: list[float] = []
-        last = math.nan
-        for (step, value, _at, _att), dur in zip(points, durations, strict=True):
-            if step < 1:
-                continue  # a step-0 report (before training) is not an epoch
-            while len(values) < step - 1:  # skipped steps keep the previous value
-                values.append(last)
-                seconds.append(dur)
-            last = value if value is not None else last
-            values.append(last)
-            seconds.append(dur)
-        recorded.append((t, values, seconds))
-    known = [d for _t, _v, secs in recorded for d in secs if math.isfinite(d)]
-    fallback = statistics.median(known) if known else 60.0
-    out = [
-        RecordedTrial(
-            json.loads(t.hparams_json),
-            tuple(vals),
-            tuple(d if math.isfinite(d) else fallback for d in secs),
-        )
-        for t, vals, secs in recorded
-        if vals
-    ]
-    return RecordedCurves(space, out, label=f"experiment {experiment_id} ({len(out)} trials)")
 
 
 @dataclass(frozen=True)

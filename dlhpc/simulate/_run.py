@@ -47,7 +47,9 @@ from dlhpc.simulate._tasks import ClusterSpec, SimStats
 from dlhpc.states import TrialState
 from dlhpc.store import Attempt, Decision, Experiment, Store, Trial
 
-__all__ = ["RunResult", "SimSettings", "sim_config", "simulate_once"]
+__all__ = ["DEFAULT_STARTUP_S", "RunResult", "SimSettings", "sim_config", "simulate_once"]
+
+DEFAULT_STARTUP_S = 30.0  # a job's start-up when neither given nor measured
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,8 @@ class SimSettings:
     gpus: int = 8
     queue_wait_s: float = 60.0
     preempt_rate: float = 0.0  # per running GPU-hour
-    startup_s: float = 30.0
+    startup_s: float | None = None  # None: recorded curves' measured start-up, else 30 s
+    teardown_s: float | None = None  # None: recorded curves' measured exit time, else 0 s
     tick_interval_s: float = 60.0
     max_days: float = 30.0  # virtual time limit of one run
     top: float = 0.05  # "the best" = the top 5 % of the space
@@ -75,6 +78,7 @@ class RunResult:
     gpu_hours: float
     wall_hours: float
     wasted_gpu_hours: float
+    epochs: int  # trial-epochs trained (checkpointed; a lost epoch is not counted)
     best_metric: float | None  # the chosen trial's observed final metric
     best_true: float | None  # its noise-free final metric
     found_best: bool
@@ -140,7 +144,8 @@ def simulate_once(
             settings.gpus,
             settings.queue_wait_s,
             settings.preempt_rate,
-            settings.startup_s,
+            DEFAULT_STARTUP_S if settings.startup_s is None else settings.startup_s,
+            settings.teardown_s or 0.0,
             seed=offset,
         )
         cluster = SimCluster(clock, source, spec)
@@ -240,6 +245,7 @@ def _result(
         gpu_hours=stats.gpu_s / 3600,
         wall_hours=0.0,
         wasted_gpu_hours=stats.wasted_gpu_s / 3600,
+        epochs=stats.epochs,
         best_metric=chosen.latest_metric if chosen is not None else None,
         best_true=true,
         found_best=true is not None and reference.is_best(true),

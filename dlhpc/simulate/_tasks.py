@@ -18,6 +18,7 @@ class ClusterSpec:
     queue_wait_s: float = 60.0  # mean of the exponential wait drawn per (re)queued task
     preempt_rate: float = 0.0  # preemptions per running GPU-hour
     startup_s: float = 30.0  # from start to the first epoch (imports, data, restore)
+    teardown_s: float = 0.0  # from the last epoch of a grant to the job's exit
     seed: int = 0
 
 
@@ -33,6 +34,7 @@ class SimStats:
     stops: int = 0
     cancels: int = 0
     events: int = 0  # task events processed (starts, epochs, exits)
+    epochs: int = 0  # trial-epochs trained and checkpointed (lost ones not counted)
 
 
 @dataclass(eq=False)  # compared by identity
@@ -62,6 +64,7 @@ class Task:
     preempt_at: float = float("inf")
     limit_at: float = float("inf")
     stop_at: float = float("inf")
+    tearing_down: bool = False  # its grant is trained; it exits at next_epoch_end
     curve: Curve | None = None
     writer: EventWriter | None = None
     last_beat: float = 0.0

@@ -425,7 +425,56 @@ def test_page_model_summary_usage_and_rungs(store: Store, tmp_path: Path) -> Non
     assert page.disk is not None and page.disk.checkpoints == 0
     html = render_page(page)
     assert "GPU-hours saved by early stopping" in html and "rung 3: 9" in html
+    assert "(measured, 1 trials stopped early)" in html  # its own 60 s steps, no start-up
     assert "checkpoint disk use" in html and "0 B in 0 checkpoint(s)" in html
+
+
+def test_saved_hours_use_each_stopped_trials_own_measured_step_time() -> None:
+    """GPU-hours saved: remaining steps x the trial's own seconds per step, from its
+    reports within an attempt; from attempt start when it reported once per attempt."""
+
+    def att(key: str, start: float) -> AttemptView:
+        return AttemptView(key, key, "COMPLETED", "paused", start=start, end=start + 60)
+
+    # rung 1 in attempt x (25 s start-up + 5 s), steps 2-3 in attempt y: one 7 s step
+    # within an attempt; the first report of each attempt (start-up) is not used
+    resumed = TrialView(
+        1,
+        "STOPPED_EARLY",
+        {},
+        3,
+        0.5,
+        0.5,
+        attempts=(att("x", 100.0), att("y", 200.0)),
+        curve=Curve((1, 2, 3), (0.5,) * 3, (130.0, 230.0, 237.0)),
+    )
+    # one report per attempt: start to report, start-up included (30 + 50 s over 3 steps)
+    once = TrialView(
+        2,
+        "STOPPED_EARLY",
+        {},
+        3,
+        0.4,
+        0.4,
+        attempts=(att("p", 0.0), att("q", 100.0)),
+        curve=Curve((1, 3), (0.4, 0.4), (30.0, 150.0)),
+    )
+    fast = TrialView(  # its own 2 s per step, whatever the others take
+        3,
+        "STOPPED_EARLY",
+        {},
+        4,
+        0.3,
+        0.3,
+        attempts=(att("r", 0.0),),
+        curve=Curve((1, 2, 3, 4), (0.3,) * 4, (40.0, 42.0, 44.0, 46.0)),
+    )
+    assert step_seconds(resumed) == (7.0, False)
+    assert step_seconds(once) == pytest.approx((80.0 / 3, True))
+    assert step_seconds(fast) == (2.0, False)
+    u = compute_usage([resumed, once, fast], {"gpus_per_node": 2}, 9)
+    assert (u.stopped_trials, u.startup_trials) == (3, 1)
+    assert u.saved_h == pytest.approx((6 * 7.0 + 6 * 80.0 / 3 + 5 * 2.0) * 2 / 3600)
 
 
 def test_pure_model_functions() -> None:
@@ -444,18 +493,20 @@ def test_pure_model_functions() -> None:
 
     trials = [
         tv(1, "COMPLETED", 9, 0.5, 900, (0, 10, 20, 30, 40)),  # 10 s/step
-        tv(2, "STOPPED_EARLY", 3, math.nan, 300, (0, 30)),  # 1 interval: the shared median
-        tv(3, "STOPPED_EARLY", 1, 0.7, 100),  # no interval either
+        tv(2, "STOPPED_EARLY", 3, math.nan, 300, (0, 30)),  # its own 30 s/step, not 10
+        tv(3, "STOPPED_EARLY", 1, 0.7, 100),  # no curve: its run time per step
         tv(4, "FAILED", 0, None),
     ]
     assert pick_best(trials, smaller_is_better=True) is trials[0]
     assert pick_best(trials, smaller_is_better=False) is trials[2]
     assert pick_best(trials[3:], True) is None
-    assert step_seconds(trials) == {1: 10.0, 2: 10.0, 3: 10.0, 4: 10.0}
+    # no attempts: every point continues the one before (same, unknown attempt)
+    assert [step_seconds(t) for t in trials] == [(10.0, False), (30.0, False), (100.0, True), None]
     u = compute_usage(trials, {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 4}, 9)
     assert (u.unit, u.per_attempt) == ("CPU", 4)
     assert u.used_h == pytest.approx(1300 * 4 / 3600)
-    assert u.saved_h == pytest.approx((6 + 8) * 10 * 4 / 3600) and u.stopped_trials == 2
+    assert u.saved_h == pytest.approx((6 * 30 + 8 * 100) * 4 / 3600)
+    assert (u.stopped_trials, u.startup_trials) == (2, 1)
     given = compute_usage(trials, {"gpus_per_node": 2}, 9, (1.25, 0.0))
     assert (given.unit, given.per_attempt, given.used_h) == ("GPU", 2, 1.25)
     assert rungs_of({"name": "hyperband", "max_length": 27, "divisor": 3, "max_rungs": 9}) == (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +161,18 @@ def test_asha_pauses_promotes_and_stops_through_the_orchestrator(tmp_path: Path)
     store.close()
     assert kinds == {"promote", "stop"}
     assert lengths == {1, 3, 9}  # the rungs
+    # its recorded curves keep every trial, the stopped ones too, each with its own steps,
+    # so that simulating it again replays it (not every config on the few completed curves)
+    store = Store(tmp_path / "run" / "home")
+    try:
+        curves = load_recorded(store, 1, "loss", cfg.hyperparameters)
+        with store.read() as s:
+            trials = s.scalars(select(Trial)).all()
+            mine = [(json.loads(t.hparams_json), t.steps_completed) for t in trials]
+    finally:
+        store.close()
+    assert len(curves.trials) == result.trials == len(mine)
+    assert all(len(curves.nearest(hp).values) == steps for hp, steps in mine)
 
 
 def test_running_trials_stopped_by_the_searcher_exit_through_the_stop_file(
@@ -258,7 +270,32 @@ def test_recorded_curves_come_from_a_finished_experiment(
     store.close()
     assert len(curves.trials) == 6
     assert curves.true_final(hp, 4) == final
-    assert all(math.isclose(s, 120.0, rel_tol=0.2) for s in curves.nearest(hp).seconds[1:])
+    # the run's 30 s start-up is measured and taken off each attempt's first epoch
+    # (the simulated cluster adds it again), so every epoch is the curve's own ~120 s
+    assert curves.startup_s == pytest.approx(30.0, abs=5.0)
+    for t in curves.trials:  # epochs of one config differ by their 3 % jitter only
+        assert len(t.seconds) == 4 and abs(t.seconds[0] - statistics.median(t.seconds[1:])) < 10
+
+
+def test_teardown_lengthens_each_attempt_and_is_measured_from_the_records(
+    tmp_path: Path, random_run: tuple[ExperimentConfig, Path, RunResult]
+) -> None:
+    cfg, home, plain = random_run
+    slow = _run(cfg, home=tmp_path / "run", teardown_s=7.0)
+    # the same 6 one-attempt trials, each job 7 s longer (its last checkpoint and exit)
+    assert (slow.trials, slow.epochs) == (plain.trials, plain.epochs) == (6, 24)
+    assert slow.gpu_hours - plain.gpu_hours == pytest.approx(6 * 7.0 / 3600)
+    store = Store(tmp_path / "run" / "home")
+    try:
+        curves = load_recorded(store, 1, "acc", cfg.hyperparameters)
+    finally:
+        store.close()
+    assert curves.teardown_s == pytest.approx(7.0, abs=0.01)
+    store = Store(home)
+    try:
+        assert load_recorded(store, 1, "acc", cfg.hyperparameters).teardown_s < 0.01
+    finally:
+        store.close()
 
 
 def _cli(*args: str) -> Any:
