@@ -14,6 +14,7 @@ import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import select
@@ -142,9 +143,9 @@ def load_recorded(
         attempts = s.scalars(
             select(Attempt).join(Trial).where(Trial.experiment_id == experiment_id)
         ).all()
-        starts = {a.id: a.started_at.timestamp() if a.started_at else None for a in attempts}
+        starts = {a.id: _epoch(a.started_at) if a.started_at else None for a in attempts}
         ends = {  # attempts that trained their grant and exited 0
-            a.id: a.ended_at.timestamp() for a in attempts if a.ended_at and a.exit_code == 0
+            a.id: _epoch(a.ended_at) for a in attempts if a.ended_at and a.exit_code == 0
         }
     by_trial: dict[int, list[tuple[int, float | None, float, int]]] = {}
     for trial_id, step, value, at, attempt in rows:
@@ -194,3 +195,8 @@ def load_recorded(
         f" teardown {teardown:.3g} s)"
     )
     return RecordedCurves(space, out, label=label, startup_s=startup, teardown_s=teardown)
+
+
+def _epoch(naive_utc: datetime) -> float:
+    """Seconds since the epoch of a DB time (naive, in UTC), whatever the local zone."""
+    return naive_utc.replace(tzinfo=timezone.utc).timestamp()
