@@ -2,7 +2,8 @@
 TPE proposer, and bayes, each through ``dlhpc launch`` and ``dlhpc tick``.
 
 The four tiny digits experiments are launched at once into one DLHPC_HOME and ticked
-together (one launch and one wait instead of four): CI's time budget. Then, per searcher:
+together (one wait instead of four, each chain of jobs at most 3 long): CI's time
+budget. Then, per searcher:
 
 * the rung searchers (``sha``, ``hyperband``, ``asha`` + ``tpe``): weak array tasks end at
   their rung and are stopped early, a paused trial is promoted and resumes from its
@@ -12,8 +13,8 @@ together (one launch and one wait instead of four): CI's time budget. Then, per 
   created after two results are the model's (not random search's);
 * ``bayes``: one trial at a time, so its decisions replay exactly: the searcher rebuilt
   from the experiment's config and told the results the cluster produced proposes the
-  same four trials, and its trials after the initial points change when told other
-  results (the Gaussian process chose them, not the random sampler).
+  same three trials, and its last trial changes when told other results (the Gaussian
+  process chose it, not the random sampler).
 
 ``random`` to completion is test_e2e_cluster.py's; plain ``asha`` test_search_cluster.py's.
 """
@@ -40,11 +41,11 @@ pytestmark = pytest.mark.cluster
 DIGITS = REPO / "templates" / "examples" / "digits"
 RUNG = "metric: val_accuracy, smaller_is_better: false, max_length: 3, divisor: 3, max_rungs: 2"
 SEARCHERS = {  # rungs of 1 and 3 epochs; the longest chains of jobs are launched first
-    # 2 initial (random) points of 4, then the GP; one trial at a time
-    "bayes": "{name: bayes, metric: val_accuracy, smaller_is_better: false, max_trials: 4,"
+    # 1 initial (random) point of 3, then the GP; one trial at a time
+    "bayes": "{name: bayes, metric: val_accuracy, smaller_is_better: false, max_trials: 3,"
     " max_length: 2, max_concurrent_trials: 1, seed: 8}",
     # the model proposes once two trials have a result (no random fraction)
-    "tpe": f"{{name: asha, {RUNG}, max_trials: 5, max_concurrent_trials: 2, seed: 7,"
+    "tpe": f"{{name: asha, {RUNG}, max_trials: 4, max_concurrent_trials: 2, seed: 7,"
     " proposer: {name: tpe, min_points: 2, random_fraction: 0.0}}",
     # brackets: 3 trials at 1 epoch (one promoted to 3), 2 trials straight to 3 epochs
     "hyperband": f"{{name: hyperband, {RUNG}, mode: conservative, max_trials: 5,"
@@ -195,12 +196,12 @@ def _check_hyperband(run: _Run) -> None:
 
 def _check_tpe(run: _Run) -> None:
     """Rungs as asha's (asynchronous: a later trial that tops rung 1 is promoted too).
-    Trials 0 and 1 were created at launch, before any result: random search's; trials 3
-    and 4 only after two trials had paused at rung 1: the model's, not random search's."""
+    Trials 0 and 1 were created at launch, before any result: random search's; trial 3
+    only after two trials had paused at rung 1: the model's, not random search's."""
     assert len(_check_rungs(run.status, run.trials)) == run.promotes >= 1
-    assert len(run.trials) == 5
+    assert len(run.trials) == 4
     cfg = run.config
-    randoms = RandomSearcher(cfg.hyperparameters, cfg.searcher).ask(5)
+    randoms = RandomSearcher(cfg.hyperparameters, cfg.searcher).ask(4)
     random_hp = [op.hparams for op in randoms if isinstance(op, Create)]
     assert [t.hparams for t in run.trials[:2]] == random_hp[:2]
     later = zip(run.trials[3:], random_hp[3:], strict=True)
@@ -208,19 +209,21 @@ def _check_tpe(run: _Run) -> None:
 
 
 def _check_bayes(run: _Run) -> None:
-    """4 trials to 2 epochs (no early stopping), one at a time: the replay told the
-    cluster's results proposes exactly the cluster's trials, and the trials after the 2
-    initial points depend on the results (the GP's) while the initial points do not."""
+    """3 trials to 2 epochs (no early stopping), one at a time: the replay told the
+    cluster's results proposes exactly the cluster's trials; trial 0 is the initial
+    (random) point, and trial 2, proposed from two results, changes when they are swapped:
+    the GP chose it, not the random sampler. (Trial 1, the GP's from a single result,
+    does not depend on its value.)"""
     assert run.status["state"] == "COMPLETED", run.status
     got = [(t.state, t.steps, t.causes) for t in run.trials]
-    assert got == [("COMPLETED", 2, ("completed",))] * 4
-    assert run.state["n_initial_points"] == 2
+    assert got == [("COMPLETED", 2, ("completed",))] * 3
+    assert run.state["n_initial_points"] == 1
     results = dict(run.state["results"])  # what the searcher was told: each final val_accuracy
-    told = [results[i] for i in range(4)]
+    told = [results[i] for i in range(3)]
     assert _replay_bayes(run.config, told) == [t.hparams for t in run.trials]
     low_high = _replay_bayes(run.config, [0.1, 0.9, *told[2:]])
     high_low = _replay_bayes(run.config, [0.9, 0.1, *told[2:]])
-    assert low_high[:2] == high_low[:2] == [t.hparams for t in run.trials[:2]]
+    assert low_high[0] == high_low[0] == run.trials[0].hparams
     assert low_high[2] != high_low[2]
 
 
