@@ -12,6 +12,10 @@ Event records (one JSON object per line, ``type`` first):
 
 * ``{"type": "start", "time", "host", "pid", "job_id", "restart", "rank", "nodes"}``
 * ``{"type": "metric", "time", "step", "metrics": {name: float}}``
+* ``{"type": "metrics", "rows": [[step, time_ns, {name: float}], ...]}``: consecutive
+  ``metric`` records in one line (``time_ns``: nanoseconds since the epoch), as the
+  harness writes them (:func:`encode_records`); the reader expands it into ``metric``
+  records in place (:func:`read_event_batches`), so ingest sees only ``metric``
 * ``{"type": "exit", "time", "code", "reason", "signal", "step", "checkpoint_step"}``;
   reason is ``completed``, ``requeue`` (the script checkpointed and exited with
   :data:`REQUEUE_EXIT_CODE` to be run again), ``signal`` (it died of a signal Slurm
@@ -44,7 +48,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +61,9 @@ __all__ = [
     "REQUEUE_EXIT_CODE",
     "EventBatch",
     "EventWriter",
+    "MetricRow",
     "encode_record",
+    "encode_records",
     "iter_attempt_dirs",
     "read_event_batches",
 ]
@@ -68,12 +74,58 @@ EVENT_FILE_RE = re.compile(r"^(?P<stream>[A-Za-z0-9_-]+)-(?P<seq>\d{8})\.jsonl$"
 _STREAM_RE = re.compile(r"^[A-Za-z0-9_]+(-[A-Za-z0-9_]+)*$")
 # json.dumps(r, sort_keys=True, allow_nan=True) builds this encoder on every call
 _ENCODER = json.JSONEncoder(sort_keys=True, allow_nan=True)
+ROWS_PER_LINE = 64  # metric rows per ``metrics`` line: one encoder call holds the GIL ~0.1 ms
+
+MetricRow = tuple[int, int, dict[str, float]]
+"""A ``metric`` record as the harness buffers it: ``(step, time_ns, metrics)``, with
+``time_ns`` from :func:`time.time_ns` (a tuple, so a buffer can mix rows and records)."""
 
 
 def encode_record(record: dict[str, Any]) -> str:
     """One line of an event file: ``json.dumps(record, sort_keys=True,
     allow_nan=True)`` and a newline (the encoder is built once)."""
     return _ENCODER.encode(record) + "\n"
+
+
+def encode_records(
+    records: Iterable[dict[str, Any] | MetricRow], rows_per_line: int = ROWS_PER_LINE
+) -> Iterator[str]:
+    """The lines of an event file for ``records``, in order: a record (a dict) is one
+    line (:func:`encode_record`); each run of consecutive rows (:data:`MetricRow`) is one
+    ``metrics`` line per ``rows_per_line`` rows (one encoder call for all of them,
+    not one per record). :func:`read_event_batches` gives back the same records."""
+    rows: list[MetricRow] = []
+    for record in records:
+        if isinstance(record, dict):
+            if rows:
+                yield _encode_rows(rows)
+                rows = []
+            yield encode_record(record)
+            continue
+        rows.append(record)
+        if len(rows) >= rows_per_line:
+            yield _encode_rows(rows)
+            rows = []
+    if rows:
+        yield _encode_rows(rows)
+
+
+def _encode_rows(rows: list[MetricRow]) -> str:
+    return _ENCODER.encode({"type": "metrics", "rows": rows}) + "\n"
+
+
+def _expand_rows(record: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    """The ``metric`` records of one ``metrics`` line (its rows, in order)."""
+    rows = record.get("rows")
+    if not isinstance(rows, list):
+        raise ValueError(f"{name}: a 'metrics' record without a list of rows")
+    out = []
+    for row in rows:
+        if not (isinstance(row, list) and len(row) == 3 and isinstance(row[1], int)):
+            raise ValueError(f"{name}: a 'metrics' row is not [step, time_ns, metrics]: {row!r}")
+        step, time_ns, metrics = row
+        out.append({"type": "metric", "time": time_ns / 1e9, "step": step, "metrics": metrics})
+    return out
 
 
 class EventWriter:
@@ -111,10 +163,10 @@ class EventWriter:
         self._buffer.clear()
         return path
 
-    def publish(self, records: list[dict[str, Any]]) -> Path | None:
-        """Publish ``records`` (as :meth:`add` builds them) as the stream's next file,
-        bypassing the buffer; returns its path (None if empty)."""
-        return self.publish_text("".join(encode_record(r) for r in records))
+    def publish(self, records: Sequence[dict[str, Any] | MetricRow]) -> Path | None:
+        """Publish ``records`` (as :meth:`add` builds them, or rows: :data:`MetricRow`) as
+        the stream's next file, bypassing the buffer; returns its path (None if empty)."""
+        return self.publish_text("".join(encode_records(records)))
 
     def publish_text(self, body: str) -> Path | None:
         """Publish ``body`` (lines from :func:`encode_record`) as the stream's next
@@ -151,7 +203,8 @@ def read_event_batches(attempt_path: Path, skip: Iterable[str] = ()) -> list[Eve
     (a symlink could point out of the attempt folder: it is opened with
     ``O_NOFOLLOW`` and returned as a batch without records). A file that does not
     parse is a bug in the writer, not a torn write (publication is atomic), so it
-    raises.
+    raises (``ValueError``). A ``metrics`` line is expanded into its ``metric``
+    records, in place: a batch's records are the same whichever way they were written.
     """
     done = set(skip)
     batches = []
@@ -163,7 +216,15 @@ def read_event_batches(attempt_path: Path, skip: Iterable[str] = ()) -> list[Eve
         if text is None:  # marked ingested with no records, so it is not looked at again
             batches.append(EventBatch(name, []))
             continue
-        records = [json.loads(line) for line in text.splitlines() if line.strip()]
+        records: list[dict[str, Any]] = []
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if isinstance(record, dict) and record.get("type") == "metrics":
+                records.extend(_expand_rows(record, name))
+            else:
+                records.append(record)
         batches.append(EventBatch(name, records))
     return batches
 
