@@ -7,8 +7,8 @@ fsyncs and renames it, so that ``ctx.report`` every step never waits for the
 disk. Batches are published in the order they were handed over, one file each.
 A ``metric`` record is buffered as a row (:data:`~dlhpc.protocol.events.MetricRow`,
 a tuple: cheaper to build than a dict) and consecutive rows are written as one
-``metrics`` line per slice (:func:`~dlhpc.protocol.events.encode_records`: one encoder
-call per slice, not per record).
+``metrics`` line of packed columns (:mod:`dlhpc.protocol.metric_lines`), not one
+JSON object per record.
 """
 
 from __future__ import annotations
@@ -151,7 +151,8 @@ class BackgroundPublisher:
 def _encode(batch: list[_Record]) -> str:
     """The file body for ``batch``, a line at a time with the GIL let go after each
     (``time.sleep(0)``): the training thread, when it comes back from a torch call,
-    waits for one line (up to ``ROWS_PER_LINE`` rows), not for a switch interval."""
+    waits for one line (a record, or up to ``MAX_ROWS_PER_LINE`` rows), not for a
+    switch interval (5 ms)."""
     parts: list[str] = []
     for line in encode_records(batch):
         parts.append(line)

@@ -12,10 +12,11 @@ Event records (one JSON object per line, ``type`` first):
 
 * ``{"type": "start", "time", "host", "pid", "job_id", "restart", "rank", "nodes"}``
 * ``{"type": "metric", "time", "step", "metrics": {name: float}}``
-* ``{"type": "metrics", "rows": [[step, time_ns, {name: float}], ...]}``: consecutive
-  ``metric`` records in one line (``time_ns``: nanoseconds since the epoch), as the
-  harness writes them (:func:`encode_records`); the reader expands it into ``metric``
-  records in place (:func:`read_event_batches`), so ingest sees only ``metric``
+* ``{"type": "metrics", "n", "step", "time_ns", "values"}``: consecutive ``metric``
+  records in one line, their columns packed in binary (see
+  :mod:`dlhpc.protocol.metric_lines`), as the harness writes them
+  (:func:`encode_records`); the reader expands it into ``metric`` records in place
+  (:func:`read_event_batches`), so ingest sees only ``metric``
 * ``{"type": "exit", "time", "code", "reason", "signal", "step", "checkpoint_step"}``;
   reason is ``completed``, ``requeue`` (the script checkpointed and exited with
   :data:`REQUEUE_EXIT_CODE` to be run again), ``signal`` (it died of a signal Slurm
@@ -55,6 +56,7 @@ from typing import Any
 
 from dlhpc.protocol.atomic import atomic_write_text
 from dlhpc.protocol.layout import attempts_dir
+from dlhpc.protocol.metric_lines import MetricRow, encode_rows, expand
 
 __all__ = [
     "EVENT_FILE_RE",
@@ -74,11 +76,6 @@ EVENT_FILE_RE = re.compile(r"^(?P<stream>[A-Za-z0-9_-]+)-(?P<seq>\d{8})\.jsonl$"
 _STREAM_RE = re.compile(r"^[A-Za-z0-9_]+(-[A-Za-z0-9_]+)*$")
 # json.dumps(r, sort_keys=True, allow_nan=True) builds this encoder on every call
 _ENCODER = json.JSONEncoder(sort_keys=True, allow_nan=True)
-ROWS_PER_LINE = 64  # metric rows per ``metrics`` line: one encoder call holds the GIL ~0.1 ms
-
-MetricRow = tuple[int, int, dict[str, float]]
-"""A ``metric`` record as the harness buffers it: ``(step, time_ns, metrics)``, with
-``time_ns`` from :func:`time.time_ns` (a tuple, so a buffer can mix rows and records)."""
 
 
 def encode_record(record: dict[str, Any]) -> str:
@@ -87,45 +84,22 @@ def encode_record(record: dict[str, Any]) -> str:
     return _ENCODER.encode(record) + "\n"
 
 
-def encode_records(
-    records: Iterable[dict[str, Any] | MetricRow], rows_per_line: int = ROWS_PER_LINE
-) -> Iterator[str]:
+def encode_records(records: Iterable[dict[str, Any] | MetricRow]) -> Iterator[str]:
     """The lines of an event file for ``records``, in order: a record (a dict) is one
-    line (:func:`encode_record`); each run of consecutive rows (:data:`MetricRow`) is one
-    ``metrics`` line per ``rows_per_line`` rows (one encoder call for all of them,
-    not one per record). :func:`read_event_batches` gives back the same records."""
+    line (:func:`encode_record`); each run of consecutive rows (:data:`MetricRow`) is
+    one ``metrics`` line per run of the same metric names (:mod:`.metric_lines`).
+    :func:`read_event_batches` gives back the same records either way."""
     rows: list[MetricRow] = []
     for record in records:
         if isinstance(record, dict):
             if rows:
-                yield _encode_rows(rows)
+                yield from map(encode_record, encode_rows(rows))
                 rows = []
             yield encode_record(record)
-            continue
-        rows.append(record)
-        if len(rows) >= rows_per_line:
-            yield _encode_rows(rows)
-            rows = []
+        else:
+            rows.append(record)
     if rows:
-        yield _encode_rows(rows)
-
-
-def _encode_rows(rows: list[MetricRow]) -> str:
-    return _ENCODER.encode({"type": "metrics", "rows": rows}) + "\n"
-
-
-def _expand_rows(record: dict[str, Any], name: str) -> list[dict[str, Any]]:
-    """The ``metric`` records of one ``metrics`` line (its rows, in order)."""
-    rows = record.get("rows")
-    if not isinstance(rows, list):
-        raise ValueError(f"{name}: a 'metrics' record without a list of rows")
-    out = []
-    for row in rows:
-        if not (isinstance(row, list) and len(row) == 3 and isinstance(row[1], int)):
-            raise ValueError(f"{name}: a 'metrics' row is not [step, time_ns, metrics]: {row!r}")
-        step, time_ns, metrics = row
-        out.append({"type": "metric", "time": time_ns / 1e9, "step": step, "metrics": metrics})
-    return out
+        yield from map(encode_record, encode_rows(rows))
 
 
 class EventWriter:
@@ -222,7 +196,7 @@ def read_event_batches(attempt_path: Path, skip: Iterable[str] = ()) -> list[Eve
                 continue
             record = json.loads(line)
             if isinstance(record, dict) and record.get("type") == "metrics":
-                records.extend(_expand_rows(record, name))
+                records.extend(expand(record, name))
             else:
                 records.append(record)
         batches.append(EventBatch(name, records))

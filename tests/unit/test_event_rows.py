@@ -1,6 +1,6 @@
 """Metric rows (issue 16): the harness writes consecutive ``metric`` records as
-``metrics`` lines of rows; the reader gives back the same records as the old
-per-record lines, and files in either format ingest to the same metric rows."""
+``metrics`` lines of packed columns; the reader gives back the same records as the
+old per-record lines, and files in either format ingest to the same metric rows."""
 
 from __future__ import annotations
 
@@ -13,21 +13,25 @@ import pytest
 from sqlalchemy import select
 
 from dlhpc.protocol import EventWriter, read_event_batches
-from dlhpc.protocol.events import ROWS_PER_LINE, MetricRow, encode_records
+from dlhpc.protocol.events import MetricRow, encode_records
+from dlhpc.protocol.metric_lines import MAX_ROWS_PER_LINE
 from dlhpc.store import Metric, Store, Trial, utcnow
 from dlhpc.store.ingest import ingest_attempt
 from tests.unit._db import exp_and_trial
 
 _T0 = 1_764_139_000_123_456_789  # ns since the epoch
+_RUN = MAX_ROWS_PER_LINE + 5  # one name: two lines
+_N_METRICS = _RUN + 3 + 3 + 1  # values in _mixed()
 _HOSTILE = {'a"}, {"rows": ': float("nan"), "é\\\n": float("-inf"), "b": 1e300}
 
 
 def _mixed() -> list[dict[str, Any] | MetricRow]:
-    """A start record, rows (more than one line's worth), a log, two rows, a checkpoint."""
+    """A start record, rows (more than one line's worth), a log, rows whose metric
+    names change from one to the next, a checkpoint."""
     rows: list[dict[str, Any] | MetricRow] = [{"type": "start", "time": 1.5, "host": "n1"}]
-    rows += [(s, _T0 + s * 1000, {"m": s / 3}) for s in range(ROWS_PER_LINE + 5)]
+    rows += [(s, _T0 + s * 1000, {"m": s / 3}) for s in range(_RUN)]
     rows.append({"type": "log", "time": 2.0, "level": "info", "message": "half"})
-    rows += [(7, _T0, _HOSTILE), (8, _T0 + 1, {})]
+    rows += [(7, _T0, _HOSTILE), (7, _T0, {**_HOSTILE}), (8, _T0 + 1, {}), (2**40, -1, {"m": 0.0})]
     rows.append({"type": "checkpoint", "time": 3.0, "step": 8, "path": "p", "size": 1})
     return rows
 
@@ -54,17 +58,18 @@ def test_rows_are_written_as_metrics_lines_and_read_back_as_metric_records(
     path = EventWriter(tmp_path, "user-r0").publish(mixed)
     assert path is not None
     lines = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
-    # start, a full line of rows, the rest of the run, log, the two rows, checkpoint
-    assert [x["type"] for x in lines] == ["start", "metrics", "metrics", "log"] + [
-        "metrics",
-        "checkpoint",
-    ]
-    assert [len(x["rows"]) for x in lines if x["type"] == "metrics"] == [ROWS_PER_LINE, 5, 2]
+    # start, a full line of rows, the rest of the run, log, a line per run of the same
+    # names (the two hostile rows, {}, "m"), checkpoint
+    types = ["start", "metrics", "metrics", "log", "metrics", "metrics", "metrics", "checkpoint"]
+    assert [x["type"] for x in lines] == types
+    assert [x["n"] for x in lines if x["type"] == "metrics"] == [MAX_ROWS_PER_LINE, 5, 2, 1, 1]
+    assert "1e+300" not in path.read_text(encoding="utf-8")  # values packed, not formatted
     (batch,) = read_event_batches(tmp_path)
     assert _same(batch.records, _as_records(mixed))
-    hostile = batch.records[-3]["metrics"]
+    hostile = batch.records[-5]["metrics"]
     assert math.isnan(hostile['a"}, {"rows": ']) and hostile["é\\\n"] == float("-inf")
-    assert batch.records[-3]["time"] == _T0 / 1e9  # ns -> s, as the old records
+    assert batch.records[-5]["time"] == _T0 / 1e9  # ns -> s, as the old records
+    assert batch.records[-2]["step"] == 2**40 and batch.records[-2]["time"] == -1e-9
 
 
 def test_an_old_per_record_file_reads_as_before(tmp_path: Path) -> None:
@@ -87,15 +92,42 @@ def test_encode_records_of_dicts_only_is_one_line_each(tmp_path: Path) -> None:
     assert lines == [json.dumps(r, sort_keys=True, allow_nan=True) + "\n" for r in old]
 
 
+_ONE = "AQAAAAAAAAA="  # int64 1, little-endian, base64
+_TWO = "AQAAAAAAAAACAAAAAAAAAA=="  # int64 1, 2
+
+
+def test_a_step_past_int64_is_written_as_plain_records(tmp_path: Path) -> None:
+    mixed: list[dict[str, Any] | MetricRow] = [(2**63, 5, {"m": 1.0}), (1, 6, {"m": 2.0})]
+    lines = [json.loads(x) for x in encode_records(mixed)]
+    assert [x["type"] for x in lines] == ["metric", "metric"]
+    EventWriter(tmp_path, "user-r0").publish(mixed)
+    (batch,) = read_event_batches(tmp_path)
+    assert _same(batch.records, _as_records(mixed))
+
+
+def _line(**fields: Any) -> str:
+    return json.dumps({"type": "metrics", **fields})
+
+
 @pytest.mark.parametrize(
     "line",
     [
-        '{"type": "metrics"}',
-        '{"type": "metrics", "rows": [[1, 2]]}',
-        '{"type": "metrics", "rows": [[1, 2.5, {}]]}',
+        _line(),
+        _line(n=1, values={}),
+        _line(n=True, step=_ONE, time_ns=_ONE, values={}),
+        _line(n=2, step=_ONE, time_ns=_TWO, values={}),
+        _line(n=1, step=_ONE, time_ns=_ONE, values={"m": "x"}),
+        _line(n=1, step=_ONE, time_ns=_ONE, values={"m": 1.0}),
     ],
 )
 def test_a_malformed_metrics_line_raises_naming_the_file(tmp_path: Path, line: str) -> None:
+    good = tmp_path / "good"
+    good.mkdir()
+    (good / "user-r0-00000000.jsonl").write_text(
+        _line(n=1, step=_ONE, time_ns=_ONE, values={"m": _ONE}) + "\n", encoding="utf-8"
+    )
+    (batch,) = read_event_batches(good)  # the well-formed line, for contrast
+    assert batch.records == [{"type": "metric", "time": 1e-9, "step": 1, "metrics": {"m": 5e-324}}]
     (tmp_path / "user-r0-00000000.jsonl").write_text(line + "\n", encoding="utf-8")
     with pytest.raises(ValueError, match="user-r0-00000000.jsonl"):
         read_event_batches(tmp_path)
@@ -113,7 +145,7 @@ def test_both_formats_ingest_to_the_same_metric_rows(tmp_path: Path) -> None:
         with store.write() as s:
             t = s.get(Trial, tid)
             assert t is not None
-            assert ingest_attempt(s, t, adir, utcnow()).metrics == ROWS_PER_LINE + 5 + 3
+            assert ingest_attempt(s, t, adir, utcnow()).metrics == _N_METRICS
         with store.read() as s:
             got.append(
                 s.execute(
@@ -123,4 +155,5 @@ def test_both_formats_ingest_to_the_same_metric_rows(tmp_path: Path) -> None:
                 ).all()
             )
         store.close()
-    assert got[0] == got[1] and len(got[0]) == ROWS_PER_LINE + 5 + 3
+    # the second hostile row re-reports step 7's names: one row each is kept
+    assert got[0] == got[1] and len(got[0]) == _N_METRICS - len(_HOSTILE)
