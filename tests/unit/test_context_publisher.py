@@ -139,7 +139,7 @@ def test_report_checks_the_step_on_its_fast_path(tmp_path: Path) -> None:
     for bad in (True, -1, 2.0, "3", None):
         with pytest.raises(DlhpcError, match="non-negative int"):
             ctx.report(bad, {"m": 1.0})  # type: ignore[arg-type]
-    ctx.report(_Step(4), {"m": 2})  # type: ignore[dict-item]
+    ctx.report(_Step(4), {"m": 2})
     ctx.report(0, {"x": 1.5})
     ctx.flush()
     records = _records(tmp_path / "attempt")
