@@ -5,6 +5,10 @@
 is the same) but hands each batch to one daemon thread, which encodes, writes,
 fsyncs and renames it, so that ``ctx.report`` every step never waits for the
 disk. Batches are published in the order they were handed over, one file each.
+A ``metric`` record is buffered as a row (:data:`~dlhpc.protocol.events.MetricRow`,
+a tuple: cheaper to build than a dict) and consecutive rows are written as one
+``metrics`` line of packed columns (:mod:`dlhpc.protocol.metric_lines`), not one
+JSON object per record.
 """
 
 from __future__ import annotations
@@ -15,14 +19,13 @@ import threading
 import time
 from typing import Any
 
-from dlhpc.protocol.events import EventWriter, encode_record
+from dlhpc.protocol.events import EventWriter, MetricRow, encode_records
 
 __all__ = ["BackgroundPublisher"]
 
 _MAX_QUEUED = 8  # batches waiting for the disk; a slower disk makes submit() wait
-# records encoded between two yields of the GIL: the training thread, when it comes back
-# from a torch call, waits for one such slice, not for a switch interval (5 ms)
-_ENCODE_SLICE = 16
+
+_Record = dict[str, Any] | MetricRow
 
 
 class BackgroundPublisher:
@@ -45,11 +48,14 @@ class BackgroundPublisher:
         self.writer = writer
         self._pid = os.getpid()
         self._lock = threading.Lock()  # the buffer, the held records and the error
-        self._buffer: list[dict[str, Any]] = []
-        self._held: list[dict[str, Any]] = []  # a failed batch and those after it
-        self._foreign: list[dict[str, Any]] = []  # add_from_thread's records
+        # the same list for the publisher's life (submit() empties it in place), so
+        # :meth:`add_metric` appends through a bound method made once
+        self._buffer: list[_Record] = []
+        self._append = self._buffer.append
+        self._held: list[_Record] = []  # a failed batch and those after it
+        self._foreign: list[_Record] = []  # add_from_thread's records
         self._error: Exception | None = None
-        self._queue: queue.Queue[list[dict[str, Any]]] = queue.Queue(_MAX_QUEUED)
+        self._queue: queue.Queue[list[_Record]] = queue.Queue(_MAX_QUEUED)
         self._thread: threading.Thread | None = None
 
     def add(self, record_type: str, **fields: Any) -> None:
@@ -64,11 +70,10 @@ class BackgroundPublisher:
             self._foreign.append({"type": record_type, "time": time.time(), **fields})
 
     def add_metric(self, step: int, metrics: dict[str, float]) -> int:
-        """:meth:`add` of a ``metric`` record, the hot path of ``ctx.report``;
-        returns how many records are buffered."""
-        buffer = self._buffer
-        buffer.append({"type": "metric", "time": time.time(), "step": step, "metrics": metrics})
-        return len(buffer)
+        """:meth:`add` of a ``metric`` record (``metrics`` is kept, not copied), the
+        hot path of ``ctx.report``; returns how many records are buffered."""
+        self._append((step, time.time_ns(), metrics))
+        return len(self._buffer)
 
     def pending(self) -> int:
         return len(self._buffer)
@@ -76,14 +81,15 @@ class BackgroundPublisher:
     def submit(self) -> None:
         """Hand the buffered records to the publishing thread (one file)."""
         if os.getpid() != self._pid:  # a forked child: see the class docstring
-            self._buffer = []
+            self._buffer.clear()
             return
         error = self._error
         if error is not None:  # the thread holds what was queued after the failure
             self._queue.join()
         with self._lock:
             error, self._error = self._error, None
-            batch, self._buffer = self._held + self._buffer + self._foreign, []
+            batch = self._held + self._buffer + self._foreign
+            self._buffer.clear()
             self._held, self._foreign = [], []
         if batch:
             if self._start():
@@ -142,11 +148,13 @@ class BackgroundPublisher:
         return not self._queue.unfinished_tasks
 
 
-def _encode(batch: list[dict[str, Any]]) -> str:
-    """The file body for ``batch``, encoded a slice at a time with the GIL let go
-    in between (``time.sleep(0)``)."""
+def _encode(batch: list[_Record]) -> str:
+    """The file body for ``batch``, a line at a time with the GIL let go after each
+    (``time.sleep(0)``): the training thread, when it comes back from a torch call,
+    waits for one line (a record, or up to ``MAX_ROWS_PER_LINE`` rows), not for a
+    switch interval (5 ms)."""
     parts: list[str] = []
-    for start in range(0, len(batch), _ENCODE_SLICE):
-        parts.extend(encode_record(r) for r in batch[start : start + _ENCODE_SLICE])
+    for line in encode_records(batch):
+        parts.append(line)
         time.sleep(0)
     return "".join(parts)

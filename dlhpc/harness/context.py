@@ -215,23 +215,26 @@ class TrialContext:
 
     def report(self, step: int, metrics: dict[str, float]) -> None:
         """Record ``metrics`` at ``step`` (the resource unit count, e.g. epoch)."""
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        # the hot path (every step): an exact int is checked first, then the rest
+        if type(step) is not int and (isinstance(step, bool) or not isinstance(step, int)):
+            raise DlhpcError(f"report(): step must be a non-negative int, got {step!r}")
+        if step < 0:
             raise DlhpcError(f"report(): step must be a non-negative int, got {step!r}")
         clean = {str(name): float(value) for name, value in metrics.items()}
-        if self.spec is not None and self.spec.metric in clean:
-            value = clean[self.spec.metric]
+        spec = self.spec
+        if spec is not None and spec.metric in clean:
+            value = clean[spec.metric]
             self._evaluated = (step, value if math.isfinite(value) else None)
-        if self._writer is None:
-            if self.spec is None:
+        writer = self._writer
+        if writer is None:
+            if spec is None:
                 shown = {k: v if math.isfinite(v) else str(v) for k, v in clean.items()}
                 print(f"[dlhpc] step {step}: {shown}", flush=True)
             return
-        pending = self._writer.add_metric(step, clean)
-        if (
-            pending >= self.flush_every
-            or time.monotonic() - self._last_flush >= self.flush_interval_s
+        if writer.add_metric(step, clean) >= self.flush_every or (
+            time.monotonic() - self._last_flush >= self.flush_interval_s
         ):
-            self._writer.submit()  # published by the background thread
+            writer.submit()  # published by the background thread
             self._last_flush = time.monotonic()
 
     def flush(self) -> None:

@@ -12,6 +12,11 @@ Event records (one JSON object per line, ``type`` first):
 
 * ``{"type": "start", "time", "host", "pid", "job_id", "restart", "rank", "nodes"}``
 * ``{"type": "metric", "time", "step", "metrics": {name: float}}``
+* ``{"type": "metrics", "n", "step", "time_ns", "values"}``: consecutive ``metric``
+  records in one line, their columns packed in binary (see
+  :mod:`dlhpc.protocol.metric_lines`), as the harness writes them
+  (:func:`encode_records`); the reader expands it into ``metric`` records in place
+  (:func:`read_event_batches`), so ingest sees only ``metric``
 * ``{"type": "exit", "time", "code", "reason", "signal", "step", "checkpoint_step"}``;
   reason is ``completed``, ``requeue`` (the script checkpointed and exited with
   :data:`REQUEUE_EXIT_CODE` to be run again), ``signal`` (it died of a signal Slurm
@@ -44,20 +49,23 @@ import os
 import re
 import stat
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dlhpc.protocol.atomic import atomic_write_text
 from dlhpc.protocol.layout import attempts_dir
+from dlhpc.protocol.metric_lines import MetricRow, encode_rows, expand
 
 __all__ = [
     "EVENT_FILE_RE",
     "REQUEUE_EXIT_CODE",
     "EventBatch",
     "EventWriter",
+    "MetricRow",
     "encode_record",
+    "encode_records",
     "iter_attempt_dirs",
     "read_event_batches",
 ]
@@ -74,6 +82,24 @@ def encode_record(record: dict[str, Any]) -> str:
     """One line of an event file: ``json.dumps(record, sort_keys=True,
     allow_nan=True)`` and a newline (the encoder is built once)."""
     return _ENCODER.encode(record) + "\n"
+
+
+def encode_records(records: Iterable[dict[str, Any] | MetricRow]) -> Iterator[str]:
+    """The lines of an event file for ``records``, in order: a record (a dict) is one
+    line (:func:`encode_record`); each run of consecutive rows (:data:`MetricRow`) is
+    one ``metrics`` line per run of the same metric names (:mod:`.metric_lines`).
+    :func:`read_event_batches` gives back the same records either way."""
+    rows: list[MetricRow] = []
+    for record in records:
+        if isinstance(record, dict):
+            if rows:
+                yield from map(encode_record, encode_rows(rows))
+                rows = []
+            yield encode_record(record)
+        else:
+            rows.append(record)
+    if rows:
+        yield from map(encode_record, encode_rows(rows))
 
 
 class EventWriter:
@@ -111,10 +137,10 @@ class EventWriter:
         self._buffer.clear()
         return path
 
-    def publish(self, records: list[dict[str, Any]]) -> Path | None:
-        """Publish ``records`` (as :meth:`add` builds them) as the stream's next file,
-        bypassing the buffer; returns its path (None if empty)."""
-        return self.publish_text("".join(encode_record(r) for r in records))
+    def publish(self, records: Sequence[dict[str, Any] | MetricRow]) -> Path | None:
+        """Publish ``records`` (as :meth:`add` builds them, or rows: :data:`MetricRow`) as
+        the stream's next file, bypassing the buffer; returns its path (None if empty)."""
+        return self.publish_text("".join(encode_records(records)))
 
     def publish_text(self, body: str) -> Path | None:
         """Publish ``body`` (lines from :func:`encode_record`) as the stream's next
@@ -151,7 +177,8 @@ def read_event_batches(attempt_path: Path, skip: Iterable[str] = ()) -> list[Eve
     (a symlink could point out of the attempt folder: it is opened with
     ``O_NOFOLLOW`` and returned as a batch without records). A file that does not
     parse is a bug in the writer, not a torn write (publication is atomic), so it
-    raises.
+    raises (``ValueError``). A ``metrics`` line is expanded into its ``metric``
+    records, in place: a batch's records are the same whichever way they were written.
     """
     done = set(skip)
     batches = []
@@ -163,7 +190,15 @@ def read_event_batches(attempt_path: Path, skip: Iterable[str] = ()) -> list[Eve
         if text is None:  # marked ingested with no records, so it is not looked at again
             batches.append(EventBatch(name, []))
             continue
-        records = [json.loads(line) for line in text.splitlines() if line.strip()]
+        records: list[dict[str, Any]] = []
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if isinstance(record, dict) and record.get("type") == "metrics":
+                records.extend(expand(record, name))
+            else:
+                records.append(record)
         batches.append(EventBatch(name, records))
     return batches
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from dlhpc.errors import DlhpcError
 from dlhpc.harness._publisher import BackgroundPublisher
 from dlhpc.harness.context import TrialContext
 from dlhpc.protocol import EventWriter, TrialSpec, read_event_batches
@@ -126,3 +127,21 @@ def test_metrics_reported_without_close_are_published_at_exit(tmp_path: Path) ->
     assert proc.returncode == 0
     assert [r["step"] for r in _records(attempt)] == list(range(25))
     assert len(list(attempt.glob("user-r0-*.jsonl"))) == 3  # 10, 10, then 5 at exit
+
+
+class _Step(int):
+    """An int subclass (not bool): accepted as a step, as before the fast path."""
+
+
+def test_report_checks_the_step_on_its_fast_path(tmp_path: Path) -> None:
+    spec = TrialSpec(1, 1, {}, 2, 0, str(tmp_path), str(tmp_path), "e.sh", str(tmp_path), "m", True)
+    ctx = TrialContext(spec, tmp_path / "attempt", {}, poll_grace_s=None)
+    for bad in (True, -1, 2.0, "3", None):
+        with pytest.raises(DlhpcError, match="non-negative int"):
+            ctx.report(bad, {"m": 1.0})  # type: ignore[arg-type]
+    ctx.report(_Step(4), {"m": 2})
+    ctx.report(0, {"x": 1.5})
+    ctx.flush()
+    records = _records(tmp_path / "attempt")
+    assert [(r["step"], r["metrics"]) for r in records] == [(4, {"m": 2.0}), (0, {"x": 1.5})]
+    assert ctx._evaluated == (4, 2.0)  # the searcher metric "m", at step 4
