@@ -3,7 +3,6 @@ nothing else is, and the DB passes ``PRAGMA integrity_check``."""
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections import Counter
 from dataclasses import dataclass, field
@@ -12,8 +11,8 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from dlhpc.protocol import EVENT_FILE_RE
 from dlhpc.protocol.checkpoint import list_checkpoints, verify_checkpoint
+from dlhpc.protocol.events import read_event_batches
 from dlhpc.store import Attempt, Event, IngestedFile, Metric, Store, Submission
 from dlhpc.store.models import Checkpoint as CheckpointRow
 from tests.stress._backend import LEDGER, TrialRun
@@ -43,14 +42,15 @@ class StressResult:
 
 def _disk_records(attempt_dir: Path) -> tuple[dict[str, int], list[dict[str, Any]], int]:
     """(final event file name -> record count, their records, temp files left)."""
-    files, records, temps = {}, [], 0
-    for p in attempt_dir.iterdir() if attempt_dir.is_dir() else []:
-        if EVENT_FILE_RE.match(p.name):
-            recs = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
-            files[p.name] = len(recs)
-            records += recs
-        elif p.name.startswith(".") and p.name.endswith(".tmp"):
-            temps += 1
+    files: dict[str, int] = {}
+    records: list[dict[str, Any]] = []
+    if not attempt_dir.is_dir():
+        return files, records, 0
+    # the reconciler's own reader: a packed 'metrics' line stands for its 'metric' records
+    for batch in read_event_batches(attempt_dir):
+        files[batch.name] = len(batch.records)
+        records += batch.records
+    temps = sum(p.name.startswith(".") and p.name.endswith(".tmp") for p in attempt_dir.iterdir())
     return files, records, temps
 
 
