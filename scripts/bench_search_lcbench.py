@@ -44,6 +44,7 @@ from dlhpc.errors import DlhpcError  # noqa: E402
 
 DLHPC_METHODS = ("random", "grid", "sha", "asha", "hyperband", "bayes")
 DEFAULT_METHODS = ",".join((*DLHPC_METHODS, *PEERS))
+SHM = Path("/dev/shm")  # the default --scratch where it exists (a memory file system)
 
 
 def parse_methods(names: str, extra: list[str]) -> list[tuple[str, dict[str, Any] | None]]:
@@ -80,7 +81,7 @@ def one_run(
         return run_workers(method, surrogate, task, workers, args.budget, args.time_scale)
     knobs = SimKnobs(workers, args.tick_interval, 0.0, 0.0, args.time_scale)
     full = searcher_section({**section, "seed": seed}, args.budget, workers)
-    trace, facts = run_dlhpc(full, surrogate, task, 0, args.budget, knobs)
+    trace, facts = run_dlhpc(full, surrogate, task, 0, args.budget, knobs, args.scratch)
     return trace, {**facts, "searcher": full}
 
 
@@ -127,7 +128,7 @@ def run_task(
             for seed in range(args.seeds):
                 if label in skipped:
                     break
-                t0 = time.monotonic()
+                t0, c0 = time.monotonic(), time.process_time()
                 try:
                     trace, facts = one_run(label, section, surrogate, task, seed, w, args)
                 except (ImportError, ValueError, DlhpcError) as exc:
@@ -138,12 +139,13 @@ def run_task(
                     surrogate.clear()
                 rec = record(label, task, seed, w, trace, facts, ref, marks, 0.0)
                 rec["real_s"] = round(time.monotonic() - t0, 3)
+                rec["cpu_s"] = round(time.process_time() - c0, 3)  # this process's CPU
                 runs.append(rec)
                 hit = rec["to_target"]
                 print(
                     f"  {label} W={w} seed={seed}: to target"
                     f" {hit['epochs'] if hit else '> budget'} epochs,"
-                    f" best {rec['best']}, {rec['real_s']:.1f} s",
+                    f" best {rec['best']}, {rec['real_s']:.1f} s ({rec['cpu_s']:.1f} CPU s)",
                     flush=True,
                 )
     return runs
@@ -196,12 +198,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="write every run here")
     p.add_argument("--svg-dir", type=Path, default=None, help="write regret SVG + CSV here")
     p.add_argument("--stem", default="lcbench-regret", help="file name stem of the SVGs")
+    p.add_argument(
+        "--scratch",
+        type=Path,
+        default=SHM if SHM.is_dir() else None,
+        help="folder of the dlhpc runs' stores and files (default /dev/shm where it exists,"
+        " else the system's temporary folder)",
+    )
     p.add_argument("--shard", default="0/1", help="K/N: run every N-th task from the K-th")
     p.add_argument("--report", default=None, help="only the tables of these JSON files (shards)")
     args = p.parse_args(argv)
     k, _, n = args.shard.partition("/")
     if not (k.isdigit() and n.isdigit() and int(k) < int(n)):
         p.error(f"--shard: expected K/N with 0 <= K < N, got {args.shard!r}")
+    if args.scratch is not None and not args.scratch.is_dir():
+        p.error(f"--scratch: not a folder: {args.scratch}")
     if args.report is not None:
         result = merge([json.loads(Path(f).read_text()) for f in args.report.split(",")])
     else:
