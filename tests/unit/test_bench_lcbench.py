@@ -240,3 +240,21 @@ def test_report_table_ratios_and_shard_merge() -> None:
     (line,) = verdicts(merged, 4)
     assert line.startswith("W=4 asha: median epochs to target 60 (random > budget)")
     assert "best peer syne-asha 400" in line and "every peer's at 1/2 checkpoints" in line
+
+
+def test_sim_cost_same_trace_in_every_scratch_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _require_surrogate()
+    import lcbench_sim_cost
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    args = ["--task", "167184", "--methods", "random", "--workers", "4", "--budget", "120"]
+    assert lcbench_sim_cost.main([*args, "--scratch", f"{a},{b}"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == [f"random scratch={a}", f"random scratch={b}"]
+    digests = {line.split("trace ")[1].split(",")[0] for line in lines}
+    assert len(digests) == 1 and all("120 epochs" in line for line in lines)
+    assert list(a.iterdir()) == list(b.iterdir()) == []
