@@ -195,7 +195,12 @@ def test_driver_smoke_random_and_asha(tmp_path: Path) -> None:
     assert asha["facts"]["starts"] > result["runs"][0]["facts"]["starts"]
     assert asha["facts"]["max_trials"] > result["runs"][0]["facts"]["max_trials"] == 6 + 4
     assert (tmp_path / "svg" / "lcbench-regret-w4.svg").read_text().startswith("<svg")
+    assert result["tasks_done"] == ["167184"]
     assert bench.main(["--report", str(out)]) == 0
+    # a task not finished is left out of the report unless --partial-tasks
+    partial = {**result, "tasks_done": []}
+    assert bench.done_tasks_only(partial)["runs"] == []
+    assert bench.done_tasks_only(result)["runs"] == result["runs"]
 
 
 def test_driver_refuses_a_scratch_that_is_not_a_folder(
