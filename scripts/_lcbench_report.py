@@ -173,6 +173,8 @@ def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
     first["references"] = {k: v for res in results for k, v in res["references"].items()}
     first["skipped"] = {k: v for res in results for k, v in res.get("skipped", {}).items()}
     first["runtime_s"] = sum(res.get("runtime_s", 0.0) for res in results)
+    if all("tasks_done" in res for res in results):
+        first["tasks_done"] = [t for res in results for t in res["tasks_done"]]
     return first
 
 

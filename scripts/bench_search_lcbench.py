@@ -28,6 +28,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ from dlhpc.errors import DlhpcError  # noqa: E402
 
 DLHPC_METHODS = ("random", "grid", "sha", "asha", "hyperband", "bayes")
 DEFAULT_METHODS = ",".join((*DLHPC_METHODS, *PEERS))
+SHM = Path("/dev/shm")  # the default --scratch where it exists (a memory file system)
 
 
 def parse_methods(names: str, extra: list[str]) -> list[tuple[str, dict[str, Any] | None]]:
@@ -80,7 +82,7 @@ def one_run(
         return run_workers(method, surrogate, task, workers, args.budget, args.time_scale)
     knobs = SimKnobs(workers, args.tick_interval, 0.0, 0.0, args.time_scale)
     full = searcher_section({**section, "seed": seed}, args.budget, workers)
-    trace, facts = run_dlhpc(full, surrogate, task, 0, args.budget, knobs)
+    trace, facts = run_dlhpc(full, surrogate, task, 0, args.budget, knobs, args.scratch)
     return trace, {**facts, "searcher": full}
 
 
@@ -117,17 +119,17 @@ def run_task(
     marks: list[int],
     args: argparse.Namespace,
     skipped: dict[str, str],
-) -> list[dict[str, Any]]:
-    """Every method, W and seed on ``task``; a method that cannot run is added to
-    ``skipped`` (with the reason) and not tried again."""
-    runs = []
+    save: Callable[[dict[str, Any]], None],
+) -> None:
+    """Every method, W and seed on ``task``, each run given to ``save`` as it ends; a
+    method that cannot run is added to ``skipped`` (with the reason) and not tried again."""
     print(f"task {task}: best {ref.best:.3f}, target {ref.target:.3f}, share {ref.share:.4f}")
     for label, section in methods:
         for w in workers:
             for seed in range(args.seeds):
                 if label in skipped:
                     break
-                t0 = time.monotonic()
+                t0, c0 = time.monotonic(), time.process_time()
                 try:
                     trace, facts = one_run(label, section, surrogate, task, seed, w, args)
                 except (ImportError, ValueError, DlhpcError) as exc:
@@ -138,15 +140,15 @@ def run_task(
                     surrogate.clear()
                 rec = record(label, task, seed, w, trace, facts, ref, marks, 0.0)
                 rec["real_s"] = round(time.monotonic() - t0, 3)
-                runs.append(rec)
+                rec["cpu_s"] = round(time.process_time() - c0, 3)  # this process's CPU
+                save(rec)
                 hit = rec["to_target"]
                 print(
                     f"  {label} W={w} seed={seed}: to target"
                     f" {hit['epochs'] if hit else '> budget'} epochs,"
-                    f" best {rec['best']}, {rec['real_s']:.1f} s",
+                    f" best {rec['best']}, {rec['real_s']:.1f} s ({rec['cpu_s']:.1f} CPU s)",
                     flush=True,
                 )
-    return runs
 
 
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
@@ -166,17 +168,37 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         "checkpoints": marks,
         "runs": [],
         "skipped": {},
+        "tasks_done": [],  # tasks with every method, W and seed; the others are partial
         "complete": False,
     }
-    for task in tasks:
-        result["runs"] += run_task(
-            task, refs[task], methods, workers, surrogate, marks, args, result["skipped"]
-        )
+
+    def save(run: dict[str, Any] | None) -> None:
+        if run is not None:
+            result["runs"].append(run)
         result["runtime_s"] = time.monotonic() - t0
         if args.json is not None:
             args.json.write_text(json.dumps(result, indent=1))
+
+    for task in tasks:
+        run_task(
+            task, refs[task], methods, workers, surrogate, marks, args, result["skipped"], save
+        )
+        result["tasks_done"].append(task)
+        save(None)
     result["complete"] = True
     return result
+
+
+def done_tasks_only(result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` with only the runs of its ``tasks_done`` (a run written before that list
+    existed counts every task as done); prints the tasks left out."""
+    if "tasks_done" not in result:
+        return result
+    done = set(result["tasks_done"])
+    left = sorted({r["task"] for r in result["runs"]} - done, key=int)
+    if left:
+        print(f"not finished, left out (--partial-tasks shows them): {', '.join(left)}")
+    return {**result, "runs": [r for r in result["runs"] if r["task"] in done]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,14 +218,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="write every run here")
     p.add_argument("--svg-dir", type=Path, default=None, help="write regret SVG + CSV here")
     p.add_argument("--stem", default="lcbench-regret", help="file name stem of the SVGs")
+    p.add_argument(
+        "--scratch",
+        type=Path,
+        default=SHM if SHM.is_dir() else None,
+        help="folder of the dlhpc runs' stores and files (default /dev/shm where it exists,"
+        " else the system's temporary folder)",
+    )
     p.add_argument("--shard", default="0/1", help="K/N: run every N-th task from the K-th")
     p.add_argument("--report", default=None, help="only the tables of these JSON files (shards)")
+    p.add_argument(
+        "--partial-tasks",
+        action="store_true",
+        help="with --report: also the runs of tasks not finished (some methods missing)",
+    )
     args = p.parse_args(argv)
     k, _, n = args.shard.partition("/")
     if not (k.isdigit() and n.isdigit() and int(k) < int(n)):
         p.error(f"--shard: expected K/N with 0 <= K < N, got {args.shard!r}")
+    if args.scratch is not None and not args.scratch.is_dir():
+        p.error(f"--scratch: not a folder: {args.scratch}")
     if args.report is not None:
         result = merge([json.loads(Path(f).read_text()) for f in args.report.split(",")])
+        result = done_tasks_only(result) if not args.partial_tasks else result
     else:
         result = run_all(args)
         if args.json is not None:

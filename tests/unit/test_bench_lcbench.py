@@ -175,7 +175,10 @@ def test_driver_smoke_random_and_asha(tmp_path: Path) -> None:
     args = ["--tasks", "167184", "--seeds", "1", "--workers", "4", "--budget", "300"]
     args += ["--methods", "random,asha", "--reference-samples", "200", "--json", str(out)]
     args += ["--svg-dir", str(tmp_path / "svg"), "--searcher", "bad={name: asha, nokey: 1}"]
-    assert bench.main(args) == 0
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    assert bench.main([*args, "--scratch", str(scratch)]) == 0
+    assert list(scratch.iterdir()) == []  # every run's folder is removed
     result = json.loads(out.read_text())
     assert [r["method"] for r in result["runs"]] == ["random", "asha"]
     assert "nokey" in result["skipped"]["bad"]  # the searcher's own rules refuse it
@@ -186,12 +189,29 @@ def test_driver_smoke_random_and_asha(tmp_path: Path) -> None:
         assert len(run["regret"]) == len(result["checkpoints"])
         assert all(0 <= r <= 1 for r in run["regret"])
         assert run["regret"] == sorted(run["regret"], reverse=True)
+        assert 0 < run["cpu_s"] < 10 * run["real_s"] + 1
     asha = result["runs"][1]
     assert asha["facts"]["searcher"]["name"] == "asha"
     assert asha["facts"]["starts"] > result["runs"][0]["facts"]["starts"]
     assert asha["facts"]["max_trials"] > result["runs"][0]["facts"]["max_trials"] == 6 + 4
     assert (tmp_path / "svg" / "lcbench-regret-w4.svg").read_text().startswith("<svg")
+    assert result["tasks_done"] == ["167184"]
     assert bench.main(["--report", str(out)]) == 0
+    # a task not finished is left out of the report unless --partial-tasks
+    partial = {**result, "tasks_done": []}
+    assert bench.done_tasks_only(partial)["runs"] == []
+    assert bench.done_tasks_only(result)["runs"] == result["runs"]
+
+
+def test_driver_refuses_a_scratch_that_is_not_a_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import bench_search_lcbench as bench
+
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--scratch", str(tmp_path / "missing"), "--tasks", "167184"])
+    assert exc.value.code == 2
+    assert "--scratch: not a folder" in capsys.readouterr().err
 
 
 def _fake_run(
@@ -225,3 +245,21 @@ def test_report_table_ratios_and_shard_merge() -> None:
     (line,) = verdicts(merged, 4)
     assert line.startswith("W=4 asha: median epochs to target 60 (random > budget)")
     assert "best peer syne-asha 400" in line and "every peer's at 1/2 checkpoints" in line
+
+
+def test_sim_cost_same_trace_in_every_scratch_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _require_surrogate()
+    import lcbench_sim_cost
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    args = ["--task", "167184", "--methods", "random", "--workers", "4", "--budget", "120"]
+    assert lcbench_sim_cost.main([*args, "--scratch", f"{a},{b}"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == [f"random scratch={a}", f"random scratch={b}"]
+    digests = {line.split("trace ")[1].split(",")[0] for line in lines}
+    assert len(digests) == 1 and all("120 epochs" in line for line in lines)
+    assert list(a.iterdir()) == list(b.iterdir()) == []
