@@ -33,13 +33,11 @@ from _lcbench_surrogate import MAX_LENGTH, SPACE, Curve, Surrogate
 
 from dlhpc.config import load_experiment
 from dlhpc.config.model import ExperimentConfig
-from dlhpc.orchestrator import launch, tick
+from dlhpc.orchestrator import launch
 from dlhpc.orchestrator.common import SchedulerPool
-from dlhpc.orchestrator.decide import STOP_GRACE
-from dlhpc.orchestrator.recovery import EXIT_RECORD_GRACE
 from dlhpc.scheduler.registry import Backend, default_registry
 from dlhpc.search import make_searcher
-from dlhpc.simulate import ClusterSpec, SimCluster, VirtualClock, sim_config
+from dlhpc.simulate import ClusterSpec, SimCluster, VirtualClock, drive, sim_config
 from dlhpc.store import Store
 
 
@@ -233,6 +231,13 @@ def run_dlhpc(
     return trace, facts
 
 
+_ENDS = {  # how drive() ended -> the run's "end" fact
+    "stopped": "budget",
+    "finished": "searcher done before the budget",
+    "stalled": "stalled",
+}
+
+
 def _drive(
     store: Store,
     pool: SchedulerPool,
@@ -243,28 +248,7 @@ def _drive(
     trace: Trace,
 ) -> tuple[str, int]:
     """Tick until the budget is spent or the experiment ends; (how it ended, ticks)."""
-    interval = knobs.tick_interval_s
-    grace = max(EXIT_RECORD_GRACE, STOP_GRACE).total_seconds()
-    idle_needed = math.ceil(grace / interval) + 1
-    idle = ticks = 0
-    while True:
-        events = cluster.stats.events
-        cluster.advance_to(clock.time())
-        if trace.full:
-            return "budget", ticks
-        report = tick(store, pool, clock)
-        ticks += 1
-        if report.errors:
-            raise RuntimeError(f"simulated tick failed: {'; '.join(report.errors)}")
-        if exp_id in report.finished:
-            return "searcher done before the budget", ticks
-        busy = report.ingested_files or report.submitted or report.decisions
-        idle = 0 if busy or cluster.stats.events != events else idle + 1
-        nxt = clock.time() + interval
-        if idle >= idle_needed:
-            due = cluster.next_event_time()
-            if due is None:
-                return "stalled", ticks
-            if due > nxt:
-                nxt = clock.time() + math.ceil((due - clock.time()) / interval) * interval
-        clock.advance_to(nxt)
+    how, ticks = drive(
+        store, pool, cluster, clock, exp_id, knobs.tick_interval_s, stop=lambda: trace.full
+    )
+    return _ENDS[how], ticks

@@ -27,7 +27,7 @@ from dlhpc.simulate._curves import (
     best_reference,
 )
 from dlhpc.simulate._recorded import RecordedCurves, RecordedTrial, load_recorded
-from dlhpc.simulate._run import RunResult, SimSettings, sim_config, simulate_once
+from dlhpc.simulate._run import RunResult, SimSettings, drive, sim_config, simulate_once
 from dlhpc.simulate._tasks import ClusterSpec, SimStats
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "SyntheticCurves",
     "VirtualClock",
     "best_reference",
+    "drive",
     "compare",
     "curve_sources",
     "load_recorded",

@@ -28,6 +28,7 @@ import shutil
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,14 @@ from dlhpc.simulate._tasks import ClusterSpec, SimStats
 from dlhpc.states import TrialState
 from dlhpc.store import Attempt, Decision, Experiment, Store, Trial
 
-__all__ = ["DEFAULT_STARTUP_S", "RunResult", "SimSettings", "sim_config", "simulate_once"]
+__all__ = [
+    "DEFAULT_STARTUP_S",
+    "RunResult",
+    "SimSettings",
+    "drive",
+    "sim_config",
+    "simulate_once",
+]
 
 DEFAULT_STARTUP_S = 30.0  # a job's start-up when neither given nor measured
 
@@ -177,33 +185,58 @@ def _drive(
     exp_id: int,
 ) -> tuple[str, int]:
     """Tick until the experiment ends; returns (final state, ticks)."""
-    interval = settings.tick_interval_s
+    end = clock.time() + settings.max_days * 86400
+    how, ticks = drive(store, pool, cluster, clock, exp_id, settings.tick_interval_s, end=end)
+    if how == "finished":
+        with store.read() as s:
+            exp = s.get(Experiment, exp_id)
+            return (exp.state if exp else "UNKNOWN"), ticks
+    return ("STALLED" if how == "stalled" else "TIME_LIMIT"), ticks
+
+
+def drive(
+    store: Store,
+    pool: SchedulerPool,
+    cluster: SimCluster,
+    clock: VirtualClock,
+    exp_id: int,
+    interval: float,
+    *,
+    end: float | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> tuple[str, int]:
+    """Run real ``tick`` passes every ``interval`` virtual seconds, the simulated
+    cluster advanced before each, until the experiment finishes; returns how it
+    ended and the ticks run. ``finished``: the tick finished ``exp_id``;
+    ``stalled``: idle, with no simulated event left; ``time_limit``: the next tick
+    would pass ``end``; ``stopped``: ``stop()`` was true (asked before each tick).
+    While nothing changes for longer than the exit-record and stop graces, the
+    clock jumps to the tick before the cluster's next event."""
     grace = max(EXIT_RECORD_GRACE, STOP_GRACE).total_seconds()
     idle_needed = math.ceil(grace / interval) + 1
-    end = clock.time() + settings.max_days * 86400
     idle = ticks = 0
     while True:
         events = cluster.stats.events
         cluster.advance_to(clock.time())
+        if stop is not None and stop():
+            return "stopped", ticks
         report = tick(store, pool, clock)
         ticks += 1
         if report.errors:
             raise RuntimeError(f"simulated tick failed: {'; '.join(report.errors)}")
         if exp_id in report.finished:
-            with store.read() as s:
-                exp = s.get(Experiment, exp_id)
-                return (exp.state if exp else "UNKNOWN"), ticks
+            return "finished", ticks
         busy = report.ingested_files or report.submitted or report.decisions
         idle = 0 if busy or cluster.stats.events != events else idle + 1
         nxt = clock.time() + interval
         if idle >= idle_needed:
             due = cluster.next_event_time()
             if due is None:
-                return "STALLED", ticks
+                return "stalled", ticks
             if due > nxt:
                 nxt = clock.time() + math.ceil((due - clock.time()) / interval) * interval
-        if nxt > end:
-            return "TIME_LIMIT", ticks
+        if end is not None and nxt > end:
+            return "time_limit", ticks
         clock.advance_to(nxt)
 
 
