@@ -216,9 +216,8 @@ class TrialContext:
     def report(self, step: int, metrics: dict[str, float]) -> None:
         """Record ``metrics`` at ``step`` (the resource unit count, e.g. epoch)."""
         # the hot path (every step): an exact int is checked first, then the rest
-        if type(step) is not int and (isinstance(step, bool) or not isinstance(step, int)):
-            raise DlhpcError(f"report(): step must be a non-negative int, got {step!r}")
-        if step < 0:
+        not_int = type(step) is not int and (isinstance(step, bool) or not isinstance(step, int))
+        if not_int or step < 0:
             raise DlhpcError(f"report(): step must be a non-negative int, got {step!r}")
         clean = {str(name): float(value) for name, value in metrics.items()}
         spec = self.spec
