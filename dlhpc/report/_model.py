@@ -25,6 +25,7 @@ Accounting rules (stated on the page too):
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -205,11 +206,8 @@ def compute_usage(
 
 def _owner(starts: Sequence[float], at: float) -> int | None:
     """The index of the last of ``starts`` (ascending) at or before ``at`` (None: none)."""
-    found = None
-    for i, start in enumerate(starts):
-        if start <= at:
-            found = i
-    return found
+    i = bisect.bisect_right(starts, at) - 1
+    return i if i >= 0 else None
 
 
 def step_seconds(t: TrialView) -> tuple[float, bool] | None:
