@@ -1,5 +1,6 @@
 """State store: SQLite through SQLAlchemy, written by one reconciler at a time."""
 
+from dlhpc.store.lab_models import ModelVersion, Note, Tag
 from dlhpc.store.lease import LeaseLostError
 from dlhpc.store.models import (
     EXIT_PREEMPTED,
@@ -27,8 +28,11 @@ __all__ = [
     "IngestedFile",
     "LeaseLostError",
     "Metric",
+    "ModelVersion",
+    "Note",
     "Store",
     "Submission",
+    "Tag",
     "Trial",
     "default_home",
     "utcnow",

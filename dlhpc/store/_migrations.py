@@ -80,9 +80,20 @@ def _v4_to_v5(conn: Connection) -> None:
                 index.create(conn)
 
 
+def _v5_to_v6(conn: Connection) -> None:
+    """The lab: the tags, notes and model_versions tables, created from the models
+    (``dlhpc/store/lab_models.py``) so that they match a new database's."""
+    from dlhpc.store.lab_models import LAB_TABLES
+    from dlhpc.store.models import Base
+
+    for name in LAB_TABLES:
+        Base.metadata.tables[name].create(conn)
+
+
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: _v1_to_v2,
     2: _v2_to_v3,
     3: _v3_to_v4,
     4: _v4_to_v5,
+    5: _v5_to_v6,
 }

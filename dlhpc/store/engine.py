@@ -17,9 +17,10 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from dlhpc.errors import SchemaVersionError, StoreError
+from dlhpc.store import lab_models as _lab_models  # noqa: F401  (registers the v6 tables)
 from dlhpc.store.models import Base, Meta
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 BUSY_TIMEOUT_MS = 30_000
 
 

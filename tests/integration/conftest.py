@@ -192,3 +192,15 @@ def squeue_ids(env: dict[str, str]) -> set[str]:
         ["squeue", "-h", "-r", "-o", "%i"], env=env, capture_output=True, text=True, check=True
     )
     return set(out.stdout.split())
+
+
+@pytest.fixture(scope="session")
+def finished_lab(slurm_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Two finished digits experiments (grid and random) in one DLHPC_HOME, made once
+    per session for the lab tests: ``tests/integration/_lab.py`` says what a test may
+    do with them."""
+    from tests.integration._lab import finish_two_experiments
+
+    cli = Cli(slurm_env, tmp_path_factory.mktemp("lab") / "home")
+    digits = REPO / "templates" / "examples" / "digits"
+    return finish_two_experiments(cli, str(digits / "grid.yaml"), str(digits / "random.yaml"))

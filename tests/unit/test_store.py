@@ -23,6 +23,7 @@ from dlhpc.store import (
 )
 from dlhpc.store.engine import make_engine, migrate
 from dlhpc.store.ingest import ingest_attempt
+from dlhpc.store.lab_models import LAB_TABLES
 from dlhpc.store.models import V5_INDEXES, Decision, Lease
 from dlhpc.store.summaries import refresh_metrics
 from tests.unit._db import exp_and_trial
@@ -31,17 +32,24 @@ from tests.unit._db import exp_and_trial
 def test_new_db_records_schema_version(tmp_path: Path) -> None:
     Store(tmp_path).close()
     con = sqlite3.connect(tmp_path / "dlhpc.db")
-    assert con.execute("select value from meta where key='schema_version'").fetchone() == ("5",)
+    assert con.execute("select value from meta where key='schema_version'").fetchone() == ("6",)
+
+
+def _undo_v6(con: sqlite3.Connection) -> None:
+    """Turn a v6 schema back into v5's."""
+    for table in LAB_TABLES:
+        con.execute(f"DROP TABLE {table}")
 
 
 def _undo_v5(con: sqlite3.Connection) -> None:
-    """Turn a v5 schema back into v4's."""
+    """Turn a v6 schema back into v4's."""
+    _undo_v6(con)
     for name in V5_INDEXES:
         con.execute(f"DROP INDEX {name}")
 
 
 def _undo_v4(con: sqlite3.Connection) -> None:
-    """Turn a v5 schema back into v3's."""
+    """Turn a v6 schema back into v3's."""
     _undo_v5(con)
     con.execute("DROP TRIGGER gpu_samples_summary")
     con.execute("DROP TABLE gpu_summaries")
@@ -75,7 +83,7 @@ def test_v3_to_v4_summarises_existing_gpu_samples_and_keeps_them_current(tmp_pat
     con.close()
     with pytest.raises(SchemaVersionError):
         Store(home)
-    assert migrate(make_engine(home / "dlhpc.db", writer=True)) == (3, 5)
+    assert migrate(make_engine(home / "dlhpc.db", writer=True)) == (3, 6)
     store = Store(home)
     summary = "SELECT host, gpu_index, samples, n_util, sum_util, first, newest FROM gpu_summaries"
     with store.write() as s:
@@ -118,9 +126,39 @@ def test_v4_to_v5_adds_the_status_indexes_as_a_new_db_has_them(tmp_path: Path) -
     con.close()
     with pytest.raises(SchemaVersionError):
         Store(home)
-    assert migrate(make_engine(home / "dlhpc.db", writer=True)) == (4, 5)
+    assert migrate(make_engine(home / "dlhpc.db", writer=True)) == (4, 6)
     assert _index_sql(home / "dlhpc.db") == fresh
     Store(home).close()
+
+
+def _schema_sql(db: Path) -> dict[str, str]:
+    con = sqlite3.connect(db)
+    try:
+        return dict(con.execute("SELECT name, sql FROM sqlite_master WHERE sql IS NOT NULL"))
+    finally:
+        con.close()
+
+
+def test_v5_to_v6_adds_the_lab_tables_as_a_new_db_has_them(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    store = Store(home)
+    exp_and_trial(store, tmp_path)
+    store.close()
+    fresh = _schema_sql(home / "dlhpc.db")
+    assert set(LAB_TABLES) <= set(fresh)
+    con = sqlite3.connect(home / "dlhpc.db")
+    _undo_v6(con)
+    con.execute("update meta set value='5' where key='schema_version'")
+    con.commit()
+    con.close()
+    with pytest.raises(SchemaVersionError, match="needs v6"):
+        Store(home)
+    assert migrate(make_engine(home / "dlhpc.db", writer=True)) == (5, 6)
+    assert _schema_sql(home / "dlhpc.db") == fresh
+    store = Store(home)
+    with store.read() as s:  # the rows from before are still there
+        assert s.scalar(select(Trial)) is not None
+    store.close()
 
 
 def _make_v1_db(home: Path) -> None:
@@ -167,7 +205,7 @@ def test_old_schema_gets_clear_message_and_migrates(
     assert res.exit_code == 1 and "dlhpc db migrate" in res.output
     res = CliRunner().invoke(cli, ["db", "migrate"])
     assert res.exit_code == 0, res.output
-    assert "v1 -> v5" in res.output and (home / "dlhpc.db.v1.bak").exists()
+    assert "v1 -> v6" in res.output and (home / "dlhpc.db.v1.bak").exists()
     store = Store(home)  # opens without complaint now
     exp_and_trial(store, tmp_path)
     with store.read() as s:
