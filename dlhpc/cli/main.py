@@ -75,6 +75,10 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "launch": ("_run", "Launch EXPERIMENT (a YAML file) as Slurm job arrays."),
     "logs": ("_inspect", "Print the log of TRIAL_ID's latest attempt."),
+    "note": (
+        "_annotate",
+        "Append a note (TEXT) to EXPERIMENT_ID, or to its trial with -t TRIAL_ID.",
+    ),
     "pin": ("_checkpoints", "Protect CHECKPOINT_ID from the GC (until unpinned)."),
     "report": (
         "_report",
@@ -95,6 +99,10 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "status": (
         "_inspect",
         "Experiments (newest first) and the newest one's trials, or EXPERIMENT_ID's trials.",
+    ),
+    "tag": (
+        "_annotate",
+        "Add (+TAG) or remove (-TAG) tags of EXPERIMENT_ID, or of its trials with -t TRIAL_ID.",
     ),
     "tick": (
         "_tick",
