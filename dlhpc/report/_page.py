@@ -68,6 +68,8 @@ tr.best td{background:#fef2f2}
 pre{background:#f9fafb;border:1px solid var(--line);padding:8px;overflow:auto;max-height:420px;
 font-size:12px;white-space:pre-wrap;overflow-wrap:anywhere}
 td.msg{white-space:pre-wrap;overflow-wrap:anywhere}
+.tag{display:inline-block;padding:0 6px;border-radius:8px;background:#ecfdf5;color:#065f46;
+font-size:11px;margin:0 2px 0 0}
 """
 
 # Sorts a table.sortable by the clicked column: numbers by value (data-v when the
@@ -87,7 +89,10 @@ ey=y.trim()===""||y==="-";if(ex!==ey)return ex?1:-1;var d;
 if(!isNaN(nx)&&!isNaN(ny))d=nx-ny;else if(!isNaN(nx))d=-1;else if(!isNaN(ny))d=1;
 else d=x.localeCompare(y);return asc?d:-d});rows.forEach(function(r){b.appendChild(r)})}
 th.addEventListener("click",go);th.addEventListener("keydown",function(e){
-if(e.key==="Enter"||e.key===" "){e.preventDefault();go()}})})})})();"""
+if(e.key==="Enter"||e.key===" "){e.preventDefault();go()}})})});
+var f=document.getElementById("user-filter");if(f){f.addEventListener("change",function(){
+var u=f.value;document.querySelectorAll("tr[data-user]").forEach(function(r){
+r.hidden=u!=="*"&&r.getAttribute("data-user")!==u})})}})();"""
 
 
 def _sha(text: str) -> str:
