@@ -99,5 +99,6 @@ def user_filter(users: Sequence[str]) -> str:
     options = "".join(f'<option value="{esc(u)}">{esc(u or "(unknown)")}</option>' for u in users)
     return (
         '<p><label>Show experiments of <select id="user-filter">'
-        f'<option value="*">everyone ({len(users)} users)</option>{options}</select></label></p>'
+        f'<option value="*">everyone ({len(users)} user{"s" * (len(users) != 1)})</option>'
+        f"{options}</select></label></p>"
     )
