@@ -192,3 +192,17 @@ def test_publish_refuses_a_closed_parent_and_the_state_folder(
     assert not (home / "pages").exists()
     res = run("report", str(lab.mine), "--publish")
     assert res.exit_code == 2 and "--publish go with --all" in res.output
+
+
+def test_cron_line_publishes_and_checks_the_folder_first(
+    lab: Lab, tmp_path: Path, web_root: Path
+) -> None:
+    res = run("cron", "--out-dir", str(web_root / "dlhpc"), "--publish")
+    assert res.exit_code == 0, res.output
+    line = res.output.splitlines()[-1]
+    assert line.endswith(f"report --all --out-dir {web_root / 'dlhpc'} -q --publish"), line
+    assert not run("cron").output.rstrip().endswith("--publish")
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    res = run("cron", "--out-dir", str(closed / "web"), "--publish")
+    assert res.exit_code == 2 and f"chmod o+x {closed}" in res.output
