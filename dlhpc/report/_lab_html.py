@@ -58,8 +58,9 @@ def lab_section(p: Page) -> str:
     else:
         parts.append('<p class="mute">No notes.</p>')
     parts.append(
-        f'<p class="note">Add with <code>dlhpc tag {p.id} +TAG -TAG [-t TRIAL]</code> and'
-        f' <code>dlhpc note {p.id} "text" [-t TRIAL]</code>, then rebuild the page.</p>'
+        f'<p class="note">Add with <span class="cmd">dlhpc tag {p.id} +TAG -TAG [-t TRIAL]'
+        f'</span> and <span class="cmd">dlhpc note {p.id} "text" [-t TRIAL]</span>, then'
+        " rebuild the page.</p>"
     )
     return "".join(parts)
 
@@ -77,7 +78,7 @@ def models_section(p: Page) -> str:
     if not p.models:
         return (
             '<p class="mute">No model version registered from this experiment'
-            " (<code>dlhpc model register TRIAL_ID NAME</code>).</p>"
+            ' (<span class="cmd">dlhpc model register TRIAL_ID NAME</span>).</p>'
         )
     head = ["version", "trial", "checkpoint", "step", p.metric, "by", "registered", "note"]
     ths = "".join(f"<th>{esc(h)}</th>" for h in head)

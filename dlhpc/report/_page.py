@@ -70,6 +70,7 @@ font-size:12px;white-space:pre-wrap;overflow-wrap:anywhere}
 td.msg{white-space:pre-wrap;overflow-wrap:anywhere}
 .tag{display:inline-block;padding:0 6px;border-radius:8px;background:#ecfdf5;color:#065f46;
 font-size:11px;margin:0 2px 0 0}
+.cmd{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}
 """
 
 # Sorts a table.sortable by the clicked column: numbers by value (data-v when the
