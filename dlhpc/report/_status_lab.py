@@ -31,6 +31,7 @@ class Lab:
 
     tags: dict[Target, tuple[str, ...]] = field(default_factory=dict)
     notes: dict[Target, LatestNote] = field(default_factory=dict)
+    trials: frozenset[int] = frozenset()  # the trials with a tag or a note
 
     def trial_tags(self, trial_id: int) -> tuple[str, ...]:
         return self.tags.get(("trial", trial_id), ())
@@ -66,7 +67,8 @@ def lab_of(conn: Any, exp_ids: Sequence[int]) -> Lab:
             found[(kind, target)].append(text)
         else:
             latest[(kind, target)] = LatestNote(text, user, _time(created), int(n))
-    return Lab({k: tuple(sorted(v)) for k, v in found.items()}, latest)
+    trials = frozenset(t for kind, t in [*found, *latest] if kind == "trial")
+    return Lab({k: tuple(sorted(v)) for k, v in found.items()}, latest, trials)
 
 
 def _time(value: Any) -> datetime:
