@@ -64,6 +64,10 @@ def _parse_tail(words: Sequence[str], site: str | None, as_json: bool) -> _TagAr
                 out.trials.append(_trial_id(inline))
         elif word == "--json":
             out.as_json = True
+        elif word == "--help":
+            ctx = click.get_current_context()
+            click.echo(ctx.get_help())
+            ctx.exit(0)
         elif word.startswith("--"):
             raise UsageError(f"no option {word} (tag takes -t/--trial, --json, --site)")
         else:
@@ -73,7 +77,10 @@ def _parse_tail(words: Sequence[str], site: str | None, as_json: bool) -> _TagAr
 
 @click.command(
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
-    epilog="A tag: 1-64 of letters, digits and . _ : -, starting with a letter or digit.",
+    epilog="After EXPERIMENT_ID: +TAG adds, -TAG removes; -t/--trial TRIAL_ID (repeatable)"
+    " tags those trials of it instead; --json and --site work there too; -- ends the"
+    " options (-- -t removes a tag named t). A tag: 1-64 of letters, digits and . _ : -,"
+    " starting with a letter or digit.",
 )
 @click.argument("experiment_id", type=int)
 @click.argument("changes", nargs=-1, type=click.UNPROCESSED)

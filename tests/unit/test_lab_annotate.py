@@ -213,3 +213,9 @@ def test_status_reads_tags_and_notes_in_one_query(
     assert heads[a].tags == ("x",) and heads[b].note is not None
     trial = json.loads(typed[-1][1][0])
     assert trial["tags"] == ["y"] and trial["note"]["text"] == 'n "q" \\ é'
+
+
+def test_tag_help_after_the_id_and_before_it() -> None:
+    for args in (("tag", "--help"), ("tag", "3", "--help")):
+        res = run(*args)
+        assert res.exit_code == 0 and "-t/--trial TRIAL_ID" in res.output, res.output
