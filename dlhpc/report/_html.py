@@ -279,7 +279,7 @@ def render_page(p: Page) -> str:
         "<h2>Reproducibility record</h2>",
         _repro_section(p),
     ]
-    return document(title, body)
+    return document(title, body, p.lab_stamp)
 
 
 @dataclass(frozen=True)

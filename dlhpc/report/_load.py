@@ -45,6 +45,7 @@ from dlhpc.report._model import (
 )
 from dlhpc.report._record import parse_record, repro_record
 from dlhpc.report._redact import redact_text, redact_value
+from dlhpc.report._status_lab import lab_stamps
 from dlhpc.report.status import status_data
 from dlhpc.report.status_model import AttemptStatus, ExperimentStatus, TrialStatus
 from dlhpc.states import TERMINAL_TRIAL_STATES
@@ -155,6 +156,7 @@ class _Read:
     envs: list[str]  # the attempts' env_json
     notes: list[NoteView]  # oldest first
     models: list[ModelView]  # by name, then version
+    lab_stamp: str  # their digest
 
 
 def _lab(session: Session, exp_id: int) -> tuple[list[NoteView], list[ModelView]]:
@@ -208,7 +210,8 @@ def _read(store: Store, experiment_id: int) -> _Read:
             )
         )
         notes, models = _lab(s, experiment_id)
-    return _Read(status, exp, counts, names, events, hidden, envs, notes, models)
+        stamp = lab_stamps(s.connection(), [experiment_id]).get(experiment_id, "")
+    return _Read(status, exp, counts, names, events, hidden, envs, notes, models, stamp)
 
 
 def _curves(
@@ -349,6 +352,7 @@ def load_page(store: Store, experiment_id: int, now: datetime | None = None) -> 
         tags=st.tags,
         notes=tuple(r.notes),
         models=tuple(r.models),
+        lab_stamp=r.lab_stamp,
     )
 
 

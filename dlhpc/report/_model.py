@@ -183,6 +183,7 @@ class Page:
     tags: tuple[str, ...] = ()
     notes: tuple[NoteView, ...] = ()  # oldest first, the trials' too
     models: tuple[ModelView, ...] = ()  # model versions registered from its trials
+    lab_stamp: str = ""  # digest of the above (report._status_lab.lab_stamps), in the page
 
     @property
     def elapsed_s(self) -> float:

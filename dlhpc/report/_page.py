@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from dlhpc.report._svg import esc, fmt
 
 __all__ = [
+    "LAB_META",
     "bytes_text",
     "document",
     "duration",
@@ -100,7 +101,13 @@ def _sha(text: str) -> str:
     return "sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode()
 
 
-def document(title: str, body: Iterable[str]) -> str:
+LAB_META = "dlhpc-lab"  # an experiment page's meta: the digest of its tags, notes, models
+
+
+def document(title: str, body: Iterable[str], lab_stamp: str | None = None) -> str:
+    """The page around ``body``; ``lab_stamp`` (an experiment page's) goes into a meta
+    tag near the top, where ``report.build`` reads it back cheaply."""
+    stamp = "" if lab_stamp is None else f'<meta name="{LAB_META}" content="{esc(lab_stamp)}">'
     csp = (
         f"default-src 'none'; style-src '{_sha(_CSS)}'; script-src '{_sha(_JS)}';"
         " img-src data:; base-uri 'none'; form-action 'none'"
@@ -108,6 +115,7 @@ def document(title: str, body: Iterable[str]) -> str:
     return "".join(
         [
             '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
+            stamp,
             f'<meta http-equiv="Content-Security-Policy" content="{csp}">',
             '<meta name="viewport" content="width=device-width,initial-scale=1">',
             '<link rel="icon" href="data:,">',

@@ -9,6 +9,7 @@ lab tables (:mod:`dlhpc.store.lab_models`). ``--tag`` filters experiments in SQL
 
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,9 +19,9 @@ from typing import Any
 from sqlalchemy import func, literal, select, union_all
 
 from dlhpc.report.status_model import LatestNote
-from dlhpc.store import Experiment, Note, Tag
+from dlhpc.store import Experiment, ModelVersion, Note, Tag
 
-__all__ = ["EMPTY_LAB", "Lab", "lab_of", "tagged"]
+__all__ = ["EMPTY_LAB", "Lab", "lab_of", "lab_stamps", "tagged"]
 
 Target = tuple[str, int]  # (kind, id): ("experiment", 3), ("trial", 12)
 
@@ -85,3 +86,24 @@ def tagged(query: Any, tags: Sequence[str]) -> Any:
             )
         )
     return query
+
+
+def lab_stamps(conn: Any, exp_ids: Sequence[int] | None = None) -> dict[int, str]:
+    """Per experiment with any lab row, a digest of its tags, notes and model versions
+    (of its trials too): a page whose digest differs is out of date even when its
+    experiment ended long ago. ``exp_ids`` None: every experiment."""
+    queries = (
+        select(Tag.experiment_id, Tag.kind, Tag.target_id, Tag.name),
+        select(Note.experiment_id, Note.id),
+        select(ModelVersion.experiment_id, ModelVersion.id, ModelVersion.name,
+               ModelVersion.version, ModelVersion.note),
+    )  # fmt: skip
+    digests: dict[int, Any] = {}
+    for i, query in enumerate(queries):
+        table = query.get_final_froms()[0]
+        if exp_ids is not None:
+            query = query.where(table.c.experiment_id.in_(exp_ids))
+        for exp_id, *rest in conn.execute(query.order_by(*query.selected_columns)):
+            digest = digests.setdefault(exp_id, hashlib.sha256())
+            digest.update(repr((i, *rest)).encode())
+    return {exp_id: d.hexdigest()[:16] for exp_id, d in digests.items()}

@@ -6,7 +6,9 @@ over the folder, a cron-driven rebuild) sees the old page or the new one, never
 half of one. With ``--all`` the pages are written before the index, so the
 index never links to a page that is not there yet; the page of an experiment
 that had already ended when its page was written is kept as it is (nothing can
-change it any more) unless ``force``, so a cron rebuild costs the live ones only.
+change it any more but its tags, notes and model versions, whose digest the page
+carries: a page whose digest is not the DB's is written again) unless ``force``, so
+a cron rebuild costs the live ones only.
 
 The index lists every experiment in the state folder, with who launched it and its
 tags: in a lab's shared folder (group mode) that is everyone's, and it says so.
@@ -15,6 +17,7 @@ tags: in a lab's shared folder (group mode) that is everyone's, and it says so.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -28,6 +31,8 @@ from dlhpc.errors import DlhpcError
 from dlhpc.protocol import atomic_write_bytes
 from dlhpc.report._html import IndexEntry, render_index, render_page
 from dlhpc.report._load import load_page
+from dlhpc.report._page import LAB_META
+from dlhpc.report._status_lab import lab_stamps
 from dlhpc.report.publish import check_publishable, make_public, publishing
 from dlhpc.store import Experiment, Store, Tag, Trial
 
@@ -83,8 +88,12 @@ class AllResult:
     kept: list[Path] = field(default_factory=list)  # pages of ended experiments left as they are
 
 
-def _entries(store: Store, now: datetime) -> list[tuple[IndexEntry, datetime | None]]:
-    """Index entries of every experiment (one query for the trial counts and bests)."""
+_Entry = tuple[IndexEntry, datetime | None, str]  # the entry, its end, its lab digest
+
+
+def _entries(store: Store, now: datetime) -> list[_Entry]:
+    """Index entries of every experiment (one query for the trial counts and bests),
+    each with its end and the digest of its tags, notes and model versions."""
     with store.read() as s:
         exps = s.scalars(select(Experiment).order_by(Experiment.id)).all()
         agg = {
@@ -103,6 +112,7 @@ def _entries(store: Store, now: datetime) -> list[tuple[IndexEntry, datetime | N
             select(Tag.target_id, Tag.name).where(Tag.kind == "experiment").order_by(Tag.name)
         ):
             tags.setdefault(eid, []).append(name)
+        stamps = lab_stamps(s.connection())
     out = []
     for e in exps:
         n, lo, hi = agg.get(e.id, (0, None, None))
@@ -122,7 +132,7 @@ def _entries(store: Store, now: datetime) -> list[tuple[IndexEntry, datetime | N
             e.user,
             tuple(tags.get(e.id, ())),
         )
-        out.append((entry, e.ended_at))
+        out.append((entry, e.ended_at, stamps.get(e.id, "")))
     return out
 
 
@@ -170,9 +180,9 @@ def _write_all(
     _folder(out_dir, store)
     entries = _entries(store, now)
     result = AllResult()
-    for i, (entry, ended) in enumerate(entries):
+    for i, (entry, ended, lab) in enumerate(entries):
         path = out_dir / entry.href
-        if not force and ended is not None and _written_after(path, ended):
+        if not force and ended is not None and _written_after(path, ended, lab):
             result.kept.append(path)
         else:
             data = render_page(load_page(store, entry.id, now)).encode("utf-8")
@@ -181,15 +191,25 @@ def _write_all(
         if progress is not None:
             progress(i + 1, len(entries))
     stamp = now.replace(tzinfo=timezone.utc).timestamp()
-    index = render_index([e for e, _ in entries], stamp, _shared(store)).encode("utf-8")
+    index = render_index([e for e, _, _ in entries], stamp, _shared(store)).encode("utf-8")
     _publish(out_dir / INDEX_FILE, index)
     result.written.append((out_dir / INDEX_FILE, len(index)))
     return result
 
 
-def _written_after(path: Path, ended: datetime) -> bool:
+_STAMP = re.compile(rb'<meta name="' + LAB_META.encode() + rb'" content="([0-9a-f]*)">')
+
+
+def _written_after(path: Path, ended: datetime, lab_stamp: str) -> bool:
+    """Whether the page at ``path`` was written after its experiment ended and holds
+    the lab digest ``lab_stamp`` (read from its first kilobyte)."""
     try:
         mtime = path.stat().st_mtime
+        with open(path, "rb") as f:
+            head = f.read(1024)
     except OSError:
+        return False
+    found = _STAMP.search(head)
+    if found is None or found.group(1).decode() != lab_stamp:
         return False
     return mtime > ended.replace(tzinfo=timezone.utc).timestamp() + 1.0

@@ -13,6 +13,7 @@ import shutil
 import stat
 import tempfile
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,9 @@ import pytest
 from dlhpc._perms import current_user
 from dlhpc.report._html import IndexEntry, render_index
 from dlhpc.report.build import page_file
+from dlhpc.store import Store, utcnow
 from tests.unit._cli import run
+from tests.unit._db import add_experiment, add_trial
 from tests.unit._lab_pages import CANARIES, OTHER_USER, Lab, make_lab
 
 GROUP = "users"  # exists on Debian; the tests run as root, who may give files to any group
@@ -206,3 +209,35 @@ def test_cron_line_publishes_and_checks_the_folder_first(
     closed.mkdir(mode=0o700)
     res = run("cron", "--out-dir", str(closed / "web"), "--publish")
     assert res.exit_code == 2 and f"chmod o+x {closed}" in res.output
+
+
+def test_an_ended_experiment_s_page_is_rebuilt_when_its_lab_rows_change(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ended experiment's page is kept by a rebuild, unless a tag, note or model
+    version of it (or of its trials) was added or removed since it was written."""
+    monkeypatch.setenv("DLHPC_SITE", "local")
+    store = Store(home)
+    ended = utcnow() - timedelta(hours=1)
+    with store.write() as s:
+        exp = add_experiment(s, home / "r", name="done", state="COMPLETED", ended_at=ended)
+        trial = add_trial(s, exp, state="COMPLETED").id
+        exp_id = exp.id
+    out = tmp_path / "site"
+
+    def rebuild() -> str:
+        res = run("report", "--all", "--out-dir", str(out))
+        assert res.exit_code == 0, res.output
+        return res.output
+
+    page = out / page_file(exp_id)
+    assert "wrote 1 page(s)" in rebuild()
+    assert "1 unchanged page(s) kept" in rebuild()
+    for change in (("tag", "+best"), ("note", "why"), ("tag", "-best"), ("tag", "+x", "-t")):
+        args = [change[0], str(exp_id), *change[1:]] + ([str(trial)] if change[-1] == "-t" else [])
+        assert run(*args).exit_code == 0
+        assert "wrote 1 page(s)" in rebuild(), change
+        assert "1 unchanged page(s) kept" in rebuild(), change
+    text = page.read_text()
+    assert '<span class="tag">x</span>' in text and "why" in text
+    assert '<dd class="tags"><span class="mute">none</span>' in text  # best: removed again
