@@ -219,3 +219,20 @@ def test_tag_help_after_the_id_and_before_it() -> None:
     for args in (("tag", "--help"), ("tag", "3", "--help")):
         res = run(*args)
         assert res.exit_code == 0 and "-t/--trial TRIAL_ID" in res.output, res.output
+
+
+def test_tag_and_note_fail_at_once_while_a_tick_holds_the_lease(lab: dict[str, Any]) -> None:
+    """Both write under the reconciler lease: while another holds it they fail at once
+    (exit 1, one line) and change nothing; run again, they succeed."""
+    store: Store = lab["store"]
+    other = Store(store.home)
+    before = _lab_rows(store)
+    with other.hold_lease():
+        for args in (("tag", str(lab["a"]), "+best"), ("note", str(lab["a"]), "x")):
+            res = run(*args)
+            assert res.exit_code == 1, res.output
+            assert res.output.startswith("error: ") and res.output.count("\n") == 1, res.output
+    assert _lab_rows(store) == before
+    other.close()
+    assert run("tag", str(lab["a"]), "+best").exit_code == 0
+    assert len(_lab_rows(store)) == 1
