@@ -21,6 +21,10 @@ cpus_per_task``: ``cpu_hours``), summed per trial and per experiment; CPU-only r
 GPU-hours. A trial's ``target_length`` is what its progress counts toward: the searcher's
 final ``max_length`` for a ``PAUSED`` or ``STOPPED_EARLY`` trial (its grant, ``max_length``,
 was only a rung), else the grant.
+
+Tags and each experiment's and trial's newest note come from one more query per call,
+for every experiment listed (:mod:`dlhpc.report._status_lab`); ``tags=`` keeps the
+experiments carrying every tag given, in SQL.
 """
 
 from __future__ import annotations
