@@ -16,7 +16,7 @@ from dlhpc.store.model_registry import VersionRow
 
 __all__ = ["render_models"]
 
-_HEAD = ("version", "experiment", "trial", "step", "metric", "checkpoint", "user", "registered")
+_HEAD = ("version", "experiment", "trial", "step", "{metric}", "checkpoint", "user", "registered")
 
 
 def _row(r: VersionRow, href: str) -> str:
@@ -27,27 +27,23 @@ def _row(r: VersionRow, href: str) -> str:
         f'<td><a href="{esc(href)}">{r.experiment_id} {esc(r.experiment_name)}</a></td>'
         f'<td class="n">{r.trial_id}</td><td class="n">{r.step}</td>'
         f"{num_td(r.metric)}<td>{esc(ckpt)}</td><td>{esc(r.user or '-')}</td>"
-        f"<td>{esc(registered)}</td></tr>"
-        + (
-            f'<tr class="note-row"><td></td><td colspan="7" class="msg">{esc(r.note)}</td></tr>'
-            if r.note
-            else ""
-        )
+        f'<td>{esc(registered)}</td><td class="msg">{esc(r.note)}</td></tr>'
     )
 
 
 def _section(name: str, versions: Sequence[VersionRow], href: Callable[[int], str]) -> str:
     latest = versions[-1]
-    metric = f"{latest.metric_name} ({'smaller' if latest.smaller_is_better else 'larger'}"
-    metric += " is better)"
-    ths = "".join(f"<th>{h}</th>" for h in _HEAD)
+    better = "smaller" if latest.smaller_is_better else "larger"
+    ths = "".join(f"<th>{esc(h.format(metric=latest.metric_name))}</th>" for h in _HEAD)
     rows = "".join(_row(r, href(r.experiment_id)) for r in reversed(versions))
+    plural = "s" if len(versions) != 1 else ""
     return (
         f'<section class="model"><h2>{esc(name)} <span class="badge">{len(versions)}'
-        f" version{'s' if len(versions) != 1 else ''}</span></h2>"
-        f'<p class="mute">latest: {esc(latest.ref)}; metric: {esc(metric)}</p>'
-        f'<table class="sortable"><thead><tr>{ths}</tr></thead><tbody>{rows}</tbody></table>'
-        "</section>"
+        f" version{plural}</span></h2>"
+        f'<p class="mute">latest: {esc(latest.ref)}; metric {esc(latest.metric_name)},'
+        f" {better} is better</p>"
+        f'<table class="sortable"><thead><tr>{ths}<th>note</th></tr></thead>'
+        f"<tbody>{rows}</tbody></table></section>"
     )
 
 
