@@ -211,12 +211,16 @@ def version_facts(store: Store, ref: str) -> dict[str, Any]:
     """One version (``NAME:VERSION``, or ``NAME`` for the latest) as JSON-ready facts:
     the row, the trial's hyperparameters, seed and length, and :func:`record_summary`.
     :class:`~dlhpc.errors.NotFoundError` for an unknown name or version."""
+    return _row_and_facts(store, ref)[1]
+
+
+def _row_and_facts(store: Store, ref: str) -> tuple[VersionRow, dict[str, Any]]:
     name, version = parse_ref(ref)
     with store.read() as s:
         row = find_version(s, name, version)
         record = trial_record_of(s, row.trial_id)
     trial = _dict(record.get("trial"))
-    return {
+    return row, {
         **row.as_dict(),
         "hparams": trial.get("hparams"),
         "seed": trial.get("seed"),
@@ -251,10 +255,7 @@ def export_version(store: Store, ref: str, folder: Path) -> tuple[VersionRow, Ex
     """Export version ``ref`` into ``folder`` (new or empty; see the module docstring).
     Raises as :func:`.export.export_trial` does; a version whose checkpoint is gone
     is an error."""
-    facts = version_facts(store, ref)
-    name, version = parse_ref(ref)
-    with store.read() as s:
-        row = find_version(s, name, version)
+    row, facts = _row_and_facts(store, ref)
     if row.checkpoint_state != CheckpointState.ACTIVE.value:
         raise UsageError(f"model {row.ref}'s checkpoint {row.checkpoint_id} was deleted")
     readme = README.format(

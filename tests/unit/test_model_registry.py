@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -272,6 +273,13 @@ def test_bad_input_exits_2_and_changes_nothing(
     world: dict[str, Any], home: Path, tmp_path: Path
 ) -> None:
     assert _run("model", "register", str(world["t"]), "m").exit_code == 0
+    trial_dir = Path(world["root"]) / f"exp-{world['exp']:06d}" / f"trial-{world['t']:06d}"
+    shutil.rmtree(trial_dir / "ckpt-0000000004")  # its row stays ACTIVE: the folder is gone
+    outside = _folder(tmp_path / "elsewhere", world["exp"], world["t"], 5, 3)
+    store = Store(home)
+    with store.write() as s:
+        outside_id = _ckpt(s, world["t"], outside, 5, 0.1)
+    store.close()
     before = _versions(home)
     files = {p: p.read_bytes() for p in world["root"].rglob("*") if p.is_file()}
     corrupt = Path(world["root"]) / f"exp-{world['exp']:06d}" / f"trial-{world['t']:06d}"
@@ -287,6 +295,8 @@ def test_bad_input_exits_2_and_changes_nothing(
         (("register", str(world["t"]), "m", "--checkpoint", str(world["u_ckpt"])), "not trial"),
         (("register", str(world["u"]), "m", "--checkpoint", str(world["gone"])), "was deleted"),
         (("register", str(world["t"]), "m", "--checkpoint", str(world[3])), "sha256 mismatch"),
+        (("register", str(world["t"]), "m", "--checkpoint", str(world[4])), "is gone"),
+        (("register", str(world["t"]), "m", "--checkpoint", str(outside_id)), "not inside"),
         (("register", str(world["t"]), "--", "-m"), "bad model name '-m'"),
         (("register", str(world["t"]), "a:b"), "bad model name"),
         (("register", str(world["t"]), "a b"), "bad model name"),
