@@ -91,7 +91,7 @@ class VersionRow:
         return out
 
 
-def _select() -> Any:
+def _select() -> Any:  # a Select of VersionRow's columns, in its field order
     return (
         select(
             ModelVersion.name,

@@ -422,3 +422,16 @@ def test_models_index_without_models(tmp_path: Path) -> None:
     html = write_models_index(store, tmp_path / "out").read_text()
     store.close()
     assert "No registered models yet" in html
+
+
+def test_register_takes_the_lease(world: dict[str, Any], home: Path) -> None:
+    """While another reconciler holds the lease, register fails (exit 1: run it again)
+    and writes nothing; afterwards it works."""
+    other = Store(home)
+    with other.hold_lease():
+        res = _run("model", "register", str(world["t"]), "m")
+        assert res.exit_code == 1 and "another reconciler" in res.output, res.output
+        assert _versions(home) == []
+    other.close()
+    assert _run("model", "register", str(world["t"]), "m").exit_code == 0
+    assert _versions(home) == [("m", 1, world[2])]
