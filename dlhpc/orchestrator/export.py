@@ -202,8 +202,10 @@ def export_trial(
     try:
         share_dir(tmp, store.permissions)
         ckpt = _write_checkpoint(tmp, rows, smaller, latest, root)
-        if checkpoint_id is not None and ckpt is None:
-            raise DlhpcError(f"checkpoint {checkpoint_id}'s folder is gone or not exportable")
+        if checkpoint_id is not None:
+            if ckpt is None:
+                raise DlhpcError(f"checkpoint {checkpoint_id}'s folder is gone or not exportable")
+            ckpt["chosen_as"] = "given"
         for name, text in (extra or {}).items():
             (tmp / name).write_text(text, encoding="utf-8")
         (tmp / "config.yaml").write_text(

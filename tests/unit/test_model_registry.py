@@ -348,6 +348,7 @@ def test_export_writes_weights_config_metrics_record_and_readme(
     assert (model["name"], model["version"], model["step"], model["metric"]) == ("m", 1, 3, 0.5)
     assert model["record"]["code"]["commit"] == "0123abc"
     repro = json.loads((out / "repro.json").read_text())
+    assert repro["checkpoint"]["chosen_as"] == "given"
     assert repro["checkpoint"]["id"] == world[3] and repro["experiment"]["code"]["dirty"] is True
     with open(out / "metrics.csv", newline="") as f:
         assert list(csv.reader(f))[1:] == [["1", "acc", "0.2", "1.0"], ["2", "acc", "0.9", "1.0"]]
