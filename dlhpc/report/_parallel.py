@@ -24,7 +24,7 @@ from dlhpc.report._svg import _category_key, _Scale, _svg, esc, fmt
 __all__ = ["RAMP", "Axis", "axes_of", "parallel_svg", "ramp"]
 
 RAMP = ((68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37))  # viridis
-_W, _TOP, _BOTTOM, _SIDE = 960, 48, 330, 80
+_W, _TOP, _BOTTOM, _SIDE = 960, 48, 330, 110
 _H = 400
 _NO_RESULT = "#9ca3af"
 
@@ -111,22 +111,24 @@ def _axis_marks(axes: Sequence[Axis], xs: Sequence[float]) -> list[str]:
 
 
 def _legend(lo: float, hi: float, smaller_is_better: bool, metric: str) -> list[str]:
-    out = [f'<text class="ty" x="{_SIDE + 120}" y="{_H - 26}">{esc(metric)}: worst</text>']
+    """The colour ramp under the axes: worst (light) to best (dark)."""
+    name = metric if len(metric) <= 24 else metric[:23] + "…"
+    y = _H - 24
+    out = [f'<text x="{_SIDE - 60}" y="{y + 4}">{esc(name)}: worst</text>']
     for i in range(10):
-        g = i / 9
         out.append(
-            f'<rect x="{_SIDE + 128 + 16 * i}" y="{_H - 32}" width="16" height="12"'
-            f' fill="{ramp(g)}"/>'
+            f'<rect x="{_SIDE + 150 + 16 * i}" y="{y - 6}" width="16" height="12"'
+            f' fill="{ramp(i / 9)}"/>'
         )
     worst, best = (hi, lo) if smaller_is_better else (lo, hi)
     out.append(
-        f'<text x="{_SIDE + 296}" y="{_H - 22}">best ({esc(fmt(best))}; worst {esc(fmt(worst))})'
+        f'<text x="{_SIDE + 318}" y="{y + 4}">best ({esc(fmt(best))}; worst {esc(fmt(worst))})'
         "</text>"
     )
     out.append(
-        f'<polyline points="{_SIDE + 520},{_H - 26} {_SIDE + 560},{_H - 26}" fill="none"'
+        f'<polyline points="{_SIDE + 540},{y} {_SIDE + 580},{y}" fill="none"'
         f' stroke="{_NO_RESULT}" stroke-dasharray="4 3"/>'
-        f'<text x="{_SIDE + 566}" y="{_H - 22}">no result yet</text>'
+        f'<text x="{_SIDE + 586}" y="{y + 4}">no result yet</text>'
     )
     return out
 
