@@ -23,7 +23,7 @@ pytestmark = pytest.mark.browser
 CANARIES = (
     "<script>window.__xss=1</script>",
     '"><img src=x onerror="window.__xss=2">',
-    "'><svg onload=\"window.__xss=3\">",
+    '\'><svg onload="window.__xss=3">',
     "</title><script>window.__xss=4</script>",
 )
 
@@ -57,8 +57,16 @@ def _hostile_pages(store: Store, root: Path) -> tuple[Path, Path]:
         hp = {"lr": 10 ** -(1 + i % 4), c2: CANARIES[3 - i % 2], "width": 16 * (i + 1)}
         losses = [1.0 / (k + i + 1) for k in range(6)]
         trials.append(
-            _trial(store, eid, root, hparams=hp, state="COMPLETED", losses=losses,
-                   attempts=att, metric=c1)  # fmt: skip
+            _trial(
+                store,
+                eid,
+                root,
+                hparams=hp,
+                state="COMPLETED",
+                losses=losses,
+                attempts=att,
+                metric=c1,
+            )  # fmt: skip
         )
     by_exp = root / "experiments.html"
     write_compare(store, load_compare(store, [e1, e2]), by_exp)
