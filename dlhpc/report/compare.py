@@ -30,6 +30,7 @@ sides, or a trial outside the experiments named (:class:`~dlhpc.errors.UsageErro
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -116,42 +117,53 @@ def _space(page: Page) -> dict[str, Any]:
 
 
 def _side(page: Page, trial_id: int | None) -> Side:
+    """The side of experiment ``page`` (every trial), or of its trial ``trial_id``."""
     if trial_id is None:
-        trials = page.trials
-        best = page.best
+        trials, best = page.trials, page.best
         record = best.id if best else (trials[0].id if trials else None)
         key, state = f"experiment {page.id}", page.state
     else:
         one = next(t for t in page.trials if t.id == trial_id)
         trials, record, key, state = (one,), one.id, f"trial {one.id}", one.state
-        best = one if one.best is not None else None
+        best = one if one.best is not None and math.isfinite(one.best) else None
     return Side(
-        key, page.id, page.name, page.metric, page.smaller_is_better, state, page.searcher,
-        trials, best, _space(page), record,
-    )  # fmt: skip
+        key=key,
+        experiment_id=page.id,
+        experiment_name=page.name,
+        metric=page.metric,
+        smaller_is_better=page.smaller_is_better,
+        state=state,
+        searcher=page.searcher,
+        trials=tuple(trials),
+        best=best,
+        space=_space(page),
+        record_trial=record,
+    )
 
 
-def _record(store: Store, trial_id: int) -> dict[str, Any]:
-    """The trial's reproducibility record (as ``dlhpc diff`` builds it), redacted."""
+def _record(store: Store, side: Side) -> dict[str, Any]:
+    """The reproducibility record (as ``dlhpc diff`` builds it) of the side's record
+    trial, redacted; a side without a trial gives its experiment's launch record and
+    config alone."""
     with store.read() as s:
-        trial = s.get(Trial, trial_id)
-        assert trial is not None  # its page was loaded
-        exp = trial.experiment
-        env: dict[str, Any] = {}
-        for text in s.scalars(
-            select(Attempt.env_json).where(Attempt.trial_id == trial_id).order_by(Attempt.id.desc())
-        ):
-            env = _json_object(text)
-            if env:
-                break
-        record = trial_record(
-            _json_object(exp.repro_json),
-            _json_object(exp.config_json),
-            _json_object(trial.hparams_json),
-            trial.seed,
-            trial.max_length,
-            env,
-        )
+        exp = s.get(Experiment, side.experiment_id)
+        trial = s.get(Trial, side.record_trial) if side.record_trial is not None else None
+        assert exp is not None  # its page was loaded
+        launch, config = _json_object(exp.repro_json), _json_object(exp.config_json)
+        if trial is None:
+            record: dict[str, Any] = {"experiment": launch, "config": config}
+        else:
+            env: dict[str, Any] = {}
+            for text in s.scalars(
+                select(Attempt.env_json)
+                .where(Attempt.trial_id == trial.id)
+                .order_by(Attempt.id.desc())
+            ):
+                env = _json_object(text)
+                if env:
+                    break
+            hparams = _json_object(trial.hparams_json)
+            record = trial_record(launch, config, hparams, trial.seed, trial.max_length, env)
     redacted = redact_value(record)
     return redacted if isinstance(redacted, dict) else {}
 
@@ -196,15 +208,16 @@ def load_compare(
         sides = [_side(pages[e], t) for e, t in zip(owners, trial_ids, strict=True)]
     else:
         sides = [_side(pages[e], None) for e in owners]
-    records = [_record(store, s.record_trial) if s.record_trial else {} for s in sides]
+    records = [_record(store, s) for s in sides]
     mode = "trials" if trial_ids else "experiments"
     all_trials = [t for s in sides for t in s.trials]
-    which = ", ".join(f"{s.key}: trial {s.record_trial}" for s in sides if s.record_trial)
-    note = (
-        f"Each side against the first ({sides[0].key}); "
-        + ("records of each experiment's best trial" if mode == "experiments" else "the trials'")
-        + f" ({which}). Hyperparameters are in the table above; environment variables that"
-        " differ between any two jobs (job ids, ports) are not compared."
+    note = f"Each side against the first ({sides[0].key})"
+    if mode == "experiments":
+        which = ", ".join(f"{s.key}: trial {s.record_trial}" for s in sides if s.record_trial)
+        note += f"; the records of each experiment's best trial ({which})"
+    note += (
+        ". Hyperparameters are in the table above; environment variables that differ between"
+        " any two jobs (job ids, ports) are not compared."
     )
     return CompareModel(
         mode=mode,

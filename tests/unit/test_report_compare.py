@@ -353,3 +353,26 @@ def test_report_compare_command(
     out = tmp_path / "sub" / "c.html"
     r = run("--compare", a, b, "-o", str(out))
     assert r.exit_code == 0 and out.is_file()
+
+
+def test_an_experiment_without_trials_is_compared_too(tmp_path: Path) -> None:
+    store = Store(tmp_path / "home")
+    e1 = _experiment(store, tmp_path, name="one")
+    e2 = _experiment(store, tmp_path, name="empty")
+    with store.write() as s:
+        e = s.get(Experiment, e1)
+        assert e is not None
+        e.repro_json = _record("aaa", "2.4")
+    _trial(store, e1, tmp_path, hparams={"lr": 0.1, "bs": 8}, state="COMPLETED",
+           losses=[0.5], attempts=[(0.0, 1.0, "completed")])  # fmt: skip
+    m = load_compare(store, [e1, e2])
+    summary = _rows(m.summary)
+    assert summary["trials"].values == ("1", "0") and summary["best trial"].values[1] == "-"
+    assert m.sides[1].record_trial is None
+    assert {(r.group, r.name): r.values for r in m.record_rows} == {
+        ("record", "experiment"): ("recorded", "(none)"),  # its launch record is all it has
+        ("seed", "seed"): ("0", "(none)"),
+        ("max_length", "max_length"): ("9", "(none)"),
+    }
+    html = render_compare(m)
+    assert "Comparing 2 experiments" in html and html.count('class="pc"') == 1
