@@ -78,11 +78,7 @@ def report(
             experiment_ids, trial_ids, output, all_ or out_dir is not None or force, quiet, site
         )
         return
-    if trial_ids:
-        raise UsageError("-t/--trial goes with --compare")
-    if len(experiment_ids) > 1:
-        raise UsageError("one EXPERIMENT_ID (to compare several, add --compare)")
-    experiment_id = experiment_ids[0] if experiment_ids else None
+    experiment_id = _one_id(experiment_ids, trial_ids)
     if all_ == (experiment_id is not None):
         raise UsageError("give an EXPERIMENT_ID or --all (not both)")
     if all_ and out_dir is None:
@@ -123,6 +119,16 @@ def report(
         click.echo(
             f"wrote {pages} page(s) and {out_dir / INDEX_FILE} ({_size(total)} in all){kept}"
         )
+
+
+def _one_id(experiment_ids: tuple[int, ...], trial_ids: tuple[int, ...]) -> int | None:
+    """The one EXPERIMENT_ID of a page (None: none given); without --compare, several
+    ids or -t are refused."""
+    if trial_ids:
+        raise UsageError("-t/--trial goes with --compare")
+    if len(experiment_ids) > 1:
+        raise UsageError("one EXPERIMENT_ID (to compare several, add --compare)")
+    return experiment_ids[0] if experiment_ids else None
 
 
 def _compare(
