@@ -39,6 +39,7 @@ def _size(n: int) -> str:
     "-t",
     "--trial",
     "trial_ids",
+    metavar="TRIAL_ID",
     type=int,
     multiple=True,
     help="With --compare: a trial to compare (repeat it; the EXPERIMENT_IDs, if given, must"

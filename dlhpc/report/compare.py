@@ -22,6 +22,9 @@ values are not all equal. The parallel-coordinates chart plots every trial of
 every side against the hyperparameters (:func:`~dlhpc.report._model.hparam_views`
 over all of them) and its experiment's metric, one chart per metric name.
 
+Secrets: the experiment pages' rules (:mod:`dlhpc.report._redact`); the records are
+redacted as structures before they are compared and each shown cell as text after.
+
 Bad input raises before anything is written: an unknown experiment or trial
 (:class:`~dlhpc.errors.NotFoundError`, naming it), a repeated id, fewer than two
 sides, or a trial outside the experiments named (:class:`~dlhpc.errors.UsageError`).
@@ -44,7 +47,7 @@ from dlhpc.report._compare_model import CompareModel, Row, Side
 from dlhpc.report._compare_rows import hparam_rows, record_rows, summary_rows
 from dlhpc.report._load import load_page
 from dlhpc.report._model import Page, hparam_views
-from dlhpc.report._redact import redact_value
+from dlhpc.report._redact import redact_text, redact_value
 from dlhpc.report.build import _folder, _publish
 from dlhpc.repro import trial_record
 from dlhpc.store import Attempt, Experiment, Store, Trial
@@ -143,8 +146,8 @@ def _side(page: Page, trial_id: int | None) -> Side:
 
 def _record(store: Store, side: Side) -> dict[str, Any]:
     """The reproducibility record (as ``dlhpc diff`` builds it) of the side's record
-    trial, redacted; a side without a trial gives its experiment's launch record and
-    config alone."""
+    trial, redacted as structured data (the shown cells are redacted as text too); a
+    side without a trial gives its experiment's launch record and config alone."""
     with store.read() as s:
         exp = s.get(Experiment, side.experiment_id)
         trial = s.get(Trial, side.record_trial) if side.record_trial is not None else None
@@ -225,7 +228,10 @@ def load_compare(
         hparams=hparam_views(_merged_space(sides), all_trials),
         summary=tuple(summary_rows(sides, mode)),
         hparam_rows=tuple(hparam_rows(sides, mode)),
-        record_rows=tuple(record_rows(records, volatile)),
+        record_rows=tuple(
+            Row(r.group, redact_text(r.name), tuple(redact_text(v) for v in r.values))
+            for r in record_rows(records, volatile)
+        ),
         record_note=note,
         generated=now.replace(tzinfo=timezone.utc).timestamp(),
     )

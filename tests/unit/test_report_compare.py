@@ -22,7 +22,7 @@ from dlhpc.report._curves import Curve
 from dlhpc.report._model import HParamView, TrialView
 from dlhpc.report._parallel import Axis, parallel_svg, ramp
 from dlhpc.report.compare import compare_file, load_compare, write_compare
-from dlhpc.store import Experiment, Store
+from dlhpc.store import Experiment, Store, Trial
 from tests.unit.test_report import HOSTILE, _assert_safe, _experiment, _trial
 
 SPACE_A = {
@@ -336,11 +336,13 @@ def test_report_compare_command(
         ([a, b], "add --compare"),
         ([a, "-t", str(ids["a"][0])], "goes with --compare"),
     ]
+    db_before = (home / "dlhpc.db").read_bytes()
     for args, text in bad:
         r = run(*args, "-o", str(tmp_path / "bad.html"))
         assert r.exit_code == 2, (args, r.output)
         assert text in r.output, (args, r.output)
     assert not (tmp_path / "bad.html").exists()
+    assert (home / "dlhpc.db").read_bytes() == db_before  # nothing changed
     assert not list(tmp_path.glob("compare-*.html"))
     r = run("--compare", a, b)
     assert r.exit_code == 0, r.output
@@ -376,3 +378,38 @@ def test_an_experiment_without_trials_is_compared_too(tmp_path: Path) -> None:
     }
     html = render_compare(m)
     assert "Comparing 2 experiments" in html and html.count('class="pc"') == 1
+
+
+def test_no_secret_of_the_records_reaches_the_page(tmp_path: Path) -> None:
+    """Secrets in the launch records, the attempts' environments and hyperparameters
+    (named like a secret, or as ``token=...`` inside a value) stay off the page, also
+    where the two sides differ."""
+    secrets = [f"s3cr3t-{i:02d}-xxxxxx" for i in range(8)]
+    store = Store(tmp_path / "home")
+    eids = []
+    for i in range(2):
+        eid = _experiment(store, tmp_path / str(i), name=f"e{i}", space={})
+        with store.write() as s:
+            e = s.get(Experiment, eid)
+            assert e is not None
+            e.repro_json = json.dumps(
+                {
+                    "code": {"kind": "git", "commit": f"c{i}",
+                             "remote": f"https://me:{secrets[0 + i]}@github.com/lab/r{i}.git"},
+                    "packages": {"items": {"pkg": f"@ git+https://o:{secrets[2 + i]}@x/p{i}.git"}},
+                    "modules": {"loaded": [f"mod{i}/1.0?token={secrets[4 + i]}"]},
+                }
+            )  # fmt: skip
+        hp = {"api_key": secrets[6 + i], "lr": 0.1 * (i + 1)}
+        tid = _trial(store, eid, tmp_path, hparams=hp, state="COMPLETED", losses=[0.5],
+                     attempts=[(0.0, 1.0, "completed")])  # fmt: skip
+        with store.write() as s:
+            t = s.get(Trial, tid)
+            assert t is not None
+            for a in t.attempts:
+                a.env_json = json.dumps({"nodes": "n1", "env": {"HF_TOKEN": secrets[i]}})
+        eids.append(eid)
+    html = render_compare(load_compare(store, eids))
+    assert [s for s in secrets if s in html] == []
+    assert "github.com/lab/r1.git" in html and ">mod0<" in html  # the rest is shown
+    assert "&lt;redacted&gt;" in html
