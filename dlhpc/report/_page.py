@@ -94,9 +94,12 @@ def _sha(text: str) -> str:
     return "sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode()
 
 
-def document(title: str, body: Iterable[str]) -> str:
+def document(title: str, body: Iterable[str], css: str = "") -> str:
+    """The page: ``body`` in the shell; ``css``: a page's own rules after the shared ones
+    (pinned by the CSP with them, as one style block)."""
+    style = _CSS + css
     csp = (
-        f"default-src 'none'; style-src '{_sha(_CSS)}'; script-src '{_sha(_JS)}';"
+        f"default-src 'none'; style-src '{_sha(style)}'; script-src '{_sha(_JS)}';"
         " img-src data:; base-uri 'none'; form-action 'none'"
     )
     return "".join(
@@ -105,7 +108,7 @@ def document(title: str, body: Iterable[str]) -> str:
             f'<meta http-equiv="Content-Security-Policy" content="{csp}">',
             '<meta name="viewport" content="width=device-width,initial-scale=1">',
             '<link rel="icon" href="data:,">',
-            f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
+            f"<title>{esc(title)}</title><style>{style}</style></head><body>",
             *body,
             f"<script>{_JS}</script></body></html>\n",
         ]
