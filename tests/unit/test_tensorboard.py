@@ -9,104 +9,31 @@ the ``metrics`` table.
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from tensorboard.plugins.hparams import api_pb2, metadata
 
 from dlhpc.errors import DlhpcError, NotFoundError, UsageError
 from dlhpc.report import tensorboard as tb
-from dlhpc.store import Attempt, Metric, Store, Trial, utcnow
-from tests.unit._db import add_experiment, add_trial
-
-pytest.importorskip("tensorboard")
-
-from tensorboard.backend.event_processing import event_accumulator as ea  # noqa: E402
-from tensorboard.plugins.hparams import api_pb2, metadata  # noqa: E402
-from tensorboard.util import tensor_util  # noqa: E402
-
-Point = tuple[int, float | None, float]  # step, value (None: NaN), wall time
+from dlhpc.store import Store, Trial, utcnow
+from tests.unit._tb import (
+    LOSS,
+    accumulator,
+    add_points,
+    assert_same_as_db,
+    db_points,
+    make_experiment,
+    read_points,
+    trial_folder,
+)
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> Store:
     return Store(tmp_path / "home")
-
-
-def make_experiment(store: Store, hparams: list[dict[str, Any]]) -> tuple[int, list[int]]:
-    """An experiment (run folder made) with one trial per ``hparams``, each with one attempt."""
-    run_dir = store.runs_root / "exp-000001-tb"
-    run_dir.mkdir(parents=True)
-    with store.write() as s:
-        exp = add_experiment(s, run_dir, name="tb <b>", metric="val_loss", user="ann")
-        ids = []
-        for i, hp in enumerate(hparams):
-            t = add_trial(s, exp, request_id=i, hparams_json=json.dumps(hp))
-            s.add(Attempt(trial_id=t.id, attempt_key=f"1_{i}.r0", job_id=f"1_{i}",
-                          state="RUNNING", created_at=utcnow()))  # fmt: skip
-            ids.append(t.id)
-        return exp.id, ids
-
-
-def add_points(store: Store, trial_id: int, name: str, points: list[Point]) -> None:
-    with store.write() as s:
-        attempt = s.scalars(select(Attempt.id).where(Attempt.trial_id == trial_id)).one()
-        for step, value, time in points:
-            s.add(Metric(trial_id=trial_id, attempt_id=attempt, step=step, name=name,
-                         value=value, time=time))  # fmt: skip
-
-
-def db_points(store: Store, trial_id: int) -> dict[str, list[Point]]:
-    with store.read() as s:
-        rows = s.execute(
-            select(Metric.name, Metric.step, Metric.value, Metric.time)
-            .where(Metric.trial_id == trial_id)
-            .order_by(Metric.name, Metric.step)
-        ).all()
-    out: dict[str, list[Point]] = {}
-    for name, step, value, time in rows:
-        out.setdefault(name, []).append((step, value, time))
-    return out
-
-
-def accumulator(folder: Path) -> ea.EventAccumulator:
-    acc = ea.EventAccumulator(str(folder), size_guidance={ea.TENSORS: 0})
-    acc.Reload()
-    return acc
-
-
-def read_points(folder: Path) -> dict[str, list[Point]]:
-    """Every scalar point in a trial's folder, by tag, in step order (duplicates kept)."""
-    acc = accumulator(folder)
-    out: dict[str, list[Point]] = {}
-    for tag in acc.Tags()["tensors"]:
-        if tag.startswith("_hparams_/"):
-            continue
-        for e in acc.Tensors(tag):
-            value = float(tensor_util.make_ndarray(e.tensor_proto).item())
-            out.setdefault(tag, []).append(
-                (e.step, None if math.isnan(value) else value, e.wall_time)
-            )
-    return {tag: sorted(points, key=lambda p: p[0]) for tag, points in out.items()}
-
-
-def trial_folder(store: Store, trial_id: int) -> Path:
-    return store.runs_root / "exp-000001-tb" / "tensorboard" / f"trial-{trial_id:06d}"
-
-
-def assert_same_as_db(store: Store, trial_ids: list[int]) -> None:
-    for trial_id in trial_ids:
-        assert read_points(trial_folder(store, trial_id)) == db_points(store, trial_id), trial_id
-
-
-LOSS: list[Point] = [
-    (1, 0.5, 1_700_000_000.125),
-    (2, None, 1_700_000_001.5),
-    (3, 1 / 3, 1_700_000_002.0),
-]
 
 
 def test_every_point_is_read_back_as_in_the_database(store: Store) -> None:
@@ -206,7 +133,7 @@ def test_hparams_sessions_and_the_experiment_definition(store: Store) -> None:
         {"lr": 0.1, "opt": "adam", "nested": {"depth": 2}, "flag": True, "skip": None},
         {"lr": 0.01, "opt": "<script>x</script>", "nested": {"depth": 3}, "flag": False},
     ]
-    exp_id, (t1, t2) = make_experiment(store, hps)
+    exp_id, (t1, t2) = make_experiment(store, hps, user="ann")
     add_points(store, t1, "val_loss", [(1, 0.5, 1_700_000_000.0)])
     add_points(store, t2, "acc", [(1, 0.5, 1_700_000_000.0)])
     with store.write() as s:
