@@ -4,8 +4,9 @@ Writes the experiment's metrics (or every experiment's) as TensorBoard event fil
 (:func:`dlhpc.report.tensorboard.export_tensorboard`: reads the database only, takes no
 lease), then prints the ``tensorboard --logdir`` command for this (login) node and the
 ``ssh -N -L`` line that forwards its port to a laptop. The login host in that line is
-``$DLHPC_LOGIN_HOST`` when set (a cluster whose login nodes sit behind one alias), else
-this machine's fully qualified name (``socket.getfqdn()``); the user is ``$USER``'s
+``$DLHPC_LOGIN_HOST`` when set (when this node's own name is not the one a laptop reaches
+it by; it must reach this same node, where TensorBoard runs), else this machine's fully
+qualified name (``socket.getfqdn()``); the user is ``$USER``'s
 account (:func:`dlhpc._perms.current_user`). ``--run`` then replaces this process with
 TensorBoard (the same Python: ``python -m tensorboard.main``).
 """
