@@ -2,9 +2,11 @@
 
 A file is TensorBoard's record framing (:class:`RecordWriter`: length, masked CRC,
 serialized ``Event``, masked CRC) of a ``file_version`` event followed by one event
-per metric point. A point is a scalar summary whose value is a 0-d ``DT_DOUBLE``
-tensor (the scalar plugin's format), so the value read back is the database's double
-bit for bit; a NULL (a NaN the job reported) is written as NaN. The HParams plugin's
+per metric point. A point is a scalar summary whose value is a 0-d ``DT_FLOAT`` tensor
+(the scalar plugin's format, as ``tf.summary.scalar`` writes it): the database's double
+rounded to the nearest float32, since TensorBoard's data server (its default loader)
+shows no other scalar type; step and wall time are exact. A NULL (a NaN the job
+reported) is written as NaN. The HParams plugin's
 records (the experiment's definition, each trial's session start and end) are
 summaries under its ``_hparams_/...`` tags.
 
@@ -99,9 +101,9 @@ def _scalar_summary_value(name: str, value: float | None, first: bool) -> Any:
     from tensorboard.plugins.scalar import metadata as scalar_metadata
 
     tensor = tensor_pb2.TensorProto(
-        dtype=types_pb2.DT_DOUBLE,
+        dtype=types_pb2.DT_FLOAT,
         tensor_shape=tensor_shape_pb2.TensorShapeProto(),
-        double_val=[math.nan if value is None else value],
+        float_val=[math.nan if value is None else value],  # protobuf rounds to float32
     )
     out = summary_pb2.Summary.Value(tag=name, tensor=tensor)
     if first:  # a tag's metadata is read from its first value

@@ -13,13 +13,13 @@ Incremental, and safe against a crash at any line. The watermark (written atomic
 after the event file it names) holds the event files written, the next file number,
 the highest ``metrics.id`` written (rows only ever get higher ids), each tag's highest
 step and whether the session end was written. An export writes the trial's rows above
-that id into one new file, numbered after every file before it, then the watermark.
-It *rewrites* the trial (watermark emptied, its event files deleted, one file with
-every point written, then the watermark) when the event files on disk are not exactly
-those the watermark names (a crash between a file and its watermark, a missing or
-unreadable watermark) or when a new point's step is not after its tag's last written
-step (TensorBoard's data server drops the points of a tag from a repeated step on). So
-every point is in exactly one file after each export: none lost, none twice.
+that id into one new file, numbered after every file before it, then the watermark. It
+*rewrites* the trial (its event files deleted, one file with every point written, then
+the watermark) when the event files on disk are not exactly those the watermark names
+(a crash between a file and its watermark, a missing or unreadable watermark) or when a
+new point's step is not after its tag's last written step (TensorBoard's data server
+drops a tag's points from a repeated step on). So every point is in exactly one file
+after each export: none lost, none twice.
 
 Files are published by rename from temporary names that lack ``tfevents`` (TensorBoard
 reads any file whose name has it). Exports of one experiment are serialized by a lock
@@ -194,17 +194,15 @@ def _needs_rewrite(mark: _Watermark | None, on_disk: list[str], new: list[ev.Met
 
 
 def _start_over(folder: Path, mark: _Watermark | None, on_disk: list[str]) -> _Watermark:
-    """Empty the watermark, then delete the trial's event files (in that order: a
-    crash between leaves files the watermark does not name, so the next export
-    rewrites again). File numbers go on after the highest one seen."""
+    """Delete the trial's event files; the watermark to write the trial anew with. A
+    crash part-way leaves files and a watermark that disagree, so the next export
+    starts over again. File numbers go on after the highest one seen."""
     numbers = [int(m.group(1)) for m in map(_EVENT_FILE.fullmatch, on_disk) if m]
-    fresh = _Watermark(next=max([mark.next if mark else 1, *(n + 1 for n in numbers)]))
-    _write_watermark(folder, fresh)
     for name in on_disk:
         with contextlib.suppress(FileNotFoundError):
             (folder / name).unlink()
     fsync_dir(folder)
-    return fresh
+    return _Watermark(next=max([mark.next if mark else 1, *(n + 1 for n in numbers)]))
 
 
 def _export_trial(store: Store, trial: _TrialInfo, folder: Path, result: TensorboardExport) -> None:
@@ -273,8 +271,8 @@ def export_tensorboard(store: Store, experiment_id: int) -> TensorboardExport:
     Reads the database only, in short reads (one per trial), never holding it while
     files are written. Raises :class:`~dlhpc.errors.NotFoundError` (exit 2) for an
     unknown experiment, :class:`~dlhpc.errors.UsageError` (exit 2) without the
-    ``tensorboard`` package, and :class:`~dlhpc.errors.DlhpcError` when a folder or
-    file cannot be written.
+    ``tensorboard`` package, and :class:`~dlhpc.errors.DlhpcError` when the run folder
+    is missing or a folder or file cannot be written.
     """
     require_tensorboard()
     with store.read() as s:
@@ -282,6 +280,8 @@ def export_tensorboard(store: Store, experiment_id: int) -> TensorboardExport:
         if exp is None:
             raise NotFoundError(f"no experiment {experiment_id}")
         trials = [_TrialInfo.of(t) for t in exp.trials]
+    if not Path(exp.run_dir).is_dir():  # never made anew here: its files are gone
+        raise DlhpcError(f"experiment {experiment_id}'s run folder {exp.run_dir} is missing")
     logdir = tensorboard_dir(exp.run_dir)
     result = TensorboardExport(experiment_id, logdir, trials=len(trials))
     try:

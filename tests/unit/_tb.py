@@ -1,5 +1,10 @@
 """Helpers for the TensorBoard tests: rows in a real store, and the event files read
-back with TensorBoard's own reader (``event_accumulator``, every tensor kept)."""
+back with TensorBoard's own reader (``event_accumulator``, every tensor kept).
+
+TensorBoard's scalars are float32 (its data server shows no other type), so a value
+read back is compared with the database's double rounded to float32 by numpy (round
+to nearest, out of range to infinity), independently of the protobuf conversion the
+export relies on; steps and wall times are compared exactly."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from sqlalchemy import select
 from tensorboard.backend.event_processing import event_accumulator as ea
 from tensorboard.util import tensor_util
@@ -54,7 +60,16 @@ def add_points(store: Store, trial_id: int, name: str, points: list[Point]) -> N
                          value=value, time=time))  # fmt: skip
 
 
-def db_points(store: Store, trial_id: int) -> dict[str, list[Point]]:
+def float32(value: float | None) -> float | None:
+    """``value`` as TensorBoard stores a scalar (None, the NaN, stays None)."""
+    if value is None:
+        return None
+    with np.errstate(over="ignore"):
+        return float(np.float32(value))
+
+
+def db_points(store: Store, trial_id: int, exact: bool = False) -> dict[str, list[Point]]:
+    """The trial's points by metric name in step order; values as float32 unless ``exact``."""
     with store.read() as s:
         rows = s.execute(
             select(Metric.name, Metric.step, Metric.value, Metric.time)
@@ -63,7 +78,7 @@ def db_points(store: Store, trial_id: int) -> dict[str, list[Point]]:
         ).all()
     out: dict[str, list[Point]] = {}
     for name, step, value, time in rows:
-        out.setdefault(name, []).append((step, value, time))
+        out.setdefault(name, []).append((step, value if exact else float32(value), time))
     return out
 
 

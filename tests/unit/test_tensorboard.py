@@ -3,7 +3,7 @@
 The files are read with ``event_accumulator`` (every tensor kept) and, for what the
 scalars tab and the HParams tab see, with TensorBoard's data provider over its event
 multiplexer. Each test compares every point (step, value, wall time; NULL as NaN) with
-the ``metrics`` table.
+the ``metrics`` table (values as float32: TensorBoard's scalar type; ``tests/unit/_tb.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from tests.unit._tb import (
     add_points,
     assert_same_as_db,
     db_points,
+    float32,
     make_experiment,
     read_points,
     trial_folder,
@@ -39,13 +40,21 @@ def store(tmp_path: Path) -> Store:
 def test_every_point_is_read_back_as_in_the_database(store: Store) -> None:
     exp_id, (t1, t2) = make_experiment(store, [{"lr": 0.1}, {"lr": 0.01}])
     add_points(store, t1, "loss", LOSS)
-    add_points(store, t1, "val_loss", [(3, 0.25, 1_700_000_003.0), (1, 2e-300, 1_700_000_001.0)])
+    big = [(3, 0.25, 1_700_000_003.0), (1, 2e-300, 1_700_000_001.0), (4, -1e300, 1.7e9 + 4)]
+    add_points(store, t1, "val_loss", big)
     add_points(store, t2, "loss", [(5, -1.5e10, 1_700_000_010.0)])
     result = tb.export_tensorboard(store, exp_id)
-    assert (result.trials, result.points, result.files, result.rewritten) == (2, 6, 2, [])
+    assert (result.trials, result.points, result.files, result.rewritten) == (2, 7, 2, [])
     assert result.logdir == store.runs_root / "exp-000001-tb" / "tensorboard"
     assert_same_as_db(store, [t1, t2])
     assert db_points(store, t1)["loss"][1][1] is None  # the NaN is in the test
+    # float32, as TensorBoard's scalars: 1/3 rounded, 2e-300 to 0, -1e300 to -inf
+    assert read_points(trial_folder(store, t1))["val_loss"] == [
+        (1, 0.0, 1_700_000_001.0),
+        (3, 0.25, 1_700_000_003.0),
+        (4, -math.inf, 1.7e9 + 4),
+    ]
+    assert read_points(trial_folder(store, t1))["loss"][2][1] == float32(1 / 3) != 1 / 3
     # no temp file, and nothing TensorBoard would read but the event files
     names = sorted(p.name for p in trial_folder(store, t1).iterdir())
     assert names == [".dlhpc-tensorboard.json", "events.out.tfevents.00000001.dlhpc"]
@@ -79,7 +88,7 @@ def test_the_second_file_holds_the_new_points_only(store: Store, tmp_path: Path)
     (alone / "events.out.tfevents.x").write_bytes(
         (trial_folder(store, t1) / "events.out.tfevents.00000002.dlhpc").read_bytes()
     )
-    assert read_points(alone) == {"loss": [(4, 0.2, 1_700_000_004.0)]}
+    assert read_points(alone) == {"loss": [(4, float32(0.2), 1_700_000_004.0)]}
 
 
 def test_a_late_point_before_the_last_step_rewrites_the_trial(store: Store) -> None:
@@ -207,7 +216,9 @@ def test_the_scalars_and_hparams_tabs_see_every_trial(store: Store) -> None:
     scalars = provider.read_scalars(ctx, experiment_id="", plugin_name="scalars", downsample=100)
     assert set(scalars) == {f"trial-{t1:06d}", f"trial-{t2:06d}"}
     got = [(d.step, d.value, d.wall_time) for d in scalars[f"trial-{t1:06d}"]["val_loss"]]
-    assert [(s, None if math.isnan(v) else v, w) for s, v, w in got] == LOSS
+    assert [(s, None if math.isnan(v) else v, w) for s, v, w in got] == [
+        (s, float32(v), w) for s, v, w in LOSS
+    ]
     hp = provider.list_tensors(ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME)
     assert set(hp) == {".", f"trial-{t1:06d}", f"trial-{t2:06d}"}
 
@@ -228,3 +239,60 @@ def test_unknown_experiment_and_missing_tensorboard_are_usage_errors(
         tb.export_tensorboard(store, exp_id)
     assert err.value.exit_code == 2
     assert not (store.runs_root / "exp-000001-tb" / "tensorboard").exists()  # nothing written
+
+
+class _CrashAt:
+    """File operations that fail with EIO at the ``k``-th call (publish or delete)."""
+
+    def __init__(self, k: int) -> None:
+        self.k, self.calls = k, 0
+        self.publish, self.unlink = tb._publish, Path.unlink
+
+    def _tick(self) -> None:
+        self.calls += 1
+        if self.calls == self.k:
+            raise OSError(5, "Input/output error")
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        def publish(path: Path, data: bytes) -> None:
+            self._tick()
+            self.publish(path, data)
+
+        def unlink(path: Path, missing_ok: bool = False) -> None:
+            self._tick()
+            self.unlink(path, missing_ok)
+
+        monkeypatch.setattr(tb, "_publish", publish)
+        monkeypatch.setattr(Path, "unlink", unlink)
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["append", "rewrite"])
+def test_a_crash_at_any_write_or_delete_is_repaired_by_the_next_export(
+    store: Store, monkeypatch: pytest.MonkeyPatch, late: bool
+) -> None:
+    """Kill the export at its k-th file operation (publish or delete), for every k of an
+    export; the next export leaves every point in exactly one file."""
+    exp_id, (t1, t2) = make_experiment(store, [{"lr": 0.1}, {"lr": 0.2}])
+    add_points(store, t1, "loss", LOSS[:2])
+    add_points(store, t2, "loss", LOSS[:2])
+    tb.export_tensorboard(store, exp_id)
+    add_points(store, t1, "loss", [(0, 3.0, 1_699_999_999.0)] if late else LOSS[2:])
+    add_points(store, t2, "loss", LOSS[2:])
+    snapshot = {p: p.read_bytes() for p in store.runs_root.rglob("*") if p.is_file()}
+    crashed_at = []
+    for k in range(1, 12):
+        for p in list(store.runs_root.rglob("*")):  # back to the state after the first export
+            if p.is_file() and p not in snapshot:
+                p.unlink()
+        for p, data in snapshot.items():
+            p.write_bytes(data)
+        _CrashAt(k).install(monkeypatch)
+        try:
+            tb.export_tensorboard(store, exp_id)
+        except DlhpcError:
+            crashed_at.append(k)
+        monkeypatch.undo()
+        tb.export_tensorboard(store, exp_id)
+        assert_same_as_db(store, [t1, t2])
+    # per trial a file and its watermark; a rewrite of t1 deletes its old file first
+    assert crashed_at == list(range(1, 5 + (1 if late else 0)))
