@@ -13,7 +13,7 @@ import pytest
 from tensorboard.plugins.hparams import metadata
 
 from dlhpc.store import Store
-from tests.unit._tb import accumulator, db_points, read_points
+from tests.unit._tb import accumulator, db_points, float32, read_points
 
 pytestmark = pytest.mark.cluster
 
@@ -43,7 +43,7 @@ def _check_experiment(lab: Any, store: Store, exp_id: int) -> int:
         assert got == db_points(store, trial_id), trial_id  # every point, once
         points += sum(map(len, got.values()))
         values = [v for _, v, _ in got[exp["metric"]] if v is not None]
-        assert max(values) == trial["best_metric"]  # digits: val_accuracy, larger is better
+        assert max(values) == float32(trial["best_metric"])  # val_accuracy: larger is better
         assert max(s for pts in got.values() for s, _, _ in pts) == trial["steps_completed"]
         hparams = {k: float(v) if isinstance(v, int) else v for k, v in trial["hparams"].items()}
         assert _session_hparams(folder) == hparams
