@@ -16,10 +16,12 @@ step and whether the session end was written. An export writes the trial's rows 
 that id into one new file, numbered after every file before it, then the watermark. It
 *rewrites* the trial (its event files deleted, one file with every point written, then
 the watermark) when the event files on disk are not exactly those the watermark names
-(a crash between a file and its watermark, a missing or unreadable watermark) or when a
+(a crash between a file and its watermark, a missing or unreadable watermark), when a
 new point's step is not after its tag's last written step (TensorBoard's data server
-drops a tag's points from a repeated step on). So every point is in exactly one file
-after each export: none lost, none twice.
+drops a tag's points from a repeated step on), or when new points would make its
+:data:`MAX_FILES`-th file (an export every minute of a long run: one file, not
+thousands). So every point is in exactly one file after each export: none lost, none
+twice.
 
 Files are published by rename from temporary names that lack ``tfevents`` (TensorBoard
 reads any file whose name has it). Exports of one experiment are serialized by a lock
@@ -54,6 +56,7 @@ from dlhpc.store import Experiment, Metric, Store, Trial
 
 __all__ = [
     "EXPERIMENT_FILE",
+    "MAX_FILES",
     "TENSORBOARD_DIR",
     "WATERMARK_FILE",
     "TensorboardExport",
@@ -67,6 +70,7 @@ EXPERIMENT_FILE = "events.out.tfevents.experiment.dlhpc"
 WATERMARK_FILE = ".dlhpc-tensorboard.json"
 _LOCK_FILE = ".dlhpc-tensorboard.lock"
 _EVENT_FILE = re.compile(r"events\.out\.tfevents\.(\d{8})\.dlhpc")
+MAX_FILES = 64  # a trial with this many event files is written anew as one
 _END_STATUS = {TrialState.COMPLETED.value: "STATUS_SUCCESS"}  # other ends: STATUS_FAILURE
 
 
@@ -189,6 +193,8 @@ class _TrialInfo:
 
 def _needs_rewrite(mark: _Watermark | None, on_disk: list[str], new: list[ev.MetricPoint]) -> bool:
     if mark is None or sorted(mark.files) != on_disk:
+        return True
+    if new and len(mark.files) >= MAX_FILES:  # compact: one file, not one per export
         return True
     return any(p.step <= mark.steps.get(p.name, -1) for p in new)
 

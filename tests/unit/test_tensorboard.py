@@ -105,6 +105,21 @@ def test_a_late_point_before_the_last_step_rewrites_the_trial(store: Store) -> N
     assert metadata.SESSION_START_INFO_TAG in hp  # the new run has its session again
 
 
+def test_many_small_exports_are_compacted_into_one_file(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tb, "MAX_FILES", 3)
+    exp_id, (t1,) = make_experiment(store, [{"lr": 0.1}])
+    for step in range(1, 5):
+        add_points(store, t1, "loss", [(step, 1 / step, 1.7e9 + step)])
+        result = tb.export_tensorboard(store, exp_id)
+        assert result.rewritten == ([t1] if step == 4 else []), step
+        assert_same_as_db(store, [t1])
+    files = sorted(p.name for p in trial_folder(store, t1).glob("events.out.tfevents.*"))
+    assert files == ["events.out.tfevents.00000004.dlhpc"]
+    assert tb.export_tensorboard(store, exp_id).files == 0  # nothing new: left as it is
+
+
 def test_a_crash_between_the_file_and_its_watermark_loses_and_repeats_nothing(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
