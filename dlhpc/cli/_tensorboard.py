@@ -76,7 +76,10 @@ def _export(
     for exp_id in ids:
         user, run_dir = found[exp_id]
         if not may_modify(user, store.permissions):
-            notes.append(f"experiment {exp_id}: {user}'s, not exported (as {user} last did)")
+            notes.append(
+                f"experiment {exp_id}: not exported, it is {user}'s (its files are as"
+                f" {user}'s last export left them)"
+            )
         elif not Path(run_dir).is_dir():
             notes.append(f"experiment {exp_id}: not exported, its run folder {run_dir} is gone")
         else:

@@ -69,7 +69,8 @@ def test_without_an_experiment_every_one_is_exported_under_the_runs_folder(
         (b, 2, 6),
     ]
     assert out["skipped"] == [
-        f"experiment {c}: someone-else's, not exported (as someone-else last did)"
+        f"experiment {c}: not exported, it is someone-else's (its files are as"
+        " someone-else's last export left them)"
     ]
     assert not (store.runs_root / "exp-000003-c" / "tensorboard").exists()
     assert_same_as_db(store, [ta], "exp-000001-a")
