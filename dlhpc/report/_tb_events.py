@@ -30,6 +30,8 @@ from dlhpc.errors import UsageError
 __all__ = [
     "FILE_VERSION",
     "HparamValue",
+    "column_kinds",
+    "in_column",
     "MetricPoint",
     "SessionEnd",
     "event_file_bytes",
@@ -44,7 +46,7 @@ __all__ = [
 FILE_VERSION = "brain.Event:2"  # no restart purge: TensorBoard keeps points out of step order
 
 #: a hyperparameter value as the HParams plugin takes it
-HparamValue = bool | float | str
+HparamValue = bool | int | float | str
 
 
 @dataclass(frozen=True)
@@ -78,8 +80,8 @@ def require_tensorboard() -> None:
 
 def flat_hparams(hparams: Mapping[str, Any], prefix: str = "") -> dict[str, HparamValue]:
     """A trial's hyperparameters as HParams values: nested mappings become
-    ``outer.inner`` names, bools and numbers stay, None is left out, anything else
-    (strings, lists) is its text (lists as JSON)."""
+    ``outer.inner`` names, bools, numbers and strings stay, None is left out, anything
+    else (lists) is its JSON text."""
     out: dict[str, HparamValue] = {}
     for key, value in hparams.items():
         name = f"{prefix}{key}"
@@ -87,10 +89,8 @@ def flat_hparams(hparams: Mapping[str, Any], prefix: str = "") -> dict[str, Hpar
             out.update(flat_hparams(value, f"{name}."))
         elif value is None:
             continue
-        elif isinstance(value, bool | str):
+        elif isinstance(value, bool | int | float | str):
             out[name] = value
-        elif isinstance(value, int | float):
-            out[name] = float(value)
         else:
             out[name] = json.dumps(value, sort_keys=True, default=str)
     return out
@@ -149,7 +149,7 @@ def session_start_event(hparams: Mapping[str, HparamValue], group: str, start: f
     for name, value in hparams.items():
         if isinstance(value, bool):
             info.hparams[name].bool_value = value
-        elif isinstance(value, float):
+        elif isinstance(value, int | float):
             info.hparams[name].number_value = value
         else:
             info.hparams[name].string_value = value
@@ -166,20 +166,47 @@ def session_end_event(end: SessionEnd) -> Any:
     return _hparams_event(metadata.SESSION_END_INFO_TAG, end.time, session_end_info=info)
 
 
-def _hparam_info(name: str, values: list[HparamValue]) -> Any:
-    """The column of one hyperparameter: its type from the trials' values (mixed
-    types: string), a discrete domain for strings and bools, the range for numbers."""
+def _kind(value: HparamValue) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    return "number" if isinstance(value, int | float) else "string"
+
+
+def column_kinds(values: Mapping[str, list[HparamValue]]) -> dict[str, str]:
+    """Each hyperparameter's column type from all trials' values: ``number``, ``bool``,
+    or ``string`` (also for mixed types, e.g. a categorical of ``[32, "auto"]``)."""
+    out = {}
+    for name, vals in values.items():
+        kinds = {_kind(v) for v in vals}
+        out[name] = kinds.pop() if len(kinds) == 1 else "string"
+    return out
+
+
+def in_column(
+    hparams: Mapping[str, HparamValue], kinds: Mapping[str, str]
+) -> dict[str, HparamValue]:
+    """A trial's values as its columns take them: in a string column, a number or bool
+    is its text, so that the HParams tab compares like with like."""
+    return {
+        name: value if kinds.get(name, _kind(value)) == _kind(value) else str(value)
+        for name, value in hparams.items()
+    }
+
+
+def _hparam_info(name: str, kind: str, values: list[HparamValue]) -> Any:
+    """The column of one hyperparameter: a discrete domain for strings and bools, the
+    trials' range for numbers."""
     from google.protobuf import struct_pb2
     from tensorboard.plugins.hparams import api_pb2
 
     info = api_pb2.HParamInfo(name=name, display_name=name)
-    if values and all(isinstance(v, float) and not isinstance(v, bool) for v in values):
+    if kind == "number":
         nums = [float(v) for v in values]
         info.type = api_pb2.DATA_TYPE_FLOAT64
         info.domain_interval.CopyFrom(api_pb2.Interval(min_value=min(nums), max_value=max(nums)))
         return info
     discrete = struct_pb2.ListValue()
-    if values and all(isinstance(v, bool) for v in values):
+    if kind == "bool":
         info.type = api_pb2.DATA_TYPE_BOOL
         for flag in sorted(set(values)):
             discrete.values.add().bool_value = bool(flag)
@@ -199,14 +226,17 @@ def experiment_event(
     metrics: list[str],
 ) -> Any:
     """The HParams experiment definition: one column per hyperparameter (sorted by
-    name) and one per metric, in the order given (the searcher's metric first)."""
+    name; its type from :func:`column_kinds`) and one per metric, in the order given
+    (the searcher's metric first)."""
     from tensorboard.plugins.hparams import api_pb2, metadata
+
+    kinds = column_kinds(hparams)
 
     experiment = api_pb2.Experiment(
         description=description,
         user=user,
         time_created_secs=created,
-        hparam_infos=[_hparam_info(name, hparams[name]) for name in sorted(hparams)],
+        hparam_infos=[_hparam_info(n, kinds[n], hparams[n]) for n in sorted(hparams)],
         metric_infos=[
             api_pb2.MetricInfo(name=api_pb2.MetricName(tag=m), display_name=m) for m in metrics
         ],

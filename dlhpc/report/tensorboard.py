@@ -211,7 +211,13 @@ def _start_over(folder: Path, mark: _Watermark | None, on_disk: list[str]) -> _W
     return _Watermark(next=max([mark.next if mark else 1, *(n + 1 for n in numbers)]))
 
 
-def _export_trial(store: Store, trial: _TrialInfo, folder: Path, result: TensorboardExport) -> None:
+def _export_trial(
+    store: Store,
+    trial: _TrialInfo,
+    folder: Path,
+    kinds: dict[str, str],
+    result: TensorboardExport,
+) -> None:
     """Bring one trial's folder up to the database (the rule in the module docstring)."""
     old = _read_watermark(folder)
     on_disk = _event_files(folder)
@@ -227,7 +233,8 @@ def _export_trial(store: Store, trial: _TrialInfo, folder: Path, result: Tensorb
     ordered = sorted(new, key=lambda p: (p.step, p.name))  # each tag's steps in order
     events: list[Any] = []
     if not mark.files:  # a new TensorBoard run: its HParams session first
-        events.append(ev.session_start_event(trial.hparams, trial.folder_name, trial.created))
+        hparams = ev.in_column(trial.hparams, kinds)
+        events.append(ev.session_start_event(hparams, trial.folder_name, trial.created))
     events.extend(ev.point_events(ordered))
     end = None if mark.ended else trial.end
     if end is not None:
@@ -247,13 +254,11 @@ def _export_trial(store: Store, trial: _TrialInfo, folder: Path, result: Tensorb
     result.files += 1
 
 
-def _experiment_file(store: Store, exp: Experiment, trials: list[_TrialInfo], logdir: Path) -> None:
+def _experiment_file(
+    store: Store, exp: Experiment, values: dict[str, list[ev.HparamValue]], logdir: Path
+) -> None:
     """The HParams experiment (rewritten only when it changed): every trial's
     hyperparameters and every metric name, the searcher's metric first."""
-    values: dict[str, list[ev.HparamValue]] = {}
-    for trial in trials:
-        for name, value in trial.hparams.items():
-            values.setdefault(name, []).append(value)
     with store.read() as s:
         names = s.scalars(
             select(Metric.name).distinct().join(Trial).where(Trial.experiment_id == exp.id)
@@ -290,13 +295,18 @@ def export_tensorboard(store: Store, experiment_id: int) -> TensorboardExport:
         raise DlhpcError(f"experiment {experiment_id}'s run folder {exp.run_dir} is missing")
     logdir = tensorboard_dir(exp.run_dir)
     result = TensorboardExport(experiment_id, logdir, trials=len(trials))
+    values: dict[str, list[ev.HparamValue]] = {}  # each column's values, all trials
+    for trial in trials:
+        for name, value in trial.hparams.items():
+            values.setdefault(name, []).append(value)
+    kinds = ev.column_kinds(values)
     try:
         make_dirs(logdir, store.permissions)
         with _locked(logdir):
             for trial in trials:
                 folder = make_dirs(logdir / trial.folder_name, store.permissions)
-                _export_trial(store, trial, folder, result)
-            _experiment_file(store, exp, trials, logdir)
+                _export_trial(store, trial, folder, kinds, result)
+            _experiment_file(store, exp, values, logdir)
     except OSError as err:
         raise DlhpcError(
             f"cannot write TensorBoard files under {logdir}: {err.strerror or err}"

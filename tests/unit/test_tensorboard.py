@@ -201,6 +201,22 @@ def test_hparams_sessions_and_the_experiment_definition(store: Store) -> None:
     assert (exp.description, exp.user) == ("tb <b>", "ann")
 
 
+def test_a_hyperparameter_of_mixed_types_is_a_string_column_everywhere(store: Store) -> None:
+    exp_id, (t1, t2) = make_experiment(store, [{"bs": 32, "n": 3}, {"bs": "auto", "n": 4}])
+    tb.export_tensorboard(store, exp_id)
+    root = accumulator(store.runs_root / "exp-000001-tb" / "tensorboard")
+    exp = metadata.parse_experiment_plugin_data(
+        root.PluginTagToContent(metadata.PLUGIN_NAME)[metadata.EXPERIMENT_TAG]
+    )
+    infos = {h.name: h for h in exp.hparam_infos}
+    assert infos["bs"].type == api_pb2.DATA_TYPE_STRING
+    assert [v.string_value for v in infos["bs"].domain_discrete.values] == ["32", "auto"]
+    assert infos["n"].type == api_pb2.DATA_TYPE_FLOAT64
+    content = accumulator(trial_folder(store, t1)).PluginTagToContent(metadata.PLUGIN_NAME)
+    start = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG])
+    assert start.hparams["bs"].string_value == "32" and start.hparams["n"].number_value == 3
+
+
 def test_the_end_of_a_trial_is_written_once_when_it_ends(store: Store) -> None:
     exp_id, (t1,) = make_experiment(store, [{"lr": 0.1}])
     add_points(store, t1, "loss", LOSS)
