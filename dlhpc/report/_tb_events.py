@@ -41,6 +41,7 @@ __all__ = [
     "require_tensorboard",
     "session_end_event",
     "session_start_event",
+    "tensorboard_installed",
 ]
 
 FILE_VERSION = "brain.Event:2"  # no restart purge: TensorBoard keeps points out of step order
@@ -68,10 +69,16 @@ class SessionEnd:
     time: float
 
 
+def tensorboard_installed() -> bool:
+    """Whether the ``tensorboard`` package (the extra ``dlhpc[tensorboard]``) is here
+    (a page build may skip the export without it)."""
+    return importlib.util.find_spec("tensorboard") is not None
+
+
 def require_tensorboard() -> None:
-    """Raise :class:`~dlhpc.errors.UsageError` (exit 2) unless the ``tensorboard``
-    package (the extra ``dlhpc[tensorboard]``) can be imported."""
-    if importlib.util.find_spec("tensorboard") is None:
+    """Raise :class:`~dlhpc.errors.UsageError` (exit 2) unless
+    :func:`tensorboard_installed`."""
+    if not tensorboard_installed():
         raise UsageError(
             "TensorBoard is not installed in this environment:"
             " pip install 'dlhpc[tensorboard]' (or pip install tensorboard)"

@@ -47,10 +47,11 @@ from typing import Any
 from sqlalchemy import select
 
 from dlhpc._perms import fix_fd_mode, make_dirs
+from dlhpc._safepath import inside
 from dlhpc.errors import DlhpcError, NotFoundError
 from dlhpc.protocol.atomic import fsync_dir
 from dlhpc.report import _tb_events as ev
-from dlhpc.report._tb_events import require_tensorboard
+from dlhpc.report._tb_events import require_tensorboard, tensorboard_installed
 from dlhpc.states import TERMINAL_TRIAL_STATES, TrialState
 from dlhpc.store import Experiment, Metric, Store, Trial
 
@@ -63,6 +64,7 @@ __all__ = [
     "export_tensorboard",
     "require_tensorboard",
     "tensorboard_dir",
+    "tensorboard_installed",
 ]
 
 TENSORBOARD_DIR = "tensorboard"
@@ -282,8 +284,11 @@ def export_tensorboard(store: Store, experiment_id: int) -> TensorboardExport:
     Reads the database only, in short reads (one per trial), never holding it while
     files are written. Raises :class:`~dlhpc.errors.NotFoundError` (exit 2) for an
     unknown experiment, :class:`~dlhpc.errors.UsageError` (exit 2) without the
-    ``tensorboard`` package, and :class:`~dlhpc.errors.DlhpcError` when the run folder
-    is missing or a folder or file cannot be written.
+    ``tensorboard`` package, :class:`~dlhpc.errors.UnsafePathError` when the
+    ``tensorboard`` folder or a trial's folder in it leads out of the run folder (a
+    symlink: nothing is written or deleted there), and
+    :class:`~dlhpc.errors.DlhpcError` when the run folder is missing or a folder or
+    file cannot be written.
     """
     require_tensorboard()
     with store.read() as s:
@@ -302,9 +307,11 @@ def export_tensorboard(store: Store, experiment_id: int) -> TensorboardExport:
     kinds = ev.column_kinds(values)
     try:
         make_dirs(logdir, store.permissions)
+        inside(exp.run_dir, logdir, "TensorBoard folder")
         with _locked(logdir):
             for trial in trials:
                 folder = make_dirs(logdir / trial.folder_name, store.permissions)
+                inside(exp.run_dir, folder, "TensorBoard folder")  # no symlink out of it
                 _export_trial(store, trial, folder, kinds, result)
             _experiment_file(store, exp, values, logdir)
     except OSError as err:

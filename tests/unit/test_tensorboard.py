@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from tensorboard.plugins.hparams import api_pb2, metadata
 
-from dlhpc.errors import DlhpcError, NotFoundError, UsageError
+from dlhpc.errors import DlhpcError, NotFoundError, UnsafePathError, UsageError
 from dlhpc.report import tensorboard as tb
 from dlhpc.store import Store, Trial, utcnow
 from tests.unit._tb import (
@@ -215,6 +215,21 @@ def test_a_hyperparameter_of_mixed_types_is_a_string_column_everywhere(store: St
     content = accumulator(trial_folder(store, t1)).PluginTagToContent(metadata.PLUGIN_NAME)
     start = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG])
     assert start.hparams["bs"].string_value == "32" and start.hparams["n"].number_value == 3
+
+
+def test_a_trial_folder_that_is_a_symlink_out_of_the_run_folder_is_refused(
+    store: Store, tmp_path: Path
+) -> None:
+    exp_id, (t1,) = make_experiment(store, [{"lr": 0.1}])
+    add_points(store, t1, "loss", LOSS)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "events.out.tfevents.keep").write_bytes(b"not ours")
+    trial_folder(store, t1).parent.mkdir(parents=True)
+    trial_folder(store, t1).symlink_to(elsewhere)
+    with pytest.raises(UnsafePathError, match="is not inside"):
+        tb.export_tensorboard(store, exp_id)
+    assert [p.name for p in elsewhere.iterdir()] == ["events.out.tfevents.keep"]
 
 
 def test_the_end_of_a_trial_is_written_once_when_it_ends(store: Store) -> None:
