@@ -75,6 +75,11 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "launch": ("_run", "Launch EXPERIMENT (a YAML file) as Slurm job arrays."),
     "logs": ("_inspect", "Print the log of TRIAL_ID's latest attempt."),
+    "model": (
+        "_model",
+        "The model registry: register a trial's checkpoint as a model version, list, show"
+        " and export versions.",
+    ),
     "pin": ("_checkpoints", "Protect CHECKPOINT_ID from the GC (until unpinned)."),
     "report": (
         "_report",
