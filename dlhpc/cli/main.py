@@ -101,6 +101,11 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
         "_inspect",
         "Experiments (newest first) and the newest one's trials, or EXPERIMENT_ID's trials.",
     ),
+    "tensorboard": (
+        "_tensorboard",
+        "Write EXPERIMENT_ID's metrics (default: every experiment's) as TensorBoard event"
+        " files, then print the tensorboard and ssh port-forward commands.",
+    ),
     "tick": (
         "_tick",
         "One idempotent reconciliation pass over all active experiments (what cron runs).",
