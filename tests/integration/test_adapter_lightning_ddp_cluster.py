@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from dlhpc.harness.distributed import master_port
 from dlhpc.states import TERMINAL_EXPERIMENT_STATES as TERMINAL
 from tests.integration._adapters import attempt_exits, checkpoint_dir, db_metrics, trial_seed
 from tests.integration.conftest import Cli
@@ -58,8 +59,10 @@ class RankMarker(L.Callback):
         if not folder:
             return
         restored = self.dlhpc_callback.restored_from
+        cluster = trainer.strategy.cluster_environment
         view = {
-            "cluster_env": type(trainer.strategy.cluster_environment).__name__,
+            "cluster_env": type(cluster).__name__,
+            "main": [cluster.main_address, cluster.main_port],
             "global_rank": trainer.global_rank,
             "world_size": trainer.world_size,
             "local_rank": trainer.local_rank,
@@ -111,7 +114,7 @@ def _experiment(tmp_path: Path, markers: Path) -> Path:
     exp.write_text(
         "name: lightning-ddp\nentrypoint: python train_ddp.py\n"
         "resources: {nodes: 1, tasks_per_node: 2, cpus_per_task: 1, mem: 2G, time: '00:10:00'}\n"
-        "hyperparameters: {lr: 0.02, hidden: 32, dropout: 0.1, batch_size: 64, step_sleep: 0.2}\n"
+        "hyperparameters: {lr: 0.02, hidden: 32, dropout: 0.1, batch_size: 64, step_sleep: 0.3}\n"
         "searcher: {name: single, metric: val_accuracy, smaller_is_better: false,"
         f" max_length: {EPOCHS}}}\n"
         f"environment: {{vars: {{RANK_MARKERS: '{markers}'}}}}\n"
@@ -171,6 +174,8 @@ def test_lightning_two_ranks_requeued_resume_bitwise(cli: Cli, tmp_path: Path) -
     assert "requeued" in causes and causes[-1] == "completed", causes
     # both ranks saw TERM (or the other's word), saved where needed, exited for requeue
     assert ("requeued", 75) in attempt_exits(cli, t["id"]), attempt_exits(cli, t["id"])
+    # Lightning's own Slurm auto-requeue (SIGUSR1, hpc_ckpt_*.ckpt) never acted
+    assert not list(tmp_path.rglob("hpc_ckpt_*")), list(tmp_path.rglob("hpc_ckpt_*"))
 
     # 1. every attempt: two ranks, each with the allocation's rank and world size
     views = _rank_views(markers)
@@ -183,7 +188,12 @@ def test_lightning_two_ranks_requeued_resume_bitwise(cli: Cli, tmp_path: Path) -
             assert (r["world_size"], r["local_rank"], r["backend"]) == (2, rank, "gloo"), r
             assert r["dist"] == [rank, 2], r
             assert (env["SLURM_PROCID"], env["SLURM_NTASKS"]) == (str(rank), "2"), r
-            assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == (str(rank), "2", str(rank))
+            torch_vars = [env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")]
+            assert torch_vars == [str(rank), "2", str(rank)], r
+            # Lightning's rendezvous is dlhpc's: MASTER_ADDR, and the job's MASTER_PORT
+            job = attempt.split(".r")[0]
+            assert env["MASTER_PORT"] == str(master_port(job, {})), r
+            assert r["main"] == [env["MASTER_ADDR"], int(env["MASTER_PORT"])], r
         assert len({(r["env"]["MASTER_ADDR"], r["env"]["MASTER_PORT"]) for r in ranks}) == 1
     # 2. the first attempt started fresh; the later ones' ranks all resumed from one
     # dlhpc checkpoint taken mid-training (an epoch end before the requeue)
