@@ -116,6 +116,13 @@ class BackgroundPublisher:
             if error is not None:
                 raise error
 
+    def start(self) -> None:
+        """Start the publishing thread now rather than at the first hand-over: a
+        thread start waits for the OS to schedule the new thread (milliseconds on a
+        loaded node), which the training thread should pay at ``init``, not in a
+        ``report`` call."""
+        self._start()
+
     def _start(self) -> bool:
         """Start the thread if needed; False if it cannot run (interpreter shutdown)."""
         if self._thread is not None and self._thread.is_alive():

@@ -152,6 +152,7 @@ class TrialContext:
         if attempt_dir is not None and self.rank == 0:
             self._writer = BackgroundPublisher(EventWriter(attempt_dir, f"user-r{self.rank}"))
             self._rows = self._writer.rows
+            self._writer.start()
         if spec is not None and poll_grace_s is not None:
             self._watchdog = StopWatchdog(self, self._watch, trial_dir, poll_grace_s)
         self._installed = spec is not None and threading.current_thread() is threading.main_thread()

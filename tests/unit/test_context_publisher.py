@@ -180,3 +180,16 @@ def test_a_result_waits_at_most_flush_interval_s(tmp_path: Path) -> None:
         time.sleep(0.05)
     assert [r["step"] for r in _records(tmp_path / "attempt")] == [1]
     ctx.close()
+
+
+def test_the_publishing_thread_starts_with_the_context_not_in_a_report_call(
+    tmp_path: Path,
+) -> None:
+    spec = TrialSpec(1, 1, {}, 2, 0, str(tmp_path), str(tmp_path), "e.sh", str(tmp_path), "m", True)
+    before = {t.ident for t in threading.enumerate() if t.name == "dlhpc-events"}
+    ctx = TrialContext(spec, tmp_path / "attempt", {}, poll_grace_s=None)
+    started = [t for t in threading.enumerate() if t.name == "dlhpc-events"]
+    assert [t for t in started if t.ident not in before and t.is_alive()], "not started at init"
+    ctx.report(1, {"m": 1.0})
+    ctx.close()
+    assert [r["step"] for r in _records(tmp_path / "attempt")] == [1]
