@@ -20,13 +20,30 @@ def _size(n: int) -> str:
 
 
 @click.command()
-@click.argument("experiment_id", type=int, required=False)
+@click.argument("experiment_ids", metavar="[EXPERIMENT_ID]...", type=int, nargs=-1)
 @click.option(
     "-o",
     "--output",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="The page to write for EXPERIMENT_ID (default: ./exp-<id>.html).",
+    help="The page to write for EXPERIMENT_ID (default: ./exp-<id>.html; with --compare:"
+    " ./compare-<ids>.html).",
+)
+@click.option(
+    "--compare",
+    is_flag=True,
+    help="One page comparing the EXPERIMENT_IDs (or the trials given with -t): curves,"
+    " hyperparameters, record differences, parallel coordinates.",
+)
+@click.option(
+    "-t",
+    "--trial",
+    "trial_ids",
+    metavar="TRIAL_ID",
+    type=int,
+    multiple=True,
+    help="With --compare: a trial to compare (repeat it; the EXPERIMENT_IDs, if given, must"
+    " hold them).",
 )
 @click.option("--all", "all_", is_flag=True, help="Every experiment, plus index.html.")
 @click.option(
@@ -46,8 +63,10 @@ def _size(n: int) -> str:
 @click.option("-q", "--quiet", is_flag=True, help="Print errors only.")
 @site_option
 def report(
-    experiment_id: int | None,
+    experiment_ids: tuple[int, ...],
     output: Path | None,
+    compare: bool,
+    trial_ids: tuple[int, ...],
     all_: bool,
     out_dir: Path | None,
     force: bool,
@@ -57,7 +76,16 @@ def report(
 ) -> None:
     """Write EXPERIMENT_ID's report as one self-contained HTML file, or with --all
     every experiment's page and an index into --out-dir. Pages are replaced
-    atomically and make no network request (open them from file://, mail them)."""
+    atomically and make no network request (open them from file://, mail them).
+
+    With --compare, one page that compares two or more experiments (every trial's
+    learning curve, each one's best in bold) or, with -t, two or more trials."""
+    if compare:
+        _compare(
+            experiment_ids, trial_ids, output, all_ or out_dir is not None or force, quiet, site
+        )
+        return
+    experiment_id = _one_id(experiment_ids, trial_ids)
     if all_ == (experiment_id is not None):
         raise UsageError("give an EXPERIMENT_ID or --all (not both)")
     if all_ and out_dir is None:
@@ -103,6 +131,39 @@ def report(
         )
         if publish:
             click.echo(f"published: {out_dir} and its pages are readable by others")
+
+
+def _one_id(experiment_ids: tuple[int, ...], trial_ids: tuple[int, ...]) -> int | None:
+    """The one EXPERIMENT_ID of a page (None: none given); without --compare, several
+    ids or -t are refused."""
+    if trial_ids:
+        raise UsageError("-t/--trial goes with --compare")
+    if len(experiment_ids) > 1:
+        raise UsageError("one EXPERIMENT_ID (to compare several, add --compare)")
+    return experiment_ids[0] if experiment_ids else None
+
+
+def _compare(
+    experiment_ids: tuple[int, ...],
+    trial_ids: tuple[int, ...],
+    output: Path | None,
+    with_all: bool,
+    quiet: bool,
+    site: str | None,
+) -> None:
+    """``report --compare``: everything is checked and read before the page is written."""
+    from dlhpc.orchestrator.reproduce import volatile_env
+    from dlhpc.report.compare import compare_file, load_compare, write_compare
+    from dlhpc.scheduler.registry import default_registry
+
+    if with_all:
+        raise UsageError("--compare makes one page: not with --all, --out-dir or --force")
+    store = open_store(site)
+    model = load_compare(store, experiment_ids, trial_ids, volatile_env(default_registry()))
+    path = output or Path(compare_file(experiment_ids, trial_ids))
+    size = write_compare(store, model, path)
+    if not quiet:
+        click.echo(f"wrote {path} ({_size(size)})")
 
 
 COMMANDS = [report]

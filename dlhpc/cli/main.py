@@ -75,6 +75,11 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "launch": ("_run", "Launch EXPERIMENT (a YAML file) as Slurm job arrays."),
     "logs": ("_inspect", "Print the log of TRIAL_ID's latest attempt."),
+    "model": (
+        "_model",
+        "The model registry: register a trial's checkpoint as a model version, list, show"
+        " and export versions.",
+    ),
     "note": (
         "_annotate",
         "Append a note (TEXT) to EXPERIMENT_ID, or to its trial with -t TRIAL_ID.",
@@ -103,6 +108,11 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "tag": (
         "_annotate",
         "Add (+TAG) or remove (-TAG) tags of EXPERIMENT_ID, or of its trials with -t TRIAL_ID.",
+    ),
+    "tensorboard": (
+        "_tensorboard",
+        "Write EXPERIMENT_ID's metrics (default: every experiment's) as TensorBoard event"
+        " files, then print the tensorboard and ssh port-forward commands.",
     ),
     "tick": (
         "_tick",

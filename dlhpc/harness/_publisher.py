@@ -69,6 +69,13 @@ class BackgroundPublisher:
         with self._lock:
             self._foreign.append({"type": record_type, "time": time.time(), **fields})
 
+    @property
+    def rows(self) -> list[_Record]:
+        """The buffer itself, the same list for the publisher's life: the hot path
+        (``ctx.report``) appends :data:`MetricRow` tuples to it directly, from the
+        thread that calls :meth:`submit`, saving a method call per record."""
+        return self._buffer
+
     def add_metric(self, step: int, metrics: dict[str, float]) -> int:
         """:meth:`add` of a ``metric`` record (``metrics`` is kept, not copied), the
         hot path of ``ctx.report``; returns how many records are buffered."""
@@ -108,6 +115,13 @@ class BackgroundPublisher:
                 error, self._error = self._error, None
             if error is not None:
                 raise error
+
+    def start(self) -> None:
+        """Start the publishing thread now rather than at the first hand-over: a
+        thread start waits for the OS to schedule the new thread (milliseconds on a
+        loaded node), which the training thread should pay at ``init``, not in a
+        ``report`` call."""
+        self._start()
 
     def _start(self) -> bool:
         """Start the thread if needed; False if it cannot run (interpreter shutdown)."""

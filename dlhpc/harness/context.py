@@ -63,6 +63,7 @@ ENV_ATTEMPT_DIR = "DLHPC_ATTEMPT_DIR"
 _STOP_SIGNALS = STOP_SIGNALS  # preemption, time limit (USR1 is NCCL's)
 _PROGRESS_EVERY_S = 5.0
 _STOP_FILE_EVERY_S = STOP_FILE_EVERY_S  # how often should_stop() looks for the stop file
+_monotonic, _time_ns = time.monotonic, time.time_ns  # bound once: report() reads both per call
 POLL_GRACE_S = 5.0  # a script that does not poll within this after a stop request is ended
 
 
@@ -95,7 +96,10 @@ class TrialContext:
     publishes them (atomically, in order) when ``flush_every`` are pending or
     ``flush_interval_s`` has passed; :meth:`flush`, :meth:`checkpoint`,
     :meth:`close`, the stop and the interpreter's exit return only once all
-    are published. So it is cheap to call every step. Only rank 0 publishes;
+    are published. So it is cheap to call every step (the default of 10,000
+    records a file keeps a file's write, fsync and rename to a fraction of a µs
+    per record: docs/BENCHMARKS.md, issue 16; ``flush_interval_s`` still bounds
+    how long a result waits for the reconciler). Only rank 0 publishes;
     other ranks' reports are dropped, so every rank may call it unconditionally.
 
     A SIGTERM (preemption) or SIGUSR2 (time limit near) makes :meth:`should_stop`
@@ -118,7 +122,7 @@ class TrialContext:
         spec: TrialSpec | None,
         attempt_dir: Path | None,
         hparams: dict[str, Any],
-        flush_every: int = 1000,
+        flush_every: int = 10_000,
         flush_interval_s: float = 30.0,
         trial_dir: Path | None = None,
         poll_grace_s: float | None = POLL_GRACE_S,
@@ -133,7 +137,8 @@ class TrialContext:
         self.flush_interval_s = flush_interval_s
         self.attempt_dir = attempt_dir
         self._writer: BackgroundPublisher | None = None
-        self._last_flush = time.monotonic()
+        self._rows: list[Any] = []  # the publisher's buffer (report() appends its rows)
+        self._flush_due = _monotonic() + flush_interval_s  # hand the buffer over by then
         self._last_progress = 0.0
         self._step = 0
         self._checkpoint_step: int | None = None
@@ -146,6 +151,8 @@ class TrialContext:
         self._watchdog: StopWatchdog | None = None
         if attempt_dir is not None and self.rank == 0:
             self._writer = BackgroundPublisher(EventWriter(attempt_dir, f"user-r{self.rank}"))
+            self._rows = self._writer.rows
+            self._writer.start()
         if spec is not None and poll_grace_s is not None:
             self._watchdog = StopWatchdog(self, self._watch, trial_dir, poll_grace_s)
         self._installed = spec is not None and threading.current_thread() is threading.main_thread()
@@ -219,7 +226,11 @@ class TrialContext:
         not_int = type(step) is not int and (isinstance(step, bool) or not isinstance(step, int))
         if not_int or step < 0:
             raise DlhpcError(f"report(): step must be a non-negative int, got {step!r}")
-        clean = {str(name): float(value) for name, value in metrics.items()}
+        clean = dict(metrics)  # a copy: the caller may reuse its dict
+        for name, value in clean.items():
+            if type(value) is not float or type(name) is not str:  # convert (the rare path)
+                clean = {str(k): float(v) for k, v in metrics.items()}
+                break
         spec = self.spec
         if spec is not None and spec.metric in clean:
             value = clean[spec.metric]
@@ -230,17 +241,17 @@ class TrialContext:
                 shown = {k: v if math.isfinite(v) else str(v) for k, v in clean.items()}
                 print(f"[dlhpc] step {step}: {shown}", flush=True)
             return
-        if writer.add_metric(step, clean) >= self.flush_every or (
-            time.monotonic() - self._last_flush >= self.flush_interval_s
-        ):
+        rows = self._rows
+        rows.append((step, _time_ns(), clean))  # BackgroundPublisher.add_metric, inlined
+        if len(rows) >= self.flush_every or _monotonic() >= self._flush_due:
             writer.submit()  # published by the background thread
-            self._last_flush = time.monotonic()
+            self._flush_due = _monotonic() + self.flush_interval_s
 
     def flush(self) -> None:
         """Publish every record reported so far (in order) before returning."""
         if self._writer is not None:
             self._writer.flush()
-        self._last_flush = time.monotonic()
+        self._flush_due = _monotonic() + self.flush_interval_s
 
     # -- preemption, checkpoints ----------------------------------------------
 
@@ -410,7 +421,7 @@ class TrialContext:
 
 def init(
     local_hparams: dict[str, Any] | None = None,
-    flush_every: int = 1000,
+    flush_every: int = 10_000,
     flush_interval_s: float = 30.0,
     poll_grace_s: float | None = POLL_GRACE_S,
 ) -> TrialContext:

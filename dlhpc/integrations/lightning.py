@@ -41,7 +41,10 @@ What :class:`DlhpcCallback` does inside a dlhpc job:
   only dlhpc requeues; Lightning's handlers are gone for good at its teardown.
 * **Ranks.** Lightning's cluster environment reads the ranks of the allocation
   (Slurm's ``SLURM_PROCID``...; dlhpc sets ``MASTER_ADDR``/``MASTER_PORT``,
-  which it honours). Only rank 0 writes checkpoints and metrics. Sharded
+  which it honours). Only rank 0 writes checkpoints and metrics. The Trainer's
+  ``devices`` x ``num_nodes`` must be the job's rank count (``WORLD_SIZE``):
+  ``setup`` refuses any other (a 1-process Trainer in a 2-task job would train the
+  trial twice, each process as rank 0, both writing the same checkpoints). Sharded
   strategies (FSDP, DeepSpeed) are not supported by this callback.
 
 Outside a dlhpc job it only prints the metrics it would report.
@@ -126,6 +129,7 @@ class DlhpcCallback(Callback):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit":
             return
+        _check_world(trainer, self.ctx)
         if trainer.world_size > 1:
             destroy_process_group_at_exit()
         if threading.current_thread() is threading.main_thread():
@@ -247,6 +251,20 @@ class DlhpcCallback(Callback):
         if self.unit == "steps":
             self._checkpoint(trainer)  # the grant may end mid-epoch
         self.ctx.flush()
+
+
+def _check_world(trainer: Any, ctx: TrialContext) -> None:
+    """Refuse a Trainer whose process count is not the job's rank count (``WORLD_SIZE``,
+    from the allocation): its ranks would each train the trial alone, all as rank 0,
+    writing and resuming the same checkpoints. Outside a dlhpc job: no check."""
+    if ctx.spec is None or trainer.world_size == ctx.world_size:
+        return
+    raise DlhpcError(
+        f"DlhpcCallback: this job runs {ctx.world_size} ranks (resources: nodes x "
+        f"tasks_per_node) but the Trainer has {trainer.world_size} process(es); give it "
+        "devices=int(os.environ['LOCAL_WORLD_SIZE']), num_nodes=int(os.environ['WORLD_SIZE']) "
+        "// int(os.environ['LOCAL_WORLD_SIZE']) and strategy='ddp', or ask for one task"
+    )
 
 
 def _resumable(trainer: Any) -> bool:

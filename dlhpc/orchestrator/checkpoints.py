@@ -6,7 +6,9 @@ The policy (:func:`plan_gc`, pure) keeps the union of
 * each trial's best ``keep_best`` by the searcher metric,
 * each trial's newest ``keep_latest`` by step,
 
-and always every pinned checkpoint and the newest checkpoint of each trial that a
+and always every pinned checkpoint, every checkpoint that a model version names
+(``dlhpc model register``: kept as ``model NAME:VERSION``, whatever the policy and
+whether pinned or not) and the newest checkpoint of each trial that a
 resume or a promotion may still load (a PENDING, RUNNING or PAUSED trial, or one
 with a promotion not acted on yet). A checkpoint whose metric is unknown (none was
 reported since the previous checkpoint, or NaN) is never "best" but may be
@@ -37,7 +39,7 @@ import json
 import math
 import os
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +54,7 @@ from dlhpc.protocol import checkpoint_experiment_dir, recorded_slug
 from dlhpc.protocol.checkpoint import CHECKPOINT_NAME_RE, remove_checkpoint
 from dlhpc.states import TERMINAL_TRIAL_STATES, CheckpointState
 from dlhpc.store import Checkpoint, Decision, Experiment, Store, Trial, utcnow
+from dlhpc.store.model_registry import registered_checkpoints
 
 __all__ = [
     "CkptInfo",
@@ -71,6 +74,7 @@ TRIAL_BEST = "trial-best"
 TRIAL_LATEST = "trial-latest"
 PINNED = "pinned"
 LIVE = "live"  # the newest of a trial a resume or promotion loads
+MODEL = "model"  # "model NAME:VERSION": a registered model version names it
 
 
 @dataclass(frozen=True)
@@ -128,18 +132,23 @@ def plan_gc(
     protected_trials: Collection[int],
     policy: GcPolicy,
     smaller_is_better: bool,
+    registered: Mapping[int, Sequence[str]] | None = None,
 ) -> GcPlan:
     """Split ``checkpoints`` (one experiment's ACTIVE ones) into kept and deleted.
 
     ``protected_trials``: trials whose newest checkpoint must stay (live ones, or
-    ones with a pending promotion). Every id lands in exactly one of the two.
+    ones with a pending promotion). ``registered``: checkpoint id -> the model
+    versions (``NAME:VERSION``) naming it; each is kept (``model NAME:VERSION``).
+    Every id lands in exactly one of the two.
     """
     reasons: dict[int, list[str]] = defaultdict(list)
     by_trial: dict[int, list[CkptInfo]] = defaultdict(list)
+    models = registered or {}
     for c in checkpoints:
         by_trial[c.trial_id].append(c)
         if c.pinned:
             reasons[c.id].append(PINNED)
+        reasons[c.id].extend(f"{MODEL} {ref}" for ref in models.get(c.id, ()))
     for c in _best(checkpoints, policy.experiment_best, smaller_is_better):
         reasons[c.id].append(EXPERIMENT_BEST)
     for trial_id, cks in by_trial.items():
@@ -236,7 +245,8 @@ def experiment_plan(s: Session, exp: Experiment) -> tuple[list[CkptInfo], GcPlan
     """The experiment's ACTIVE checkpoints and what the policy does with them now."""
     rows = _active(s, exp.id)
     policy = GcPolicy.from_config(_checkpoint_cfg(exp))
-    return rows, plan_gc(rows, _protected(s, exp.id), policy, exp.smaller_is_better)
+    models = registered_checkpoints(s, exp.id)
+    return rows, plan_gc(rows, _protected(s, exp.id), policy, exp.smaller_is_better, models)
 
 
 def _deciding_rows(s: Session, exp: Experiment, policy: GcPolicy) -> list[CkptInfo]:
@@ -317,7 +327,8 @@ def gc(store: Store, experiment_id: int, dry_run: bool = False) -> GcReport:
                 raise NotFoundError(f"no experiment {experiment_id}")
             policy = GcPolicy.from_config(_checkpoint_cfg(exp))
             rows = _deciding_rows(s, exp, policy)
-            plan = plan_gc(rows, _protected(s, exp.id), policy, exp.smaller_is_better)
+            models = registered_checkpoints(s, exp.id)
+            plan = plan_gc(rows, _protected(s, exp.id), policy, exp.smaller_is_better, models)
             active = s.scalar(select(func.count()).select_from(_active_ids(exp.id).subquery()))
             root = checkpoint_root(exp)
         report.kept = (active or 0) - len(plan.delete)  # every row is kept or deleted

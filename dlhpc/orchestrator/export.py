@@ -17,6 +17,10 @@
   the trial's facts, each attempt's own record (``attempts.env_json``) and the
   exported checkpoint's facts. Whatever those columns hold is exported as it is.
 
+With ``checkpoint_id`` (``dlhpc model export``) that checkpoint of the trial is
+exported, or nothing: a deleted one, or one whose folder is gone, is an error; the
+caller's ``extra`` files (name -> text) are written beside the others.
+
 Everything is written into a temporary sibling folder and renamed to ``DIR`` at the
 end, so ``DIR`` is either complete or as it was. An existing non-empty ``DIR`` is
 refused. Reads the database only: no lease needed.
@@ -125,10 +129,19 @@ def _check_target(folder: Path) -> None:
         raise UsageError(f"{folder} is not empty; export into a new or empty folder")
 
 
-def export_trial(store: Store, trial_id: int, folder: Path, latest: bool = False) -> ExportResult:
+def export_trial(
+    store: Store,
+    trial_id: int,
+    folder: Path,
+    latest: bool = False,
+    *,
+    checkpoint_id: int | None = None,
+    extra: dict[str, str] | None = None,
+) -> ExportResult:
     """Write the trial's export into ``folder`` (see the module docstring).
 
-    :class:`~dlhpc.errors.NotFoundError` for an unknown trial,
+    :class:`~dlhpc.errors.NotFoundError` for an unknown trial (or a ``checkpoint_id``
+    that is not one of its ACTIVE checkpoints),
     :class:`~dlhpc.errors.UsageError` for a non-empty or non-folder target,
     :class:`~dlhpc.errors.DlhpcError` when the copied checkpoint fails verification.
     """
@@ -138,14 +151,14 @@ def export_trial(store: Store, trial_id: int, folder: Path, latest: bool = False
         if trial is None:
             raise NotFoundError(f"no trial {trial_id}")
         exp = trial.experiment
-        rows = list(
-            s.scalars(
-                select(Checkpoint).where(
-                    Checkpoint.trial_id == trial_id,
-                    Checkpoint.state == CheckpointState.ACTIVE.value,
-                )
-            )
+        q = select(Checkpoint).where(
+            Checkpoint.trial_id == trial_id, Checkpoint.state == CheckpointState.ACTIVE.value
         )
+        if checkpoint_id is not None:
+            q = q.where(Checkpoint.id == checkpoint_id)
+        rows = list(s.scalars(q))
+        if checkpoint_id is not None and not rows:
+            raise NotFoundError(f"trial {trial_id} has no active checkpoint {checkpoint_id}")
         metrics = s.execute(
             select(Metric.step, Metric.name, Metric.value, Metric.time)
             .where(Metric.trial_id == trial_id)
@@ -189,6 +202,12 @@ def export_trial(store: Store, trial_id: int, folder: Path, latest: bool = False
     try:
         share_dir(tmp, store.permissions)
         ckpt = _write_checkpoint(tmp, rows, smaller, latest, root)
+        if checkpoint_id is not None:
+            if ckpt is None:
+                raise DlhpcError(f"checkpoint {checkpoint_id}'s folder is gone or not exportable")
+            ckpt["chosen_as"] = "given"
+        for name, text in (extra or {}).items():
+            (tmp / name).write_text(text, encoding="utf-8")
         (tmp / "config.yaml").write_text(
             "# the resolved config this trial ran with (dlhpc export)\n"
             + yaml.safe_dump(config, sort_keys=False, allow_unicode=True),

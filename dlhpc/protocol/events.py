@@ -56,7 +56,7 @@ from typing import Any
 
 from dlhpc.protocol.atomic import atomic_write_text
 from dlhpc.protocol.layout import attempts_dir
-from dlhpc.protocol.metric_lines import MetricRow, encode_rows, expand
+from dlhpc.protocol.metric_lines import MAX_ROWS_PER_LINE, MetricRow, encode_rows, expand
 
 __all__ = [
     "EVENT_FILE_RE",
@@ -98,6 +98,9 @@ def encode_records(records: Iterable[dict[str, Any] | MetricRow]) -> Iterator[st
             yield encode_record(record)
         else:
             rows.append(record)
+            if len(rows) == MAX_ROWS_PER_LINE:  # a line's worth: yielded before reading on,
+                yield from map(encode_record, encode_rows(rows))  # so that a caller may let
+                rows = []  # go of the GIL between lines, however many rows follow
     if rows:
         yield from map(encode_record, encode_rows(rows))
 

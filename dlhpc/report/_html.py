@@ -279,7 +279,7 @@ def render_page(p: Page) -> str:
         "<h2>Reproducibility record</h2>",
         _repro_section(p),
     ]
-    return document(title, body, p.lab_stamp)
+    return document(title, body, lab_stamp=p.lab_stamp)
 
 
 @dataclass(frozen=True)

@@ -104,12 +104,16 @@ def _sha(text: str) -> str:
 LAB_META = "dlhpc-lab"  # an experiment page's meta: the digest of its tags, notes, models
 
 
-def document(title: str, body: Iterable[str], lab_stamp: str | None = None) -> str:
-    """The page around ``body``; ``lab_stamp`` (an experiment page's) goes into a meta
-    tag near the top, where ``report.build`` reads it back cheaply."""
+def document(
+    title: str, body: Iterable[str], css: str = "", lab_stamp: str | None = None
+) -> str:
+    """The page: ``body`` in the shell; ``css``: a page's own rules after the shared ones
+    (pinned by the CSP with them, as one style block); ``lab_stamp`` (an experiment
+    page's) goes into a meta tag near the top, where ``report.build`` reads it back."""
+    style = _CSS + css
     stamp = "" if lab_stamp is None else f'<meta name="{LAB_META}" content="{esc(lab_stamp)}">'
     csp = (
-        f"default-src 'none'; style-src '{_sha(_CSS)}'; script-src '{_sha(_JS)}';"
+        f"default-src 'none'; style-src '{_sha(style)}'; script-src '{_sha(_JS)}';"
         " img-src data:; base-uri 'none'; form-action 'none'"
     )
     return "".join(
@@ -119,7 +123,7 @@ def document(title: str, body: Iterable[str], lab_stamp: str | None = None) -> s
             f'<meta http-equiv="Content-Security-Policy" content="{csp}">',
             '<meta name="viewport" content="width=device-width,initial-scale=1">',
             '<link rel="icon" href="data:,">',
-            f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
+            f"<title>{esc(title)}</title><style>{style}</style></head><body>",
             *body,
             f"<script>{_JS}</script></body></html>\n",
         ]

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -145,3 +146,50 @@ def test_report_checks_the_step_on_its_fast_path(tmp_path: Path) -> None:
     records = _records(tmp_path / "attempt")
     assert [(r["step"], r["metrics"]) for r in records] == [(4, {"m": 2.0}), (0, {"x": 1.5})]
     assert ctx._evaluated == (4, 2.0)  # the searcher metric "m", at step 4
+
+
+class _Float(float):
+    """A float subclass (as numpy.float64 is): converted to a plain float."""
+
+
+def test_report_copies_and_converts_the_metrics_on_its_fast_path(tmp_path: Path) -> None:
+    spec = TrialSpec(1, 1, {}, 2, 0, str(tmp_path), str(tmp_path), "e.sh", str(tmp_path), "m", True)
+    ctx = TrialContext(spec, tmp_path / "attempt", {}, poll_grace_s=None)
+    reused: dict[Any, Any] = {"m": 0.5, "loss": 2.0}
+    ctx.report(1, reused)  # all floats: the fast path, a copy
+    reused["m"] = 0.75  # the caller reuses its dict: what was reported stays
+    reused["extra"] = 1.0
+    ctx.report(2, {"m": 3, 7: _Float(1.25), "t": True})  # converted: int, key, subclass, bool
+    with pytest.raises((TypeError, ValueError)):
+        ctx.report(3, {"m": "high"})  # not a number: raised in the caller
+    ctx.flush()
+    records = _records(tmp_path / "attempt")
+    assert [(r["step"], r["metrics"]) for r in records] == [
+        (1, {"m": 0.5, "loss": 2.0}),
+        (2, {"m": 3.0, "7": 1.25, "t": 1.0}),
+    ]
+    assert ctx._evaluated == (2, 3.0)
+
+
+def test_a_result_waits_at_most_flush_interval_s(tmp_path: Path) -> None:
+    spec = TrialSpec(1, 1, {}, 2, 0, str(tmp_path), str(tmp_path), "e.sh", str(tmp_path), "m", True)
+    ctx = TrialContext(spec, tmp_path / "attempt", {}, flush_interval_s=0.0, poll_grace_s=None)
+    ctx.report(1, {"m": 1.0})  # the interval has passed: handed over though far below 10,000
+    deadline = time.monotonic() + 30
+    while not _records(tmp_path / "attempt") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [r["step"] for r in _records(tmp_path / "attempt")] == [1]
+    ctx.close()
+
+
+def test_the_publishing_thread_starts_with_the_context_not_in_a_report_call(
+    tmp_path: Path,
+) -> None:
+    spec = TrialSpec(1, 1, {}, 2, 0, str(tmp_path), str(tmp_path), "e.sh", str(tmp_path), "m", True)
+    before = {t.ident for t in threading.enumerate() if t.name == "dlhpc-events"}
+    ctx = TrialContext(spec, tmp_path / "attempt", {}, poll_grace_s=None)
+    started = [t for t in threading.enumerate() if t.name == "dlhpc-events"]
+    assert [t for t in started if t.ident not in before and t.is_alive()], "not started at init"
+    ctx.report(1, {"m": 1.0})
+    ctx.close()
+    assert [r["step"] for r in _records(tmp_path / "attempt")] == [1]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -157,3 +158,16 @@ def test_both_formats_ingest_to_the_same_metric_rows(tmp_path: Path) -> None:
         store.close()
     # the second hostile row re-reports step 7's names: one row each is kept
     assert got[0] == got[1] and len(got[0]) == _N_METRICS - len(_HOSTILE)
+
+
+def test_rows_are_encoded_a_line_at_a_time() -> None:
+    """The publishing thread lets go of the GIL after each line: a line must not wait
+    for the rows after it (a batch of 10,000 rows would hold the GIL for all of them)."""
+
+    def rows() -> Iterator[MetricRow]:
+        for i in range(MAX_ROWS_PER_LINE):
+            yield (i, i, {"m": 1.0})
+        raise AssertionError("read past the first line before yielding it")
+
+    first = json.loads(next(encode_records(rows())))
+    assert first["type"] == "metrics" and first["n"] == MAX_ROWS_PER_LINE

@@ -72,3 +72,16 @@ def test_term_on_one_rank_stops_both_rank0_saves_and_both_resume(tmp_path: Path)
         assert "resumed at epoch 1, step 8" in out and f"rank {rank}/2 ended at step 24" in out
     assert t.checkpoints() == [first, f"ckpt-{16:010d}", f"ckpt-{24:010d}"]
     assert sorted(t.metrics()) == [1, 2, 3]
+
+
+def test_single_process_trainer_in_a_two_rank_job_is_refused(tmp_path: Path) -> None:
+    """The example's Trainer (no devices: one process) started as two ranks would train
+    the trial twice, each process as rank 0 writing the same checkpoints: refused."""
+    require("lightning", "lightning", "sklearn")
+    t = Trial(tmp_path, "lightning", {"hidden": 16})
+    procs = t.start_ranks(1, [sys.executable, "train.py"])
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [1, 1], outs
+    for out in outs:
+        assert "this job runs 2 ranks" in out and "Trainer has 1 process(es)" in out, out
+    assert t.checkpoints() == [] and t.metrics() == {}
