@@ -7,9 +7,9 @@ user's experiment is refused unless the site allows changing it
 
 ``dlhpc tag`` reads its arguments itself, after EXPERIMENT_ID: click would read
 ``-draft`` as the short options ``-d -r -a -f -t``. There, ``-t N`` / ``--trial N``
-names a trial (repeatable), ``--json`` and ``--site S`` are the usual options, ``--``
-ends the options (``-- -t`` removes a tag named ``t``), and every other word is a
-change, ``+TAG`` or ``-TAG``.
+(or ``-tN``) names a trial (repeatable), ``--json`` and ``--site S`` are the usual
+options, ``--`` ends the options (``-- -t`` removes a tag named ``t``, ``-- -t12`` one
+named ``t12``), and every other word is a change, ``+TAG`` or ``-TAG``.
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ def _parse_tail(words: Sequence[str], site: str | None, as_json: bool) -> _TagAr
                 out.site = value
             else:
                 out.trials.append(_trial_id(value))
+        elif word[:2] == "-t" and word[2:].isdigit():  # -t12, as click reads it
+            out.trials.append(int(word[2:]))
         elif eq and name in ("--trial", "--site"):
             if name == "--site":
                 out.site = inline

@@ -100,6 +100,10 @@ def test_tag_and_note_an_experiment_and_its_trials(lab: dict[str, Any]) -> None:
     res = run("tag", str(a), "+good", "-t", str(t1), f"--trial={t2}")
     assert res.output == f"trial {t1}: good\ntrial {t2}: good\n", res.output
     assert run("tag", str(a), "-draft", "-t", str(t2), "--", "-t").exit_code == 0  # tag "t"
+    res = run("tag", str(a), f"-t{t2}", "+t12", "--json")  # -tN: a trial, as click reads it
+    assert json.loads(res.output)["tags"] == {f"trial {t2}": ["good", "t12"]}
+    res = run("tag", str(a), f"-t{t2}", "--json", "--", "-t12")  # after --: a change
+    assert json.loads(res.output)["tags"] == {f"trial {t2}": ["good"]}
     assert run("note", str(a), "first <b>note</b>").exit_code == 0
     assert run("note", str(a), "second\nline").exit_code == 0
     res = run("note", str(a), "-t", str(t1), "--json", "--", "-5% loss")
