@@ -30,6 +30,7 @@ import click
 from dlhpc.cli import _attention as att
 from dlhpc.cli._common import backends, open_store, site_option
 from dlhpc.config import load_site
+from dlhpc.report.publish import check_publishable
 from dlhpc.store import Store, default_home
 
 __all__ = ["COMMANDS", "cron_line", "scrontab_entry"]
@@ -86,8 +87,10 @@ def cron_line(
     every: int = 1,
     out_dir: Path | None = None,
     notify: str | None = None,
+    publish: bool = False,
 ) -> tuple[str, dict[str, str]]:
-    """The crontab line, and the environment it fixes (name -> value, unquoted)."""
+    """The crontab line, and the environment it fixes (name -> value, unquoted).
+    ``publish``: the report runs with ``--publish`` (its folder checked here first)."""
     cfg = load_site(site, backends=backends())
     home = default_home(cfg.state_dir)
     python = os.path.abspath(sys.executable)
@@ -100,12 +103,14 @@ def cron_line(
     if os.environ.get("DLHPC_SITE_PATH"):
         env["DLHPC_SITE_PATH"] = os.environ["DLHPC_SITE_PATH"]
     reports = (out_dir or home / "reports").expanduser().absolute()
+    if publish:
+        check_publishable(reports, home)
     exports = " ".join(f"{k}={_cron_quote(v, k)}" for k, v in env.items())
     dlhpc = f"{_cron_quote(python, 'the python path')} -m dlhpc"
     command = (
         f"export {exports}; {dlhpc} tick -q && "
         f"{dlhpc} report --all --out-dir {_cron_quote(str(reports), '--out-dir')} -q"
-    )
+    ) + (" --publish" if publish else "")
     if notify:
         command += f"; {dlhpc} digest --notify {_cron_quote(_notify_target(notify), '--notify')}"
     return f"{_schedule(every)} {command}", env
@@ -117,6 +122,7 @@ def scrontab_entry(
     out_dir: Path | None = None,
     notify: str | None = None,
     time_limit: str = "00:10:00",
+    publish: bool = False,
 ) -> tuple[str, dict[str, str]]:
     """The scrontab entry (``#SCRON`` option lines, then :func:`cron_line`'s line) for
     clusters without cron on the login node, and the environment it fixes. Slurm runs
@@ -124,7 +130,7 @@ def scrontab_entry(
     overlap (and a tick that finds the lease taken exits quietly, as from cron). It
     takes the site's partition, account and QOS; its log is appended to
     ``$DLHPC_HOME/cron/scrontab.log``."""
-    line, env = cron_line(site, every, out_dir, notify)
+    line, env = cron_line(site, every, out_dir, notify, publish)
     cfg = load_site(site, backends=backends())
     options = {
         "job-name": "dlhpc-tick",
@@ -174,6 +180,9 @@ def scrontab_entry(
     show_default=True,
     help="With --scrontab: the tick job's time limit.",
 )
+@click.option(
+    "--publish", is_flag=True, help="The reports readable by others (`report --publish`)."
+)
 def cron(
     site: str | None,
     every: int,
@@ -181,13 +190,14 @@ def cron(
     notify: str | None,
     scrontab: bool,
     time_limit: str,
+    publish: bool,
 ) -> None:
     """Print the crontab line for this user and site (install it with `crontab -e`).
 
     With --scrontab: the Slurm scrontab entry instead, for clusters without cron on the
     login node (install it with `scrontab FILE`)."""
     if scrontab:
-        entry, env = scrontab_entry(site, every, out_dir, notify, time_limit)
+        entry, env = scrontab_entry(site, every, out_dir, notify, time_limit, publish)
         # Slurm does not create a log's folder: a job whose --output it cannot open fails
         (Path(env["DLHPC_HOME"]) / "cron").mkdir(parents=True, exist_ok=True)
         click.echo(
@@ -198,7 +208,7 @@ def cron(
         )
         click.echo(entry)
         return
-    line, env = cron_line(site, every, out_dir, notify)
+    line, env = cron_line(site, every, out_dir, notify, publish)
     click.echo(
         f"# dlhpc: tick every {every} min and refresh the reports; prints (and cron mails)\n"
         "# only what needs attention. Add it with `crontab -e`; it fixes the environment\n"

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import click
 
 from dlhpc.cli._common import open_store, site_option
+from dlhpc.errors import UsageError
 from dlhpc.report.quota import quota_warning
 from dlhpc.report.status import iter_status_json, status_data
 from dlhpc.report.status_model import ExperimentStatus, write_json
@@ -33,6 +34,12 @@ _ROW_LIMIT = 40  # cli._views.ROW_LIMIT, for the help text without importing ric
 @click.option(
     "--all", "show_all", is_flag=True, help=f"List every trial (default: {_ROW_LIMIT}, live first)."
 )
+@click.option(
+    "--tag",
+    "tags",
+    multiple=True,
+    help="Only experiments tagged TAG (repeated: those with every TAG given).",
+)
 def status(
     experiment_id: int | None,
     site: str | None,
@@ -40,8 +47,16 @@ def status(
     watch: bool,
     interval: float,
     show_all: bool,
+    tags: tuple[str, ...],
 ) -> None:
     """Experiments (newest first) and the newest one's trials, or EXPERIMENT_ID's trials."""
+    if tags and experiment_id is not None:
+        raise UsageError("--tag filters the list of experiments: give it without EXPERIMENT_ID")
+    if tags:  # the write side's rule (loaded only here: status stays light)
+        from dlhpc.orchestrator.annotate import check_tag
+
+        if bad := [why for t in tags if (why := check_tag(t))]:
+            raise UsageError("--tag: " + "; ".join(bad))
     store = open_store(site)
     warnings: dict[Path, str | None] = {}  # one `lfs quota` per checkpoint.dir per command
 
@@ -57,7 +72,7 @@ def status(
 
     if as_json:
         with store.read() as s:  # streamed: 100,000s of trials are never held at once
-            pieces = iter_status_json(s, experiment_id)
+            pieces = iter_status_json(s, experiment_id, tags=tags)
             write_json(pieces, sys.stdout, finish=with_quota)
         return
     from rich.console import Group
@@ -69,8 +84,10 @@ def status(
     def render() -> Group:
         limit = None if show_all else ROW_LIMIT
         with store.read() as s:
-            data = status_data(s, experiment_id, limit=limit)
+            data = status_data(s, experiment_id, limit=limit, tags=tags)
         if not data.experiments:
+            if tags:
+                return Group(f"no experiment tagged {' and '.join(tags)}")
             return Group("no experiments yet: dlhpc launch EXPERIMENT.yaml")
         shown = with_quota(data.experiments[0])  # the one whose trials show
         if experiment_id is not None:

@@ -55,6 +55,11 @@ def _size(n: int) -> str:
 @click.option(
     "--force", is_flag=True, help="With --all: rewrite the pages of ended experiments too."
 )
+@click.option(
+    "--publish",
+    is_flag=True,
+    help="With --all: make the folder and pages readable by others (a web-served folder).",
+)
 @click.option("-q", "--quiet", is_flag=True, help="Print errors only.")
 @site_option
 def report(
@@ -65,6 +70,7 @@ def report(
     all_: bool,
     out_dir: Path | None,
     force: bool,
+    publish: bool,
     quiet: bool,
     site: str | None,
 ) -> None:
@@ -86,8 +92,10 @@ def report(
         raise UsageError("--all needs --out-dir DIR")
     if all_ and output is not None:
         raise UsageError("-o/--output is for one experiment; with --all use --out-dir")
-    if not all_ and (out_dir is not None or force):
-        raise UsageError("--out-dir and --force go with --all; for one experiment use -o FILE")
+    if not all_ and (out_dir is not None or force or publish):
+        raise UsageError(
+            "--out-dir, --force and --publish go with --all; for one experiment use -o FILE"
+        )
     store = open_store(site)
     if experiment_id is not None:
         path = output or Path(page_file(experiment_id))
@@ -112,6 +120,7 @@ def report(
             out_dir,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
             force=force,
+            publish=publish,
         )
     if not quiet:
         pages = len(result.written) - 1
@@ -120,6 +129,8 @@ def report(
         click.echo(
             f"wrote {pages} page(s) and {out_dir / INDEX_FILE} ({_size(total)} in all){kept}"
         )
+        if publish:
+            click.echo(f"published: {out_dir} and its pages are readable by others")
 
 
 def _one_id(experiment_ids: tuple[int, ...], trial_ids: tuple[int, ...]) -> int | None:

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dlhpc.report.status import pick_trials
-from dlhpc.report.status_model import ExperimentStatus, Status, TrialStatus
+from dlhpc.report.status_model import ExperimentStatus, LatestNote, Status, TrialStatus
 
 __all__ = ["best_trial", "experiment_view", "experiments_table", "human_bytes", "idle_gpu_lines"]
 
@@ -107,9 +107,24 @@ def _best_metric(t: TrialStatus) -> float:
     return t.best_metric if t.best_metric is not None else float("nan")
 
 
+NOTE_CHARS = 100  # a note shortened to this in the terminal (status --json has it whole)
+
+
+def short_note(n: LatestNote, limit: int = NOTE_CHARS) -> Text:
+    """``note (user, date; N notes): text`` on one line, the text cut to ``limit``."""
+    text = " ".join(n.text.split())
+    text = text if len(text) <= limit else text[: limit - 1] + "…"
+    more = f"; {n.count} notes" if n.count > 1 else ""
+    return Text(f"note ({n.user or '?'}, {n.created_at:%Y-%m-%d}{more}): {text}", style="italic")
+
+
 def experiments_table(data: Status) -> Table:
     table = Table(title="experiments", title_justify="left")
-    for col in ("id", "name", "state", "searcher", "trials", "best", "GPU-h", "created (UTC)"):
+    cols = ["id", "name", "state", "searcher", "trials", "best", "GPU-h", "created (UTC)"]
+    with_tags = any(e.tags for e in data.experiments)  # no column where nothing is tagged
+    if with_tags:
+        cols.append("tags")
+    for col in cols:
         table.add_column(col, no_wrap=col != "name", justify="right" if col == "GPU-h" else "left")
     for e in data.experiments:
         done, total = e.trial_counts.get("COMPLETED", 0), e.trials_total
@@ -123,6 +138,7 @@ def experiments_table(data: Status) -> Table:
             f"{e.metric}={_metric(best.best_metric)}" if best else "-",
             _hours(e.gpu_hours),
             e.created_at.isoformat(sep=" ")[:16],
+            *([Text(" ".join(e.tags))] if with_tags else []),
         )
     return table
 
@@ -198,6 +214,17 @@ def _counts_line(exp: ExperimentStatus, shown: int) -> list[Text]:
     ]
 
 
+def _lab_lines(exp: ExperimentStatus) -> list[Text]:
+    """The experiment's owner, tags and latest note, above its trials."""
+    head = [f"launched by {exp.user}"] if exp.user else []
+    if exp.tags:
+        head.append("tags: " + " ".join(exp.tags))
+    lines = [Text("; ".join(head), style="dim")] if head else []
+    if exp.note is not None:
+        lines.append(short_note(exp.note))
+    return lines
+
+
 def experiment_view(
     exp: ExperimentStatus, note: str = "", limit: int | None = ROW_LIMIT
 ) -> RenderableType:
@@ -229,6 +256,9 @@ def experiment_view(
     table.add_column("hparams", overflow="fold")
     best = best_trial(exp)
     shown = _shown(exp, limit)
+    trial_tags = any(t.tags for t in shown)
+    if trial_tags:
+        table.add_column("tags", overflow="fold")
     for t in shown:
         style = "bold" if best is not None and t.id == best.id else ""
         cells: list[RenderableType] = [
@@ -243,8 +273,10 @@ def experiment_view(
         ]
         if with_gpu:
             cells.append(_gpu(t))
-        table.add_row(*cells, _hparams(t.hparams), style=style)
+        tags = [Text(" ".join(t.tags))] if trial_tags else []
+        table.add_row(*cells, _hparams(t.hparams), *tags, style=style)
     parts: list[RenderableType] = [
+        *_lab_lines(exp),
         table,
         *_counts_line(exp, len(shown)),
         *idle_gpu_lines(exp),
@@ -252,6 +284,9 @@ def experiment_view(
         *_usage_line(exp),
         *_disk_lines(exp),
     ]
+    noted = [(t.id, n) for t in shown if (n := t.note) is not None]
+    for tid, n in noted[:5]:
+        parts.append(Text.assemble(f"trial {tid} ", short_note(n)))
     failed = [t for t in exp.trials if t.state == "FAILED" and t.error]
     for t in failed[:5]:
         parts.append(Text(f"trial {t.id} failed: {t.error}", style="red"))

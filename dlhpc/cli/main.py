@@ -80,6 +80,10 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
         "The model registry: register a trial's checkpoint as a model version, list, show"
         " and export versions.",
     ),
+    "note": (
+        "_annotate",
+        "Append a note (TEXT) to EXPERIMENT_ID, or to its trial with -t TRIAL_ID.",
+    ),
     "pin": ("_checkpoints", "Protect CHECKPOINT_ID from the GC (until unpinned)."),
     "report": (
         "_report",
@@ -100,6 +104,10 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "status": (
         "_inspect",
         "Experiments (newest first) and the newest one's trials, or EXPERIMENT_ID's trials.",
+    ),
+    "tag": (
+        "_annotate",
+        "Add (+TAG) or remove (-TAG) tags of EXPERIMENT_ID, or of its trials with -t TRIAL_ID.",
     ),
     "tensorboard": (
         "_tensorboard",

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dlhpc._version import __version__
+from dlhpc.report._lab_html import lab_section, models_section, short, tags_html, user_filter
 from dlhpc.report._model import Page
 from dlhpc.report._page import (
     bytes_text,
@@ -148,6 +149,8 @@ def _trials_table(p: Page) -> str:
     names = [hp.name for hp in p.hparams]
     head = ["trial", "state", *names, "steps", f"best {p.metric}", "latest", "restarts"]
     head += ["crashes", "attempts", "run time", "GPU util %"]
+    with_tags, with_notes = any(t.tags for t in p.trials), any(t.note for t in p.trials)
+    head += ["tags"] * with_tags + ["note"] * with_notes
     rows = []
     best_id = p.best.id if p.best else None
     for t in p.trials:
@@ -168,6 +171,10 @@ def _trials_table(p: Page) -> str:
             f'<td class="n" data-v="{int(t.run_s)}">{duration(t.run_s)}</td>',
             num_td(gpu, 3),
         ]
+        if with_tags:
+            cells.append(f'<td class="tags">{tags_html(t.tags)}</td>')
+        if with_notes:
+            cells.append(f'<td class="msg" title="{esc(t.note)}">{esc(short(t.note))}</td>')
         cls = ' class="best"' if t.id == best_id else ""
         rows.append(f"<tr{cls}>{''.join(cells)}</tr>")
     ths = "".join(f"<th>{esc(h)}</th>" for h in head)
@@ -255,6 +262,10 @@ def render_page(p: Page) -> str:
         f'<h1>Experiment {p.id}: {esc(p.name)} <span class="badge">{esc(p.state)}</span></h1>',
         "<h2>Summary</h2>",
         _summary(p),
+        "<h2>Tags and notes</h2>",
+        lab_section(p),
+        "<h2>Model versions</h2>",
+        models_section(p),
         "<h2>Learning curves</h2>",
         _curves_section(p),
         "<h2>Hyperparameters against the metric</h2>",
@@ -268,7 +279,7 @@ def render_page(p: Page) -> str:
         "<h2>Reproducibility record</h2>",
         _repro_section(p),
     ]
-    return document(title, body)
+    return document(title, body, lab_stamp=p.lab_stamp)
 
 
 @dataclass(frozen=True)
@@ -285,22 +296,37 @@ class IndexEntry:
     created: float
     elapsed_s: float
     href: str
+    user: str = ""  # who launched it
+    tags: tuple[str, ...] = ()
 
 
-def render_index(entries: Sequence[IndexEntry], generated: float) -> str:
-    """The index page: one row per experiment, newest first, linking to its page."""
-    head = ["id", "name", "state", "searcher", "metric", "best", "trials", "launched", "elapsed"]
-    rows = "".join(
-        f'<tr><td class="n">{e.id}</td><td><a href="{esc(e.href)}">{esc(e.name)}</a></td>'
+def _index_row(e: IndexEntry) -> str:
+    return (
+        f'<tr data-user="{esc(e.user)}"><td class="n">{e.id}</td>'
+        f'<td><a href="{esc(e.href)}">{esc(e.name)}</a></td><td class="user">{esc(e.user)}</td>'
         f"<td>{esc(e.state)}</td><td>{esc(e.searcher)}</td><td>{esc(e.metric)}</td>"
         f'{num_td(e.best)}<td class="n">{e.trials}</td><td>{when(e.created)}</td>'
-        f'<td class="n" data-v="{int(e.elapsed_s)}">{duration(e.elapsed_s)}</td></tr>'
-        for e in sorted(entries, key=lambda e: -e.id)
+        f'<td class="n" data-v="{int(e.elapsed_s)}">{duration(e.elapsed_s)}</td>'
+        f'<td class="tags">{tags_html(e.tags)}</td></tr>'
     )
+
+
+def render_index(entries: Sequence[IndexEntry], generated: float, shared: str = "") -> str:
+    """The index page: one row per experiment, newest first, linking to its page, with
+    who launched it and its tags, and a per-user filter. ``shared``: a line saying whose
+    experiments these are (a lab's shared state folder)."""
+    head = ["id", "name", "user", "state", "searcher", "metric", "best", "trials"]
+    head += ["launched", "elapsed", "tags"]
+    rows = "".join(_index_row(e) for e in sorted(entries, key=lambda e: -e.id))
     ths = "".join(f"<th>{h}</th>" for h in head)
+    runs = Counter(e.user for e in entries)
+    who = ", ".join(f"{u or '(unknown)'}: {n}" for u, n in sorted(runs.items()))
     body = [
         f'<h1>dlhpc experiments</h1><p class="mute">generated {when(generated)} by dlhpc'
         f" {esc(__version__)}</p>",
-        f'<table class="sortable"><thead><tr>{ths}</tr></thead><tbody>{rows}</tbody></table>',
+        f'<p class="lab">{esc(shared)} Experiments by user: {esc(who or "none")}.</p>',
+        user_filter(sorted(runs)),
+        f'<table class="sortable" id="experiments"><thead><tr>{ths}</tr></thead>'
+        f"<tbody>{rows}</tbody></table>",
     ]
     return document("dlhpc experiments", body)

@@ -33,6 +33,8 @@ from dlhpc.report._curves import Curve, archive_trials, curves_path, db_curves, 
 from dlhpc.report._model import (
     AttemptView,
     EventView,
+    ModelView,
+    NoteView,
     Page,
     TrialView,
     attempt_spans,
@@ -43,10 +45,11 @@ from dlhpc.report._model import (
 )
 from dlhpc.report._record import parse_record, repro_record
 from dlhpc.report._redact import redact_text, redact_value
+from dlhpc.report._status_lab import lab_stamps
 from dlhpc.report.status import status_data
 from dlhpc.report.status_model import AttemptStatus, ExperimentStatus, TrialStatus
 from dlhpc.states import TERMINAL_TRIAL_STATES
-from dlhpc.store import Attempt, Event, Experiment, Metric, Store, Trial
+from dlhpc.store import Attempt, Event, Experiment, Metric, ModelVersion, Note, Store, Trial
 
 __all__ = ["MAX_EVENTS", "REFRESH_ENDED", "REFRESH_EVERY", "REFRESH_RUNNING", "load_page"]
 
@@ -151,6 +154,37 @@ class _Read:
     events: list[EventView]
     hidden: int  # notable events left out
     envs: list[str]  # the attempts' env_json
+    notes: list[NoteView]  # oldest first
+    models: list[ModelView]  # by name, then version
+    lab_stamp: str  # their digest
+
+
+def _lab(session: Session, exp_id: int) -> tuple[list[NoteView], list[ModelView]]:
+    """Every note of the experiment and its trials, and the model versions made from
+    its trials (their user text redacted like the rest of the page)."""
+    notes = [
+        NoteView(
+            None if n.kind == "experiment" else n.target_id,
+            redact_text(n.text),
+            n.user,
+            _epoch(n.created_at) or 0.0,
+        )
+        for n in session.scalars(
+            select(Note).where(Note.experiment_id == exp_id).order_by(Note.id)
+        )
+    ]
+    models = [
+        ModelView(
+            m.name, m.version, m.trial_id, m.checkpoint_id, m.step, m.metric,
+            redact_text(m.note), m.user, _epoch(m.created_at) or 0.0,
+        )  # fmt: skip
+        for m in session.scalars(
+            select(ModelVersion)
+            .where(ModelVersion.experiment_id == exp_id)
+            .order_by(ModelVersion.name, ModelVersion.version)
+        )
+    ]
+    return notes, models
 
 
 def _read(store: Store, experiment_id: int) -> _Read:
@@ -175,7 +209,9 @@ def _read(store: Store, experiment_id: int) -> _Read:
                 select(Attempt.env_json).join(Trial).where(Trial.experiment_id == experiment_id)
             )
         )
-    return _Read(status, exp, counts, names, events, hidden, envs)
+        notes, models = _lab(s, experiment_id)
+        stamp = lab_stamps(s.connection(), [experiment_id]).get(experiment_id, "")
+    return _Read(status, exp, counts, names, events, hidden, envs, notes, models, stamp)
 
 
 def _curves(
@@ -235,6 +271,8 @@ def _trial_view(t: TrialStatus, curve: Curve | None, now_s: float) -> TrialView:
         attempts=tuple(attempts),
         curve=curve,
         run_s=sum(end - start for start, end in (s for s in spans if s is not None)),
+        tags=t.tags,
+        note="" if t.note is None else redact_text(t.note.text),
     )
 
 
@@ -310,6 +348,11 @@ def load_page(store: Store, experiment_id: int, now: datetime | None = None) -> 
         config_text=json.dumps(config, indent=2, sort_keys=True),
         curve_sources=sources,
         other_metrics=tuple(sorted((r.names | archived_names) - {st.metric})),
+        user=st.user,
+        tags=st.tags,
+        notes=tuple(r.notes),
+        models=tuple(r.models),
+        lab_stamp=r.lab_stamp,
     )
 
 

@@ -40,6 +40,8 @@ __all__ = [
     "AttemptView",
     "EventView",
     "HParamView",
+    "ModelView",
+    "NoteView",
     "Page",
     "TrialView",
     "Usage",
@@ -88,6 +90,33 @@ class TrialView:
     attempts: tuple[AttemptView, ...] = ()
     curve: Curve | None = None  # the searcher metric's learning curve
     run_s: float = 0.0  # seconds its attempts ran (accounted)
+    tags: tuple[str, ...] = ()
+    note: str = ""  # its newest note
+
+
+@dataclass(frozen=True)
+class NoteView:
+    """A note on the experiment (``trial_id`` None) or on one of its trials."""
+
+    trial_id: int | None
+    text: str
+    user: str
+    time: float
+
+
+@dataclass(frozen=True)
+class ModelView:
+    """A registered model version made from one of the experiment's trials."""
+
+    name: str
+    version: int
+    trial_id: int
+    checkpoint_id: int
+    step: int
+    metric: float | None
+    note: str
+    user: str
+    created: float
 
 
 @dataclass(frozen=True)
@@ -150,6 +179,11 @@ class Page:
     config_text: str = ""  # resolved config, pretty JSON
     curve_sources: Mapping[str, int] = field(default_factory=dict)  # hdf5/db/none -> trials
     other_metrics: tuple[str, ...] = ()
+    user: str = ""  # who launched it
+    tags: tuple[str, ...] = ()
+    notes: tuple[NoteView, ...] = ()  # oldest first, the trials' too
+    models: tuple[ModelView, ...] = ()  # model versions registered from its trials
+    lab_stamp: str = ""  # digest of the above (report._status_lab.lab_stamps), in the page
 
     @property
     def elapsed_s(self) -> float:

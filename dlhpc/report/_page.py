@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from dlhpc.report._svg import esc, fmt
 
 __all__ = [
+    "LAB_META",
     "bytes_text",
     "document",
     "duration",
@@ -68,6 +69,9 @@ tr.best td{background:#fef2f2}
 pre{background:#f9fafb;border:1px solid var(--line);padding:8px;overflow:auto;max-height:420px;
 font-size:12px;white-space:pre-wrap;overflow-wrap:anywhere}
 td.msg{white-space:pre-wrap;overflow-wrap:anywhere}
+.tag{display:inline-block;padding:0 6px;border-radius:8px;background:#ecfdf5;color:#065f46;
+font-size:11px;margin:0 2px 0 0}
+.cmd{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}
 """
 
 # Sorts a table.sortable by the clicked column: numbers by value (data-v when the
@@ -87,17 +91,27 @@ ey=y.trim()===""||y==="-";if(ex!==ey)return ex?1:-1;var d;
 if(!isNaN(nx)&&!isNaN(ny))d=nx-ny;else if(!isNaN(nx))d=-1;else if(!isNaN(ny))d=1;
 else d=x.localeCompare(y);return asc?d:-d});rows.forEach(function(r){b.appendChild(r)})}
 th.addEventListener("click",go);th.addEventListener("keydown",function(e){
-if(e.key==="Enter"||e.key===" "){e.preventDefault();go()}})})})})();"""
+if(e.key==="Enter"||e.key===" "){e.preventDefault();go()}})})});
+var f=document.getElementById("user-filter");if(f){f.addEventListener("change",function(){
+var u=f.value;document.querySelectorAll("tr[data-user]").forEach(function(r){
+r.hidden=u!=="*"&&r.getAttribute("data-user")!==u})})}})();"""
 
 
 def _sha(text: str) -> str:
     return "sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode()
 
 
-def document(title: str, body: Iterable[str], css: str = "") -> str:
+LAB_META = "dlhpc-lab"  # an experiment page's meta: the digest of its tags, notes, models
+
+
+def document(
+    title: str, body: Iterable[str], css: str = "", lab_stamp: str | None = None
+) -> str:
     """The page: ``body`` in the shell; ``css``: a page's own rules after the shared ones
-    (pinned by the CSP with them, as one style block)."""
+    (pinned by the CSP with them, as one style block); ``lab_stamp`` (an experiment
+    page's) goes into a meta tag near the top, where ``report.build`` reads it back."""
     style = _CSS + css
+    stamp = "" if lab_stamp is None else f'<meta name="{LAB_META}" content="{esc(lab_stamp)}">'
     csp = (
         f"default-src 'none'; style-src '{_sha(style)}'; script-src '{_sha(_JS)}';"
         " img-src data:; base-uri 'none'; form-action 'none'"
@@ -105,6 +119,7 @@ def document(title: str, body: Iterable[str], css: str = "") -> str:
     return "".join(
         [
             '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
+            stamp,
             f'<meta http-equiv="Content-Security-Policy" content="{csp}">',
             '<meta name="viewport" content="width=device-width,initial-scale=1">',
             '<link rel="icon" href="data:,">',

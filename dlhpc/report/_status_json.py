@@ -30,8 +30,9 @@ _TRIAL = (
     '{"id": %s, "state": %s, "hparams": %s, "steps_completed": %s, "max_length": %s,'
     ' "target_length": %s, "best_metric": %s, "latest_metric": %s, "restarts": %s,'
     ' "crashes": %s, "slurm_job_ids": [%s], "error": %s, "gpu": %s, "idle_gpus": %s,'
-    ' "gpu_hours": %s, "cpu_hours": %s, "attempts": [%s]}'
+    ' "gpu_hours": %s, "cpu_hours": %s, "attempts": [%s]%s}'
 )
+_NO_LAB = ', "tags": [], "note": null'  # a trial with no tag and no note (most)
 _ATTEMPT = (
     '{"key": %s, "job_id": %s, "state": %s, "cause": %s, "exit_code": %s,'
     ' "lost_steps": %s, "node_list": %s, "started_at": %s, "ended_at": %s, "gpu": %s,'
@@ -103,9 +104,17 @@ def trial_json(t: Any, rows: list[Any], c: Ctx) -> str:
             at += 2
         attempts.append(_ATTEMPT % (*a[:7], start_text, end_text, gpu_text, a[7], a[8]))
     idle = c.idle.get(t.id)
+    lab = _NO_LAB if t.id not in c.lab.trials else _lab_text(c, t.id)
     job_ids = ", ".join(parts[_HEAD : _HEAD + len(jobs)])
     return _TRIAL % (
         parts[0], parts[1], t.hparams_json, *parts[2:9], job_ids, parts[9], trial_gpu,
         dumps([g.to_json() for g in idle]) if idle else "[]", parts[10], parts[11],
-        ", ".join(attempts),
+        ", ".join(attempts), lab,
     )  # fmt: skip
+
+
+def _lab_text(c: Ctx, trial_id: int) -> str:
+    """The trial's ``"tags"`` and ``"note"`` keys, after a comma."""
+    note = c.lab.trial_note(trial_id)
+    tags = dumps(list(c.lab.trial_tags(trial_id)))
+    return f', "tags": {tags}, "note": {"null" if note is None else dumps(note.to_json())}'

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import String, type_coerce
 
 from dlhpc.report._status_gpu import ATTEMPT_COLS, GpuRows, Row, gpu_summary
+from dlhpc.report._status_lab import EMPTY_LAB, Lab
 from dlhpc.report.status_model import AttemptStatus, GpuUse, IdleGpu, TrialStatus
 from dlhpc.states import LIVE_ATTEMPT_STATES, TrialState
 from dlhpc.store import Trial
@@ -134,6 +135,7 @@ class Ctx:
     # where given, report._status_json records here each trial's hours (the sum of its
     # attempts', in their order), by trial id, for trials with attempts
     hours: dict[int, float] | None = None
+    lab: Lab = EMPTY_LAB  # the trials' tags and latest notes
 
 
 def _ended_gpu(rows: list[Any], start: int, stop: int) -> GpuUse | None:
@@ -242,6 +244,8 @@ def trial(t: Row, rows: list[Any], c: Ctx) -> TrialStatus:
         cpu_hours=round(hours * cpus, 4),
         attempts=tuple(attempts),
         run_dir=t.run_dir,
+        tags=c.lab.trial_tags(t.id),
+        note=c.lab.trial_note(t.id),
     )
 
 

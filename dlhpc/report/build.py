@@ -6,12 +6,20 @@ over the folder, a cron-driven rebuild) sees the old page or the new one, never
 half of one. With ``--all`` the pages are written before the index, so the
 index never links to a page that is not there yet; the page of an experiment
 that had already ended when its page was written is kept as it is (nothing can
-change it any more) unless ``force``, so a cron rebuild costs the live ones only.
+change it any more but its tags, notes and model versions, whose digest the page
+carries: a page whose digest is not the DB's is written again) unless ``force``, so
+a cron rebuild costs the live ones only.
+
+The index lists every experiment in the state folder, with who launched it and its
+tags: in a lab's shared folder (group mode) that is everyone's, and it says so.
+``publish`` makes the folder and pages readable by others (:mod:`dlhpc.report.publish`).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,7 +31,10 @@ from dlhpc.errors import DlhpcError
 from dlhpc.protocol import atomic_write_bytes
 from dlhpc.report._html import IndexEntry, render_index, render_page
 from dlhpc.report._load import load_page
-from dlhpc.store import Experiment, Store, Trial
+from dlhpc.report._page import LAB_META
+from dlhpc.report._status_lab import lab_stamps
+from dlhpc.report.publish import check_publishable, make_public, publishing
+from dlhpc.store import Experiment, Store, Tag, Trial
 
 __all__ = ["INDEX_FILE", "AllResult", "page_file", "write_all", "write_report"]
 
@@ -77,8 +88,12 @@ class AllResult:
     kept: list[Path] = field(default_factory=list)  # pages of ended experiments left as they are
 
 
-def _entries(store: Store, now: datetime) -> list[tuple[IndexEntry, datetime | None]]:
-    """Index entries of every experiment (one query for the trial counts and bests)."""
+_Entry = tuple[IndexEntry, datetime | None, str]  # the entry, its end, its lab digest
+
+
+def _entries(store: Store, now: datetime) -> list[_Entry]:
+    """Index entries of every experiment (one query for the trial counts and bests),
+    each with its end and the digest of its tags, notes and model versions."""
     with store.read() as s:
         exps = s.scalars(select(Experiment).order_by(Experiment.id)).all()
         agg = {
@@ -92,6 +107,12 @@ def _entries(store: Store, now: datetime) -> list[tuple[IndexEntry, datetime | N
                 ).group_by(Trial.experiment_id)
             )
         }
+        tags: dict[int, list[str]] = {}
+        for eid, name in s.execute(
+            select(Tag.target_id, Tag.name).where(Tag.kind == "experiment").order_by(Tag.name)
+        ):
+            tags.setdefault(eid, []).append(name)
+        stamps = lab_stamps(s.connection())
     out = []
     for e in exps:
         n, lo, hi = agg.get(e.id, (0, None, None))
@@ -108,9 +129,22 @@ def _entries(store: Store, now: datetime) -> list[tuple[IndexEntry, datetime | N
             created,
             max(0.0, (end - e.created_at).total_seconds()),
             page_file(e.id),
+            e.user,
+            tuple(tags.get(e.id, ())),
         )
-        out.append((entry, e.ended_at))
+        out.append((entry, e.ended_at, stamps.get(e.id, "")))
     return out
+
+
+def _shared(store: Store) -> str:
+    """What the index says about whose experiments it lists."""
+    policy = store.permissions
+    if policy is not None and policy.mode == "group":
+        return (
+            f"A lab's shared state folder (group {policy.group}): every member's experiments,"
+            " with who launched each."
+        )
+    return "Every experiment of this state folder, with who launched each."
 
 
 def write_all(
@@ -119,16 +153,36 @@ def write_all(
     now: datetime | None = None,
     progress: Callable[[int, int], None] | None = None,
     force: bool = False,
+    publish: bool = False,
 ) -> AllResult:
     """Write the pages that may have changed and ``index.html`` into ``out_dir``.
-    ``progress(done, total)`` is called after each experiment."""
-    now = _utc(now)
+    ``progress(done, total)`` is called after each experiment. ``publish``: checked
+    first (:func:`~dlhpc.report.publish.check_publishable`), then the folder and every
+    page are made readable by others."""
+    if publish:
+        check_publishable(out_dir, store.home)
+    out = out_dir.absolute()
+    created = [d for d in (out, *out.parents) if publish and not d.exists()]  # o+rx too
+    with publishing() if publish else nullcontext():
+        result = _write_all(store, out_dir, _utc(now), progress, force)
+    if publish:
+        make_public([*created, out], [p for p, _ in result.written] + result.kept)
+    return result
+
+
+def _write_all(
+    store: Store,
+    out_dir: Path,
+    now: datetime,
+    progress: Callable[[int, int], None] | None,
+    force: bool,
+) -> AllResult:
     _folder(out_dir, store)
     entries = _entries(store, now)
     result = AllResult()
-    for i, (entry, ended) in enumerate(entries):
+    for i, (entry, ended, lab) in enumerate(entries):
         path = out_dir / entry.href
-        if not force and ended is not None and _written_after(path, ended):
+        if not force and ended is not None and _written_after(path, ended, lab):
             result.kept.append(path)
         else:
             data = render_page(load_page(store, entry.id, now)).encode("utf-8")
@@ -137,15 +191,25 @@ def write_all(
         if progress is not None:
             progress(i + 1, len(entries))
     stamp = now.replace(tzinfo=timezone.utc).timestamp()
-    index = render_index([e for e, _ in entries], stamp).encode("utf-8")
+    index = render_index([e for e, _, _ in entries], stamp, _shared(store)).encode("utf-8")
     _publish(out_dir / INDEX_FILE, index)
     result.written.append((out_dir / INDEX_FILE, len(index)))
     return result
 
 
-def _written_after(path: Path, ended: datetime) -> bool:
+_STAMP = re.compile(rb'<meta name="' + LAB_META.encode() + rb'" content="([0-9a-f]*)">')
+
+
+def _written_after(path: Path, ended: datetime, lab_stamp: str) -> bool:
+    """Whether the page at ``path`` was written after its experiment ended and holds
+    the lab digest ``lab_stamp`` (read from its first kilobyte)."""
     try:
         mtime = path.stat().st_mtime
+        with open(path, "rb") as f:
+            head = f.read(1024)
     except OSError:
+        return False
+    found = _STAMP.search(head)
+    if found is None or found.group(1).decode() != lab_stamp:
         return False
     return mtime > ended.replace(tzinfo=timezone.utc).timestamp() + 1.0

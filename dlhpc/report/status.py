@@ -21,12 +21,16 @@ cpus_per_task``: ``cpu_hours``), summed per trial and per experiment; CPU-only r
 GPU-hours. A trial's ``target_length`` is what its progress counts toward: the searcher's
 final ``max_length`` for a ``PAUSED`` or ``STOPPED_EARLY`` trial (its grant, ``max_length``,
 was only a rung), else the grant.
+
+Tags and each experiment's and trial's newest note come from one more query per call,
+for every experiment listed (:mod:`dlhpc.report._status_lab`); ``tags=`` keeps the
+experiments carrying every tag given, in SQL.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from functools import partial
@@ -45,6 +49,7 @@ from dlhpc.report._status_gpu import (
     live_idle,
 )
 from dlhpc.report._status_json import trial_json
+from dlhpc.report._status_lab import Lab, lab_of, tagged
 from dlhpc.report._status_sql import (
     candidates,
     decision_stats,
@@ -166,7 +171,12 @@ def _now() -> datetime:
 
 
 def _head(
-    e: Experiment, plan: _Plan, shape: Shape, decisions: DecisionStats | None, disk: DiskUse | None
+    e: Experiment,
+    plan: _Plan,
+    shape: Shape,
+    decisions: DecisionStats | None,
+    disk: DiskUse | None,
+    lab: Lab,
 ) -> ExperimentStatus:
     """The experiment and its totals over every trial (``trials`` left empty)."""
     hours = plan.hours.get(e.id, {})
@@ -196,6 +206,9 @@ def _head(
         decisions=decisions,
         disk=disk,
         trials=(),
+        user=e.user,
+        tags=lab.tags.get(("experiment", e.id), ()),
+        note=lab.notes.get(("experiment", e.id)),
     )
 
 
@@ -236,10 +249,11 @@ def _iter(
     limit: int | None,
     render: Render[_T],
     stream_hours: bool = False,
+    tags: Sequence[str] = (),
 ) -> Iterator[tuple[Head, Iterator[_T]]]:
     """:func:`iter_status`, each trial built by ``render``; with ``stream_hours`` (and
     every trial listed) each head is a callable, complete once its trials are consumed."""
-    query = select(Experiment).order_by(Experiment.id.desc())
+    query = tagged(select(Experiment).order_by(Experiment.id.desc()), tags)
     # the searcher's state (megabytes in a long search) is never shown
     query = query.options(defer(Experiment.searcher_state, raiseload=True))
     if experiment_id is not None:
@@ -252,6 +266,7 @@ def _iter(
     ids = [e.id for e in exps]
     now = _now()
     plan = _plan(session, exps, limit, now, idle_rule, stream_hours)
+    lab = lab_of(session.connection(), ids)
     pieces = []
     for e, stats, disk in zip(
         exps,
@@ -260,10 +275,11 @@ def _iter(
         strict=True,
     ):
         shape = Shape.of(e.config_json)
-        ctx = Ctx(plan.live, plan.idle, shape, now, plan.hours[e.id] if plan.streamed else None)
+        hours = plan.hours[e.id] if plan.streamed else None
+        ctx = Ctx(plan.live, plan.idle, shape, now, hours, lab)
         keep = None if plan.shown is None else plan.shown[e.id]
         trials = _trials(session, e.id, keep, ctx, render)
-        head = partial(_head, e, plan, shape, stats, disk)
+        head = partial(_head, e, plan, shape, stats, disk, lab)
         pieces.append(_after(trials, head) if plan.streamed else (head(), trials))
     return iter(pieces)
 
@@ -294,6 +310,7 @@ def iter_status(
     idle_below_pct: float = IDLE_BELOW_PCT,
     idle_window_s: float = IDLE_WINDOW_S,
     limit: int | None = None,
+    tags: Sequence[str] = (),
 ) -> Iterator[tuple[ExperimentStatus, Iterator[TrialStatus]]]:
     """:func:`status_data` one piece at a time: per experiment (newest first), its
     status with empty ``trials`` and an iterator of its listed trials, read from the DB
@@ -301,8 +318,10 @@ def iter_status(
     totals are read here, before the first piece: two passes over the attempts, so that
     100,000s of trials are never held at once. Raises
     :class:`~dlhpc.errors.NotFoundError` for an unknown id (here, not when iterated:
-    nothing is written before it)."""
-    return _ready(_iter(session, experiment_id, (idle_below_pct, idle_window_s), limit, trial))
+    nothing is written before it). ``tags``: only the experiments carrying every one of
+    them (an experiment's own tags, not its trials')."""
+    idle = (idle_below_pct, idle_window_s)
+    return _ready(_iter(session, experiment_id, idle, limit, trial, tags=tags))
 
 
 def _ready(
@@ -322,6 +341,7 @@ def iter_status_json(
     idle_below_pct: float = IDLE_BELOW_PCT,
     idle_window_s: float = IDLE_WINDOW_S,
     limit: int | None = None,
+    tags: Sequence[str] = (),
 ) -> Iterator[tuple[Head, Iterator[str]]]:
     """:func:`iter_status` with each trial as its JSON text, ``json.dumps`` of its
     ``to_json()``, written from its rows without the typed objects (``status --json``;
@@ -333,7 +353,7 @@ def iter_status_json(
     attempts added in an index's order there, by attempt id here, as for the trial's
     own ``gpu_hours``: with three or more a float sum may differ in its last bit)."""
     idle = (idle_below_pct, idle_window_s)
-    return _iter(session, experiment_id, idle, limit, trial_json, stream_hours=True)
+    return _iter(session, experiment_id, idle, limit, trial_json, stream_hours=True, tags=tags)
 
 
 def status_data(
@@ -343,15 +363,16 @@ def status_data(
     idle_below_pct: float = IDLE_BELOW_PCT,
     idle_window_s: float = IDLE_WINDOW_S,
     limit: int | None = None,
+    tags: Sequence[str] = (),
 ) -> Status:
     """The experiments, newest first; one experiment when an id is given (raises
     :class:`~dlhpc.errors.NotFoundError` when there is none).
 
     ``limit``: each experiment's ``trials`` holds at most that many (see
     :func:`pick_trials`); its totals, ``trial_counts`` (by state) and
-    ``trials_total`` still cover every trial."""
+    ``trials_total`` still cover every trial. ``tags``: as :func:`iter_status`'s."""
     pieces = iter_status(
         session, experiment_id, idle_below_pct=idle_below_pct, idle_window_s=idle_window_s,
-        limit=limit,
+        limit=limit, tags=tags,
     )  # fmt: skip
     return Status(tuple(replace(head, trials=tuple(trials)) for head, trials in pieces))

@@ -29,6 +29,7 @@ __all__ = [
     "GpuUse",
     "Head",
     "IdleGpu",
+    "LatestNote",
     "Latency",
     "Status",
     "TrialStatus",
@@ -80,6 +81,24 @@ class IdleGpu:
             "idle_minutes": self.idle_minutes,
             "idle_since": iso(self.idle_since),
             "below_pct": self.below_pct,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class LatestNote:
+    """The newest note of an experiment or trial, and how many notes it has."""
+
+    text: str
+    user: str
+    created_at: datetime
+    count: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "user": self.user,
+            "created_at": iso(self.created_at),
+            "count": self.count,
         }
 
 
@@ -137,6 +156,8 @@ class TrialStatus:
     cpu_hours: float
     attempts: tuple[AttemptStatus, ...]
     run_dir: str = ""  # the page's, not in the JSON
+    tags: tuple[str, ...] = ()
+    note: LatestNote | None = None  # the newest note
 
     @property
     def hparams(self) -> dict[str, Any]:
@@ -174,6 +195,8 @@ class TrialStatus:
             "gpu_hours": self.gpu_hours,
             "cpu_hours": self.cpu_hours,
             "attempts": [a.to_json() for a in self.attempts],
+            "tags": list(self.tags),
+            "note": None if self.note is None else self.note.to_json(),
         }
 
 
@@ -257,6 +280,9 @@ class ExperimentStatus:
     decisions: DecisionStats | None
     disk: DiskUse | None
     trials: tuple[TrialStatus, ...]
+    user: str = ""  # who launched it
+    tags: tuple[str, ...] = ()
+    note: LatestNote | None = None  # the newest note
 
     def head_json(self) -> dict[str, Any]:
         """Every key of :meth:`to_json` but ``trials``, in order."""
@@ -281,6 +307,9 @@ class ExperimentStatus:
             "trial_counts": self.trial_counts,
             "decisions": None if self.decisions is None else self.decisions.to_json(),
             "disk": None if self.disk is None else self.disk.to_json(),
+            "user": self.user,
+            "tags": list(self.tags),
+            "note": None if self.note is None else self.note.to_json(),
         }
 
     def to_json(self) -> dict[str, Any]:

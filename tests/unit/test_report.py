@@ -622,6 +622,7 @@ _ALLOWED_TAGS = {
     "span", "i", "dl", "dt", "dd", "div", "svg", "g", "rect", "line", "text", "polyline",
     "path", "circle", "table", "thead", "tbody", "tr", "th", "td", "details", "summary",
     "pre", "script",
+    "label", "select", "option",  # the index's user filter (no form: nothing is sent)
 }  # fmt: skip
 
 
