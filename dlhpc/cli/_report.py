@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from dlhpc.cli._common import open_store, site_option
 from dlhpc.errors import UsageError
-from dlhpc.report.build import INDEX_FILE, page_file, write_all, write_report
+from dlhpc.report.build import INDEX_FILE, MODELS_FILE, page_file, write_all, write_report
 
 __all__ = ["COMMANDS"]
 
@@ -123,11 +123,12 @@ def report(
             publish=publish,
         )
     if not quiet:
-        pages = len(result.written) - 1
+        pages = len(result.written) - 2  # the experiments' pages, not models.html and the index
         total = sum(n for _, n in result.written)
         kept = f", {len(result.kept)} unchanged page(s) kept" if result.kept else ""
         click.echo(
-            f"wrote {pages} page(s) and {out_dir / INDEX_FILE} ({_size(total)} in all){kept}"
+            f"wrote {pages} page(s), {out_dir / MODELS_FILE} and {out_dir / INDEX_FILE}"
+            f" ({_size(total)} in all){kept}"
         )
         if publish:
             click.echo(f"published: {out_dir} and its pages are readable by others")

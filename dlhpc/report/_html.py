@@ -311,10 +311,13 @@ def _index_row(e: IndexEntry) -> str:
     )
 
 
-def render_index(entries: Sequence[IndexEntry], generated: float, shared: str = "") -> str:
+def render_index(
+    entries: Sequence[IndexEntry], generated: float, shared: str = "", models: str = ""
+) -> str:
     """The index page: one row per experiment, newest first, linking to its page, with
     who launched it and its tags, and a per-user filter. ``shared``: a line saying whose
-    experiments these are (a lab's shared state folder)."""
+    experiments these are (a lab's shared state folder); ``models``: the models index's
+    file name, linked from the header (none: no link)."""
     head = ["id", "name", "user", "state", "searcher", "metric", "best", "trials"]
     head += ["launched", "elapsed", "tags"]
     rows = "".join(_index_row(e) for e in sorted(entries, key=lambda e: -e.id))
@@ -323,7 +326,9 @@ def render_index(entries: Sequence[IndexEntry], generated: float, shared: str = 
     who = ", ".join(f"{u or '(unknown)'}: {n}" for u, n in sorted(runs.items()))
     body = [
         f'<h1>dlhpc experiments</h1><p class="mute">generated {when(generated)} by dlhpc'
-        f" {esc(__version__)}</p>",
+        f" {esc(__version__)}"
+        + (f'; <a href="{esc(models)}">registered models</a>' if models else "")
+        + "</p>",
         f'<p class="lab">{esc(shared)} Experiments by user: {esc(who or "none")}.</p>',
         user_filter(sorted(runs)),
         f'<table class="sortable" id="experiments"><thead><tr>{ths}</tr></thead>'

@@ -169,14 +169,19 @@ def _lab(session: Session, exp_id: int) -> tuple[list[NoteView], list[ModelView]
             n.user,
             _epoch(n.created_at) or 0.0,
         )
-        for n in session.scalars(
-            select(Note).where(Note.experiment_id == exp_id).order_by(Note.id)
-        )
+        for n in session.scalars(select(Note).where(Note.experiment_id == exp_id).order_by(Note.id))
     ]
     models = [
         ModelView(
-            m.name, m.version, m.trial_id, m.checkpoint_id, m.step, m.metric,
-            redact_text(m.note), m.user, _epoch(m.created_at) or 0.0,
+            m.name,
+            m.version,
+            m.trial_id,
+            m.checkpoint_id,
+            m.step,
+            m.metric,
+            redact_text(m.note),
+            m.user,
+            _epoch(m.created_at) or 0.0,
         )  # fmt: skip
         for m in session.scalars(
             select(ModelVersion)

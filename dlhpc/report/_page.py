@@ -104,9 +104,7 @@ def _sha(text: str) -> str:
 LAB_META = "dlhpc-lab"  # an experiment page's meta: the digest of its tags, notes, models
 
 
-def document(
-    title: str, body: Iterable[str], css: str = "", lab_stamp: str | None = None
-) -> str:
+def document(title: str, body: Iterable[str], css: str = "", lab_stamp: str | None = None) -> str:
     """The page: ``body`` in the shell; ``css``: a page's own rules after the shared ones
     (pinned by the CSP with them, as one style block); ``lab_stamp`` (an experiment
     page's) goes into a meta tag near the top, where ``report.build`` reads it back."""

@@ -26,47 +26,16 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from dlhpc._perms import make_dirs
-from dlhpc.errors import DlhpcError
-from dlhpc.protocol import atomic_write_bytes
+from dlhpc.report._files import INDEX_FILE, MODELS_FILE, ensure_folder, page_file, publish_file
 from dlhpc.report._html import IndexEntry, render_index, render_page
 from dlhpc.report._load import load_page
 from dlhpc.report._page import LAB_META
 from dlhpc.report._status_lab import lab_stamps
+from dlhpc.report.models import write_models_index
 from dlhpc.report.publish import check_publishable, make_public, publishing
 from dlhpc.store import Experiment, Store, Tag, Trial
 
-__all__ = ["INDEX_FILE", "AllResult", "page_file", "write_all", "write_report"]
-
-INDEX_FILE = "index.html"
-
-
-def page_file(experiment_id: int) -> str:
-    """The file name of an experiment's page in an ``--all`` folder."""
-    return f"exp-{experiment_id:06d}.html"
-
-
-def _publish(path: Path, data: bytes) -> None:
-    """Atomically, with the mode the umask (the site's policy) gives; an existing
-    target that is not a regular file (``-o /dev/null``, a FIFO, ``/dev/stdout``) is
-    written into instead: a rename would replace the device itself (as root,
-    ``/dev/null`` for the whole machine)."""
-    try:
-        if path.exists() and not path.is_file():
-            with open(path, "wb") as f:
-                f.write(data)
-            return
-        atomic_write_bytes(path, data)
-    except OSError as err:
-        raise DlhpcError(f"cannot write {path}: {err.strerror or err}") from err
-
-
-def _folder(path: Path, store: Store) -> None:
-    """Create the output folder under the site's policy (group mode: shared, setgid)."""
-    try:
-        make_dirs(path.absolute(), store.permissions)
-    except OSError as err:
-        raise DlhpcError(f"cannot create {path}: {err.strerror or err}") from err
+__all__ = ["INDEX_FILE", "MODELS_FILE", "AllResult", "page_file", "write_all", "write_report"]
 
 
 def _utc(now: datetime | None) -> datetime:
@@ -77,14 +46,15 @@ def write_report(store: Store, experiment_id: int, out: Path, now: datetime | No
     """Write one experiment's page at ``out`` atomically; returns its size in bytes.
     Raises :class:`~dlhpc.errors.NotFoundError` for an unknown id."""
     data = render_page(load_page(store, experiment_id, _utc(now))).encode("utf-8")
-    _folder(out.parent, store)
-    _publish(out, data)
+    ensure_folder(out.parent, store)
+    publish_file(out, data)
     return len(data)
 
 
 @dataclass
 class AllResult:
-    written: list[tuple[Path, int]] = field(default_factory=list)  # (path, bytes), index last
+    # (path, bytes): the experiments' pages, then models.html, then the index
+    written: list[tuple[Path, int]] = field(default_factory=list)
     kept: list[Path] = field(default_factory=list)  # pages of ended experiments left as they are
 
 
@@ -177,7 +147,7 @@ def _write_all(
     progress: Callable[[int, int], None] | None,
     force: bool,
 ) -> AllResult:
-    _folder(out_dir, store)
+    ensure_folder(out_dir, store)
     entries = _entries(store, now)
     result = AllResult()
     for i, (entry, ended, lab) in enumerate(entries):
@@ -186,13 +156,16 @@ def _write_all(
             result.kept.append(path)
         else:
             data = render_page(load_page(store, entry.id, now)).encode("utf-8")
-            _publish(path, data)
+            publish_file(path, data)
             result.written.append((path, len(data)))
         if progress is not None:
             progress(i + 1, len(entries))
+    models = write_models_index(store, out_dir, now)  # small: rewritten on every run
+    result.written.append((models, models.stat().st_size))
     stamp = now.replace(tzinfo=timezone.utc).timestamp()
-    index = render_index([e for e, _, _ in entries], stamp, _shared(store)).encode("utf-8")
-    _publish(out_dir / INDEX_FILE, index)
+    entries_only = [e for e, _, _ in entries]
+    index = render_index(entries_only, stamp, _shared(store), MODELS_FILE).encode("utf-8")
+    publish_file(out_dir / INDEX_FILE, index)
     result.written.append((out_dir / INDEX_FILE, len(index)))
     return result
 

@@ -45,10 +45,10 @@ from dlhpc.errors import NotFoundError, UsageError
 from dlhpc.report._compare_html import render_compare
 from dlhpc.report._compare_model import CompareModel, Row, Side
 from dlhpc.report._compare_rows import hparam_rows, record_rows, summary_rows
+from dlhpc.report._files import ensure_folder, publish_file
 from dlhpc.report._load import load_page
 from dlhpc.report._model import Page, hparam_views
 from dlhpc.report._redact import redact_text, redact_value
-from dlhpc.report.build import _folder, _publish
 from dlhpc.repro import trial_record
 from dlhpc.store import Attempt, Experiment, Store, Trial
 
@@ -240,6 +240,6 @@ def load_compare(
 def write_compare(store: Store, model: CompareModel, out: Path) -> int:
     """Render ``model`` and publish it at ``out`` atomically; returns its size in bytes."""
     data = render_compare(model).encode("utf-8")
-    _folder(out.parent, store)
-    _publish(out, data)
+    ensure_folder(out.parent, store)
+    publish_file(out, data)
     return len(data)

@@ -2,7 +2,7 @@
 
 :func:`write_models_index` reads every model version (read-only, like every
 report) and publishes the page atomically next to the experiment pages it links
-to (:func:`dlhpc.report.build.page_file`) and the ``index.html`` it links back to.
+to (:func:`dlhpc.report._files.page_file`) and the ``index.html`` it links back to.
 """
 
 from __future__ import annotations
@@ -10,14 +10,12 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from pathlib import Path
 
+from dlhpc.report._files import INDEX_FILE, MODELS_FILE, ensure_folder, page_file, publish_file
 from dlhpc.report._models_html import render_models
-from dlhpc.report.build import INDEX_FILE, _folder, _publish, page_file
 from dlhpc.store import Store
 from dlhpc.store.model_registry import names, version_rows
 
 __all__ = ["MODELS_FILE", "write_models_index"]
-
-MODELS_FILE = "models.html"
 
 
 def write_models_index(store: Store, out_dir: Path, now: datetime | None = None) -> Path:
@@ -30,7 +28,7 @@ def write_models_index(store: Store, out_dir: Path, now: datetime | None = None)
     now = now or datetime.now(timezone.utc)
     stamp = (now if now.tzinfo else now.replace(tzinfo=timezone.utc)).timestamp()  # naive: UTC
     html = render_models(models, stamp, page_file, INDEX_FILE)
-    _folder(out_dir, store)
+    ensure_folder(out_dir, store)
     path = out_dir / MODELS_FILE
-    _publish(path, html.encode("utf-8"))
+    publish_file(path, html.encode("utf-8"))
     return path

@@ -726,7 +726,8 @@ def test_hostile_names_and_values_are_shown_as_text(store: Store, tmp_path: Path
     result = write_all(store, out, now=T0 + timedelta(hours=3))
     index = (out / "index.html").read_text()
     _assert_safe(index, (h3,))
-    assert f'href="{page_file(exp_id)}"' in index and len(result.written) == 2
+    assert f'href="{page_file(exp_id)}"' in index and len(result.written) == 3
+    assert 'href="models.html"' in index  # the models index, written beside it
 
 
 # -- files and the command ----------------------------------------------------------------
@@ -786,7 +787,7 @@ def test_report_command(home: Path, tmp_path: Path) -> None:
     out = tmp_path / "site"
     r = run(cli, ["report", "--all", "--out-dir", str(out)], env=env)
     assert r.exit_code == 0, r.output
-    assert sorted(p.name for p in out.iterdir()) == ["exp-000001.html", "index.html"]
+    assert sorted(p.name for p in out.iterdir()) == ["exp-000001.html", "index.html", "models.html"]
     # the experiment had ended before its page was written: a rebuild keeps that page
     r = run(cli, ["report", "--all", "--out-dir", str(out), "-q"], env=env)
     assert r.exit_code == 0 and r.output == ""
@@ -888,17 +889,17 @@ def test_a_page_to_a_fifo_or_device_is_written_into_not_renamed_over(tmp_path: P
     import stat
     import threading
 
-    from dlhpc.report.build import _publish
+    from dlhpc.report._files import publish_file
 
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     got: list[bytes] = []
     reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
     reader.start()
-    _publish(fifo, b"<html>page</html>")
+    publish_file(fifo, b"<html>page</html>")
     reader.join(timeout=10)
     assert got == [b"<html>page</html>"]
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)  # still the FIFO, not a file renamed over it
     assert [p.name for p in tmp_path.iterdir()] == ["pipe"]  # no temp file left behind
-    _publish(Path(os.devnull), b"x")
+    publish_file(Path(os.devnull), b"x")
     assert stat.S_ISCHR(os.lstat(os.devnull).st_mode)
