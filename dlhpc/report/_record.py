@@ -25,7 +25,8 @@ __all__ = ["attempt_environments", "parse_record", "repro_record"]
 
 
 def parse_record(text: str | None) -> dict[str, Any]:
-    """``repro_json`` as a dict; ``{}`` when it is empty or not a JSON object."""
+    """A JSON column (``repro_json``, ``config_json``, ``env_json``...) as a dict; ``{}``
+    when it is empty or not a JSON object."""
     try:
         value = json.loads(text or "{}")
     except ValueError:

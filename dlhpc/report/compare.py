@@ -48,6 +48,7 @@ from dlhpc.report._compare_rows import hparam_rows, record_rows, summary_rows
 from dlhpc.report._files import ensure_folder, publish_file
 from dlhpc.report._load import load_page
 from dlhpc.report._model import Page, hparam_views
+from dlhpc.report._record import parse_record
 from dlhpc.report._redact import redact_text, redact_value
 from dlhpc.repro import trial_record
 from dlhpc.store import Attempt, Experiment, Store, Trial
@@ -152,7 +153,7 @@ def _record(store: Store, side: Side) -> dict[str, Any]:
         exp = s.get(Experiment, side.experiment_id)
         trial = s.get(Trial, side.record_trial) if side.record_trial is not None else None
         assert exp is not None  # its page was loaded
-        launch, config = _json_object(exp.repro_json), _json_object(exp.config_json)
+        launch, config = parse_record(exp.repro_json), parse_record(exp.config_json)
         if trial is None:
             record: dict[str, Any] = {"experiment": launch, "config": config}
         else:
@@ -162,21 +163,13 @@ def _record(store: Store, side: Side) -> dict[str, Any]:
                 .where(Attempt.trial_id == trial.id)
                 .order_by(Attempt.id.desc())
             ):
-                env = _json_object(text)
+                env = parse_record(text)
                 if env:
                     break
-            hparams = _json_object(trial.hparams_json)
+            hparams = parse_record(trial.hparams_json)
             record = trial_record(launch, config, hparams, trial.seed, trial.max_length, env)
     redacted = redact_value(record)
     return redacted if isinstance(redacted, dict) else {}
-
-
-def _json_object(text: str | None) -> dict[str, Any]:
-    try:
-        value = json.loads(text or "{}")
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _merged_space(sides: Sequence[Side]) -> dict[str, Any]:
