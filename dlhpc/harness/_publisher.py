@@ -48,10 +48,9 @@ class BackgroundPublisher:
         self.writer = writer
         self._pid = os.getpid()
         self._lock = threading.Lock()  # the buffer, the held records and the error
-        # the same list for the publisher's life (submit() empties it in place), so
-        # :meth:`add_metric` appends through a bound method made once
+        # the same list for the publisher's life (submit() empties it in place): the
+        # hot path appends to it directly (:attr:`rows`)
         self._buffer: list[_Record] = []
-        self._append = self._buffer.append
         self._held: list[_Record] = []  # a failed batch and those after it
         self._foreign: list[_Record] = []  # add_from_thread's records
         self._error: Exception | None = None
@@ -60,7 +59,7 @@ class BackgroundPublisher:
 
     def add(self, record_type: str, **fields: Any) -> None:
         """Buffer one record (``type`` and ``time`` first, as EventWriter.add); from
-        the thread that calls :meth:`submit`, as do :meth:`add_metric`'s."""
+        the thread that calls :meth:`submit`, as are :attr:`rows`' appends."""
         self._buffer.append({"type": record_type, "time": time.time(), **fields})
 
     def add_from_thread(self, record_type: str, **fields: Any) -> None:
@@ -75,12 +74,6 @@ class BackgroundPublisher:
         (``ctx.report``) appends :data:`MetricRow` tuples to it directly, from the
         thread that calls :meth:`submit`, saving a method call per record."""
         return self._buffer
-
-    def add_metric(self, step: int, metrics: dict[str, float]) -> int:
-        """:meth:`add` of a ``metric`` record (``metrics`` is kept, not copied), the
-        hot path of ``ctx.report``; returns how many records are buffered."""
-        self._append((step, time.time_ns(), metrics))
-        return len(self._buffer)
 
     def pending(self) -> int:
         return len(self._buffer)

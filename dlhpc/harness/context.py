@@ -242,7 +242,7 @@ class TrialContext:
                 print(f"[dlhpc] step {step}: {shown}", flush=True)
             return
         rows = self._rows
-        rows.append((step, _time_ns(), clean))  # BackgroundPublisher.add_metric, inlined
+        rows.append((step, _time_ns(), clean))  # a MetricRow, into the publisher's buffer
         if len(rows) >= self.flush_every or _monotonic() >= self._flush_due:
             writer.submit()  # published by the background thread
             self._flush_due = _monotonic() + self.flush_interval_s
