@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from sqlalchemy import func, select
+from sqlalchemy import func, inspect, select
 from sqlalchemy.orm import Session, selectinload
 
 from dlhpc._safepath import is_inside
@@ -137,6 +137,7 @@ class SearchPass:
         by_rid = {t.request_id: t for t in live}
         named = [op.request_id for op in ops if isinstance(op, Continue | Stop)]
         by_rid.update(self._trials([rid for rid in named if rid not in by_rid]))
+        self._load_attempts([by_rid[rid] for rid in named])
         result_time = self._newest_result() if ops else None
         creates = [op for op in ops if isinstance(op, Create)]
         for op in ops:
@@ -156,6 +157,15 @@ class SearchPass:
             .options(selectinload(Trial.attempts))
         ).all()
         return {t.request_id: t for t in rows}
+
+    def _load_attempts(self, trials: list[Trial]) -> None:
+        """The attempts of those ``trials`` whose attempts are not loaded (the tick skips
+        loading them for settled PAUSED trials), in one query, not one per trial."""
+        ids = [t.id for t in trials if "attempts" in inspect(t).unloaded]
+        if ids:
+            self.s.scalars(
+                select(Trial).where(Trial.id.in_(ids)).options(selectinload(Trial.attempts))
+            ).all()
 
     def _record(self, t: Trial, kind: str, length: int, result_time: datetime | None) -> Decision:
         d = Decision(

@@ -35,7 +35,7 @@ from dlhpc.orchestrator.common import (
     submit_pending,
 )
 from dlhpc.orchestrator.decide import SearchPass, pending_promotions, write_stop_files
-from dlhpc.orchestrator.trials import TrialPass, reconcile_trial
+from dlhpc.orchestrator.trials import TrialPass, reconcile_trial, settled_paused
 from dlhpc.protocol import EVENT_FILE_RE, iter_attempt_dirs, split_attempt_key
 from dlhpc.scheduler import JobStatus
 from dlhpc.states import (
@@ -306,14 +306,9 @@ def _reconcile_experiment(
             return
         cfg = config_of(exp)
         searcher = searcher_of(cfg, exp.searcher_state)
-        was_live = list(
-            s.scalars(
-                select(Trial)
-                .where(Trial.experiment_id == exp_id, Trial.state.not_in(TERMINAL_TRIAL_STATES))
-                .order_by(Trial.id)
-                .options(selectinload(Trial.attempts))
-            )
-        )
+        was_live = _live_trials(s, exp_id)
+        settled = settled_paused(s, was_live, cfg.searcher.max_length)
+        _load_attempts(s, [t.id for t in was_live if t.id not in settled])
         tp = TrialPass(
             statuses,
             clock,
@@ -323,7 +318,8 @@ def _reconcile_experiment(
             runs=runs,
         )
         for t in was_live:
-            reconcile_trial(s, t, tp)
+            if t.id not in settled:  # a settled PAUSED trial: reconciling it changes nothing
+                reconcile_trial(s, t, tp)
         search = SearchPass(s, exp, cfg, searcher, now, store.runs_root)
         search.tell(was_live)
         search.decide(was_live)
@@ -355,6 +351,26 @@ def _reconcile_experiment(
     if cancels:
         # trials resubmitted (stop the zombies), stopped early, or stuck
         pool.get(backend).cancel(cancels)
+
+
+def _live_trials(s: Session, exp_id: int) -> list[Trial]:
+    """The experiment's trials not terminal yet, by id, without their attempts."""
+    return list(
+        s.scalars(
+            select(Trial)
+            .where(Trial.experiment_id == exp_id, Trial.state.not_in(TERMINAL_TRIAL_STATES))
+            .order_by(Trial.id)
+        )
+    )
+
+
+def _load_attempts(s: Session, trial_ids: list[int]) -> None:
+    """Load these trials' attempts into the session (one ``selectinload`` query: the
+    trials are in the identity map already). The others' load lazily if touched."""
+    if trial_ids:
+        s.scalars(
+            select(Trial).where(Trial.id.in_(trial_ids)).options(selectinload(Trial.attempts))
+        ).all()
 
 
 def _finish(s: Session, exp: Experiment, state: ExperimentState, why: str, now: datetime) -> None:

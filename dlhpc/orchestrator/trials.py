@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dlhpc.orchestrator.clock import Clock
@@ -25,7 +26,7 @@ from dlhpc.scheduler import JobState, JobStatus
 from dlhpc.states import LIVE_ATTEMPT_STATES, SUPERSEDED, TrialState
 from dlhpc.store import Attempt, Decision, Trial
 
-__all__ = ["TrialPass", "reconcile_trial"]
+__all__ = ["TrialPass", "reconcile_trial", "settled_paused"]
 
 
 @dataclass
@@ -234,3 +235,46 @@ def reconcile_trial(s: Session, t: Trial, p: TrialPass) -> None:
                 t.experiment_id,
                 t.id,
             )
+
+
+def settled_paused(s: Session, trials: list[Trial], final_length: int) -> set[int]:
+    """Ids of the PAUSED ``trials`` on which :func:`reconcile_trial` is a no-op, read
+    from the DB alone (one query over their attempts' columns, no ORM objects), so a
+    pass may skip them and need not load their attempts.
+
+    Such a trial waits for the searcher and nothing about it can change this pass: no
+    stop requested, no job wanted, trained to its grant (below the final length), no
+    live attempt (nothing to poll), its last attempt exited 0 with cause ``paused``,
+    every earlier one has its cause, and ``restarts`` matches them. Any other PAUSED
+    trial is reconciled as before. The rule keeps nothing between passes: a pass
+    killed at any line recomputes it from the DB."""
+    maybe = {
+        t.id: t
+        for t in trials
+        if t.state == TrialState.PAUSED.value
+        and t.stop_requested_at is None
+        and not t.needs_job
+        and t.max_length < final_length
+        and t.steps_completed >= t.max_length
+    }
+    if not maybe:
+        return set()
+    rows: dict[int, list[tuple[str, str | None, int | None]]] = {}
+    for trial_id, state, cause, exit_code in s.execute(
+        select(Attempt.trial_id, Attempt.state, Attempt.cause, Attempt.exit_code)
+        .where(Attempt.trial_id.in_(list(maybe)))
+        .order_by(Attempt.trial_id, Attempt.id)
+    ):
+        rows.setdefault(trial_id, []).append((state, cause, exit_code))
+    out = set()
+    for trial_id, attempts in rows.items():
+        *earlier, (_, last_cause, last_exit) = attempts
+        if (
+            last_exit == 0
+            and last_cause == "paused"
+            and all(st not in LIVE_ATTEMPT_STATES for st, _, _ in attempts)
+            and all(cause for _, cause, _ in earlier)
+            and maybe[trial_id].restarts == sum(cause != "paused" for _, cause, _ in earlier)
+        ):
+            out.add(trial_id)
+    return out

@@ -66,6 +66,7 @@ class Task:
     stop_at: float = float("inf")
     tearing_down: bool = False  # its grant is trained; it exits at next_epoch_end
     curve: Curve | None = None
+    ckpt_dir: str = ""  # the trial's checkpoint folder (trial.json), where its records point
     writer: EventWriter | None = None
     last_beat: float = 0.0
     version: int = 0

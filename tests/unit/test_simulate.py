@@ -29,7 +29,7 @@ from dlhpc.simulate import (
     load_recorded,
     simulate_once,
 )
-from dlhpc.store import Attempt, Decision, Experiment, Metric, Store, Trial
+from dlhpc.store import Attempt, Checkpoint, Decision, Experiment, Metric, Store, Trial
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = REPO / "templates" / "examples" / "digits"
@@ -337,3 +337,31 @@ def test_cli_skips_grid_without_counts_and_reads_recorded_curves(
 def test_cli_bad_input_exits_2(args: list[str], home: Path) -> None:
     res = CliRunner().invoke(cli, ["simulate", str(DIGITS / "grid.yaml"), "--site", "local", *args])
     assert res.exit_code == 2, res.output
+
+
+def test_simulated_checkpoints_point_under_the_root_and_the_gc_keeps_the_policys_few(
+    tmp_path: Path,
+) -> None:
+    """Each simulated epoch's checkpoint record names ``<checkpoint_dir>/ckpt-<step>``
+    (never made), so the tick's GC marks the ones its policy drops as deleted, as in a
+    real run, instead of refusing them forever (the cost of every later GC pass)."""
+    cfg = _load(_yaml(tmp_path, ASHA))
+    result = _run(cfg, home=tmp_path / "run", epoch_s=60.0)
+    assert result.state == "COMPLETED"
+    store = Store(tmp_path / "run" / "home")
+    try:
+        with store.read() as s:
+            rows = s.execute(select(Checkpoint.trial_id, Checkpoint.path, Checkpoint.state)).all()
+            trial_dirs = {
+                t.id: TrialSpec.read(Path(t.run_dir) / "trial.json").checkpoint_dir
+                for t in s.scalars(select(Trial))
+            }
+    finally:
+        store.close()
+    assert len(rows) == result.epochs
+    assert all(Path(p).parent == Path(trial_dirs[tid]) for tid, p, _ in rows)
+    active: dict[int, int] = {}
+    for tid, _, state in rows:
+        active[tid] = active.get(tid, 0) + (state == "ACTIVE")
+    # keep_best 1 and keep_latest 1: at most two per trial stay, the rest are marked deleted
+    assert max(active.values()) <= 2 and sum(active.values()) < len(rows)
