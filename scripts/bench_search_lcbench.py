@@ -120,15 +120,19 @@ def run_task(
     args: argparse.Namespace,
     skipped: dict[str, str],
     save: Callable[[dict[str, Any]], None],
+    done: set[tuple[str, str, int, int]],
 ) -> None:
     """Every method, W and seed on ``task``, each run given to ``save`` as it ends; a
-    method that cannot run is added to ``skipped`` (with the reason) and not tried again."""
+    method that cannot run is added to ``skipped`` (with the reason) and not tried again;
+    a run in ``done`` (method, task, seed, W: from the JSON resumed) is not run again."""
     print(f"task {task}: best {ref.best:.3f}, target {ref.target:.3f}, share {ref.share:.4f}")
     for label, section in methods:
         for w in workers:
             for seed in range(args.seeds):
                 if label in skipped:
                     break
+                if (label, task, seed, w) in done:
+                    continue
                 t0, c0 = time.monotonic(), time.process_time()
                 try:
                     trace, facts = one_run(label, section, surrogate, task, seed, w, args)
@@ -171,6 +175,9 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         "tasks_done": [],  # tasks with every method, W and seed; the others are partial
         "complete": False,
     }
+    if args.resume:
+        result = resumed(result, args.json)
+    done = {(r["method"], r["task"], r["seed"], r["workers"]) for r in result["runs"]}
 
     def save(run: dict[str, Any] | None) -> None:
         if run is not None:
@@ -180,13 +187,49 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
             args.json.write_text(json.dumps(result, indent=1))
 
     for task in tasks:
+        if task in result["tasks_done"]:
+            continue
         run_task(
-            task, refs[task], methods, workers, surrogate, marks, args, result["skipped"], save
+            task,
+            refs[task],
+            methods,
+            workers,
+            surrogate,
+            marks,
+            args,
+            result["skipped"],
+            save,
+            done,
         )
         result["tasks_done"].append(task)
         save(None)
     result["complete"] = True
     return result
+
+
+_NOT_COMPARED = {"json", "svg_dir", "stem", "scratch", "report", "partial_tasks", "resume"}
+
+
+def resumed(fresh: dict[str, Any], path: Path | None) -> dict[str, Any]:
+    """The results in ``path`` (an earlier run of the same settings, stopped), to go on
+    from: its runs are kept and not run again. Exits if the settings differ."""
+    if path is None or not path.is_file():
+        sys.exit("--resume needs --json naming the file of the run to go on with")
+    old = json.loads(path.read_text())
+    differ = sorted(
+        k
+        for k in set(old["args"]) | set(fresh["args"])
+        if k not in _NOT_COMPARED and old["args"].get(k) != fresh["args"].get(k)
+    )
+    if differ or old["references"] != fresh["references"]:
+        sys.exit(f"--resume: {path} was run with other settings: {differ or 'references'}")
+    print(f"resumed {path}: {len(old['runs'])} runs, tasks done {old['tasks_done']}")
+    return {
+        **fresh,
+        "runs": old["runs"],
+        "skipped": old["skipped"],
+        "tasks_done": old["tasks_done"],
+    }
 
 
 def done_tasks_only(result: dict[str, Any]) -> dict[str, Any]:
@@ -226,6 +269,11 @@ def main(argv: list[str] | None = None) -> int:
         " else the system's temporary folder)",
     )
     p.add_argument("--shard", default="0/1", help="K/N: run every N-th task from the K-th")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on with the stopped run in --json (same settings): its runs are kept",
+    )
     p.add_argument("--report", default=None, help="only the tables of these JSON files (shards)")
     p.add_argument(
         "--partial-tasks",

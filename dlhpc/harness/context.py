@@ -142,8 +142,11 @@ class TrialContext:
         self._last_progress = 0.0
         self._step = 0
         self._checkpoint_step: int | None = None
-        # (step, value) of the newest report of the searcher metric since the last checkpoint
-        self._evaluated: tuple[int, float | None] | None = None
+        # the searcher metric's name (None: no trial), looked up by report() every step
+        self._metric = spec.metric if spec is not None else None
+        # (step, metrics) of the newest report holding it since the last checkpoint: kept
+        # as reported, its value taken out at the checkpoint (every step, the hot path)
+        self._evaluated: tuple[int, dict[str, float]] | None = None
         self._trial_dir = trial_dir
         self._last_stop_check = time.monotonic()
         self._watch = StopWatch()
@@ -231,13 +234,11 @@ class TrialContext:
             if type(value) is not float or type(name) is not str:  # convert (the rare path)
                 clean = {str(k): float(v) for k, v in metrics.items()}
                 break
-        spec = self.spec
-        if spec is not None and spec.metric in clean:
-            value = clean[spec.metric]
-            self._evaluated = (step, value if math.isfinite(value) else None)
+        if self._metric in clean:  # read at the next checkpoint (see there)
+            self._evaluated = step, clean
         writer = self._writer
         if writer is None:
-            if spec is None:
+            if self.spec is None:
                 shown = {k: v if math.isfinite(v) else str(v) for k, v in clean.items()}
                 print(f"[dlhpc] step {step}: {shown}", flush=True)
             return
@@ -359,12 +360,13 @@ class TrialContext:
         self._checkpoint_step = state.step
         evaluated, self._evaluated = self._evaluated, None
         if ckpt is not None and self._writer is not None:
+            value = evaluated[1][self._metric] if evaluated and self._metric else None
             self._writer.add(
                 "checkpoint",
                 step=ckpt.step,
                 path=str(ckpt.path),
                 size=ckpt.size_bytes,
-                metric=evaluated[1] if evaluated else None,
+                metric=value if value is not None and math.isfinite(value) else None,
                 metric_step=evaluated[0] if evaluated else None,
             )
         self.flush()

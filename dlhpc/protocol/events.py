@@ -51,8 +51,9 @@ import stat
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import groupby, islice
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from dlhpc.protocol.atomic import atomic_write_text
 from dlhpc.protocol.layout import attempts_dir
@@ -89,20 +90,16 @@ def encode_records(records: Iterable[dict[str, Any] | MetricRow]) -> Iterator[st
     line (:func:`encode_record`); each run of consecutive rows (:data:`MetricRow`) is
     one ``metrics`` line per run of the same metric names (:mod:`.metric_lines`).
     :func:`read_event_batches` gives back the same records either way."""
-    rows: list[MetricRow] = []
-    for record in records:
-        if isinstance(record, dict):
-            if rows:
-                yield from map(encode_record, encode_rows(rows))
-                rows = []
-            yield encode_record(record)
-        else:
-            rows.append(record)
-            if len(rows) == MAX_ROWS_PER_LINE:  # a line's worth: yielded before reading on,
-                yield from map(encode_record, encode_rows(rows))  # so that a caller may let
-                rows = []  # go of the GIL between lines, however many rows follow
-    if rows:
-        yield from map(encode_record, encode_rows(rows))
+    # runs of one kind found by groupby and rows taken a line's worth at a time by
+    # islice: C loops, not a bytecode step per row; a line is still yielded before the
+    # rows after it are read, so that a caller may let go of the GIL between lines
+    for kind, group in groupby(records, key=type):
+        if issubclass(kind, dict):
+            yield from map(encode_record, cast(Iterator[dict[str, Any]], group))
+            continue
+        rows = cast(Iterator[MetricRow], group)
+        while chunk := list(islice(rows, MAX_ROWS_PER_LINE)):
+            yield from encode_rows(chunk, encode_record)
 
 
 class EventWriter:

@@ -201,6 +201,16 @@ def test_driver_smoke_random_and_asha(tmp_path: Path) -> None:
     partial = {**result, "tasks_done": []}
     assert bench.done_tasks_only(partial)["runs"] == []
     assert bench.done_tasks_only(result)["runs"] == result["runs"]
+    # --resume goes on with a stopped run: the runs it has are kept, the others run
+    out.write_text(json.dumps({**result, "runs": result["runs"][:1], "tasks_done": []}))
+    assert bench.main([*args, "--scratch", str(scratch), "--resume"]) == 0
+    again = json.loads(out.read_text())
+    assert again["runs"][0] == result["runs"][0]  # kept as it was, not run again
+    assert [r["method"] for r in again["runs"]] == ["random", "asha"]
+    assert again["runs"][1]["to_target"] == asha["to_target"]
+    assert again["tasks_done"] == ["167184"]
+    with pytest.raises(SystemExit, match="other settings: \\['budget'\\]"):
+        bench.main([*args[:7], "301", *args[8:], "--resume"])
 
 
 def test_driver_refuses_a_scratch_that_is_not_a_folder(

@@ -145,7 +145,7 @@ def test_report_checks_the_step_on_its_fast_path(tmp_path: Path) -> None:
     ctx.flush()
     records = _records(tmp_path / "attempt")
     assert [(r["step"], r["metrics"]) for r in records] == [(4, {"m": 2.0}), (0, {"x": 1.5})]
-    assert ctx._evaluated == (4, 2.0)  # the searcher metric "m", at step 4
+    assert ctx._evaluated == (4, {"m": 2.0})  # the searcher metric "m", at step 4
 
 
 class _Float(float):
@@ -168,7 +168,7 @@ def test_report_copies_and_converts_the_metrics_on_its_fast_path(tmp_path: Path)
         (1, {"m": 0.5, "loss": 2.0}),
         (2, {"m": 3.0, "7": 1.25, "t": 1.0}),
     ]
-    assert ctx._evaluated == (2, 3.0)
+    assert ctx._evaluated is not None and ctx._evaluated[0] == 2 and ctx._evaluated[1]["m"] == 3.0
 
 
 def test_a_result_waits_at_most_flush_interval_s(tmp_path: Path) -> None:
@@ -193,3 +193,21 @@ def test_the_publishing_thread_starts_with_the_context_not_in_a_report_call(
     ctx.report(1, {"m": 1.0})
     ctx.close()
     assert [r["step"] for r in _records(tmp_path / "attempt")] == [1]
+
+
+def test_a_checkpoint_carries_the_newest_finite_searcher_metric_since_the_last_one(
+    tmp_path: Path,
+) -> None:
+    """report() keeps the newest report holding the searcher metric; the checkpoint
+    takes its value out (None when not finite) and starts afresh."""
+    spec = TrialSpec(1, 1, {}, 9, 0, str(tmp_path), str(tmp_path), "e.sh", str(tmp_path), "m", True)
+    attempt = tmp_path / "attempt"
+    ctx = TrialContext(spec, attempt, {}, poll_grace_s=None)
+    ctx.report(1, {"m": 1.5})
+    ctx.report(2, {"other": 9.0})  # no searcher metric: the step-1 value stays
+    ctx.checkpoint(_State(2, tmp_path))
+    ctx.report(3, {"m": float("nan"), "other": 1.0})
+    ctx.checkpoint(_State(3, tmp_path))
+    ctx.checkpoint(_State(4, tmp_path))  # nothing reported since the last one
+    got = [(r["metric"], r["metric_step"]) for r in _records(attempt) if r["type"] == "checkpoint"]
+    assert got == [(1.5, 1), (None, 3), (None, None)]

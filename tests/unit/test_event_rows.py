@@ -171,3 +171,33 @@ def test_rows_are_encoded_a_line_at_a_time() -> None:
 
     first = json.loads(next(encode_records(rows())))
     assert first["type"] == "metrics" and first["n"] == MAX_ROWS_PER_LINE
+
+
+def test_a_metrics_line_is_the_text_json_dumps_gives_its_record() -> None:
+    """The ``metrics`` line is written out by hand (issue 16: cheaper than the JSON
+    encoder): it must be the very text of ``json.dumps(record, sort_keys=True)``,
+    hostile metric names and non-finite values included, so that nothing reading the
+    files can tell the two ways apart."""
+    rows: list[dict[str, Any] | MetricRow] = [
+        (s, _T0 + s, {**_HOSTILE, "z": s / 7, "\u2603": -0.0}) for s in range(5)
+    ]
+    lines = list(encode_records(rows))
+    assert len(lines) == 1 and lines[0].endswith("}\n")
+    record = json.loads(lines[0])
+    assert record["type"] == "metrics" and record["n"] == 5
+    assert lines[0] == json.dumps(record, sort_keys=True, allow_nan=True) + "\n"
+
+
+def test_rows_with_other_names_end_a_run_wherever_they_are() -> None:
+    """The run of one set of names ends at the first row with a name more, a name
+    less or other names (the fast check counts names; the slow one finds the row)."""
+    base = {"a": 1.0, "b": 2.0}
+    for odd in ({"a": 1.0}, {"a": 1.0, "b": 2.0, "c": 3.0}, {"a": 1.0, "c": 2.0}):
+        for at in (1, 64, MAX_ROWS_PER_LINE - 1):
+            rows: list[dict[str, Any] | MetricRow] = [(s, s, dict(base)) for s in range(at)]
+            rows += [(at, at, odd), (at + 1, at + 1, dict(base))]
+            got = [json.loads(line)["n"] for line in encode_records(rows)]
+            assert got == [at, 1, 1], (odd, at, got)
+    same_names_other_order = [(0, 0, {"a": 1.0, "b": 2.0}), (1, 1, {"b": 3.0, "a": 4.0})]
+    (line,) = list(encode_records(same_names_other_order))
+    assert json.loads(line)["n"] == 2
