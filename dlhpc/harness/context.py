@@ -1,25 +1,8 @@
-"""The in-job Python API a training script uses (``dlhpc.init()``).
+"""The trial's context in a training script's process: facts, ``report``, stops,
+checkpoints (:class:`TrialContext`; :func:`dlhpc.init` in :mod:`.entry` makes it).
 
 Runs on compute nodes: it never opens the database, only writes event files
 through :mod:`dlhpc.protocol`. Importing it costs no torch import.
-
-Typical use (the few lines a script adds)::
-
-    import dlhpc
-    ctx = dlhpc.init()
-    state = ctx.train_state(model=model, optimizer=opt, scheduler=sched)
-    state.restore()                          # resume from the newest verified checkpoint
-    while state.epoch < ctx.max_length:
-        for i, batch in enumerate(batches(epoch=state.epoch)):
-            if i < state.batch:
-                continue                     # mid-epoch resume: skip what was trained
-            ...                              # one training step
-            state.batch, state.step = i + 1, state.step + 1
-            ctx.step(state)                  # checkpoints and exits if preempted
-        state.epoch, state.batch = state.epoch + 1, 0
-        ctx.report(state.epoch, {"val_loss": ...})
-        ctx.checkpoint(state)
-    ctx.close()
 """
 
 from __future__ import annotations
@@ -47,7 +30,6 @@ from dlhpc.protocol import (
     TrialSpec,
     atomic_write_text,
     stop_requested,
-    trial_file,
 )
 from dlhpc.scheduler.environment import JobEnvironment
 from dlhpc.scheduler.registry import default_registry
@@ -56,10 +38,8 @@ if TYPE_CHECKING:
     from dlhpc.harness.state import TrainState
     from dlhpc.protocol.checkpoint import Checkpoint
 
-__all__ = ["Saveable", "TrialContext", "init"]
+__all__ = ["POLL_GRACE_S", "Saveable", "TrialContext"]
 
-ENV_TRIAL_DIR = "DLHPC_TRIAL_DIR"
-ENV_ATTEMPT_DIR = "DLHPC_ATTEMPT_DIR"
 _STOP_SIGNALS = STOP_SIGNALS  # preemption, time limit (USR1 is NCCL's)
 _PROGRESS_EVERY_S = 5.0
 _STOP_FILE_EVERY_S = STOP_FILE_EVERY_S  # how often should_stop() looks for the stop file
@@ -190,7 +170,7 @@ class TrialContext:
 
     @property
     def deterministic(self) -> bool:
-        """``reproducibility.deterministic``. When true, :func:`init` has already set
+        """``reproducibility.deterministic``. When true, :func:`dlhpc.init` has already set
         PyTorch's switches if torch was imported before it (else call
         :meth:`make_deterministic` after importing torch)."""
         return bool(self.spec and self.spec.deterministic)
@@ -419,42 +399,3 @@ class TrialContext:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-
-def init(
-    local_hparams: dict[str, Any] | None = None,
-    flush_every: int = 10_000,
-    flush_interval_s: float = 30.0,
-    poll_grace_s: float | None = POLL_GRACE_S,
-) -> TrialContext:
-    """The context of the trial this process runs.
-
-    Inside a dlhpc job the hyperparameters come from the trial's ``trial.json``.
-    Outside one (a quick local run of the script) pass ``local_hparams``;
-    without them this raises, rather than silently training on made-up values.
-    ``poll_grace_s``: how long a script that does not poll is given after a stop
-    request before dlhpc ends it (see :class:`TrialContext`; None: never).
-    """
-    trial_dir = os.environ.get(ENV_TRIAL_DIR)
-    if not trial_dir:
-        if local_hparams is None:
-            raise DlhpcError(
-                "dlhpc.init(): not inside a dlhpc job (DLHPC_TRIAL_DIR unset); "
-                "pass local_hparams={...} to run the script by hand"
-            )
-        return TrialContext(None, None, local_hparams, flush_every, flush_interval_s)
-    spec = TrialSpec.read(trial_file(Path(trial_dir)))
-    attempt = os.environ.get(ENV_ATTEMPT_DIR)
-    if spec.deterministic:  # never imports torch for a script that does not use it
-        from dlhpc.repro.job import set_torch_deterministic
-
-        set_torch_deterministic(import_torch=False)
-    return TrialContext(
-        spec,
-        Path(attempt) if attempt else None,
-        spec.hparams,
-        flush_every,
-        flush_interval_s,
-        trial_dir=Path(trial_dir),
-        poll_grace_s=poll_grace_s,
-    )

@@ -41,15 +41,16 @@ from pathlib import Path
 from types import FrameType
 
 from dlhpc.errors import DlhpcError
-from dlhpc.harness.context import ENV_ATTEMPT_DIR, ENV_TRIAL_DIR
 from dlhpc.harness.distributed import rank_env
 from dlhpc.harness.telemetry import start_gpu_sampler
 from dlhpc.protocol import (
+    ATTEMPT_DIR_VAR,
     HEARTBEAT_FILE,
     HEARTBEAT_INTERVAL_S,
     PROGRESS_FILE,
     REQUEUE_EXIT_CODE,
     SETUP_DONE_VAR,
+    TRIAL_DIR_VAR,
     EventWriter,
     TrialSpec,
     atomic_write_text,
@@ -99,8 +100,8 @@ def _child_env(spec: TrialSpec, trial_dir: Path, attempt_dir: Path) -> dict[str,
     env.setdefault("OMP_NUM_THREADS", cpus or "1")
     env["PYTHONUNBUFFERED"] = "1"
     env["DLHPC_PYTHON"] = sys.executable  # entry.sh's script runner (a template entrypoint)
-    env[ENV_TRIAL_DIR] = str(trial_dir)
-    env[ENV_ATTEMPT_DIR] = str(attempt_dir)
+    env[TRIAL_DIR_VAR] = str(trial_dir)
+    env[ATTEMPT_DIR_VAR] = str(attempt_dir)
     env["DLHPC_EXPERIMENT_ID"] = str(spec.experiment_id)
     env["DLHPC_TRIAL_ID"] = str(spec.trial_id)
     # torch.distributed's RANK, WORLD_SIZE, ..., MASTER_PORT for this task. They

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from dlhpc._extras import ADAPTERS
 from dlhpc.errors import DlhpcError
-from dlhpc.protocol import TrialSpec, trial_file
+from dlhpc.protocol import TRIAL_DIR_VAR, TrialSpec, trial_file
 
 __all__ = [
     "MissingExtraError",
@@ -27,8 +27,6 @@ __all__ = [
     "require",
     "trial_spec",
 ]
-
-ENV_TRIAL_DIR = "DLHPC_TRIAL_DIR"  # set by the worker in every dlhpc job (harness.context)
 
 H = TypeVar("H", argparse.Namespace, dict[str, Any])
 
@@ -51,7 +49,7 @@ def require(module: str, adapter: str) -> ModuleType:
 
 def trial_spec() -> TrialSpec | None:
     """This job's trial spec, or None outside a dlhpc job (``DLHPC_TRIAL_DIR`` unset)."""
-    trial_dir = os.environ.get(ENV_TRIAL_DIR)
+    trial_dir = os.environ.get(TRIAL_DIR_VAR)
     return TrialSpec.read(trial_file(Path(trial_dir))) if trial_dir else None
 
 

@@ -31,12 +31,14 @@ from dlhpc.protocol.events import (
     read_event_batches,
 )
 from dlhpc.protocol.layout import (
+    ATTEMPT_DIR_VAR,
     HEARTBEAT_FILE,
     HEARTBEAT_INTERVAL_S,
     PROGRESS_FILE,
     SETUP_DONE_VAR,
     SETUP_STREAM,
     STOP_FILE,
+    TRIAL_DIR_VAR,
     attempt_dir,
     attempt_key,
     attempts_dir,
@@ -60,6 +62,7 @@ from dlhpc.protocol.layout import (
 from dlhpc.protocol.spec import TrialSpec
 
 __all__ = [
+    "ATTEMPT_DIR_VAR",
     "EVENT_FILE_RE",
     "HEARTBEAT_FILE",
     "HEARTBEAT_INTERVAL_S",
@@ -68,6 +71,7 @@ __all__ = [
     "SETUP_DONE_VAR",
     "SETUP_STREAM",
     "STOP_FILE",
+    "TRIAL_DIR_VAR",
     "EventBatch",
     "EventWriter",
     "TrialSpec",

@@ -81,6 +81,9 @@ SETUP_STREAM = "setup"
 # set to "done" by a job script that ran the site modules and environment.setup before
 # the worker started (entry.sh then skips them, the worker leaves PATH as they made it)
 SETUP_DONE_VAR = "DLHPC_JOB_SETUP"
+# the trial and attempt folders of a job's process, set by the worker (dlhpc.init() reads them)
+TRIAL_DIR_VAR = "DLHPC_TRIAL_DIR"
+ATTEMPT_DIR_VAR = "DLHPC_ATTEMPT_DIR"
 CODE_DIR = "code"
 JOBS_DIR = "jobs"
 TRIALS_DIR = "trials"

@@ -39,10 +39,11 @@ from types import TracebackType
 from typing import Any
 
 from dlhpc import harness
-from dlhpc.harness.context import ENV_TRIAL_DIR, TrialContext
+from dlhpc.harness.context import TrialContext
 from dlhpc.integrations.determined import ENV_NESTED, ENV_TIME_METRIC, ENV_UNIT, ENV_USER_DATA
 from dlhpc.integrations.determined.checkpoints import CheckpointContext, latest_storage_id
 from dlhpc.integrations.determined.distributed import DistributedContext
+from dlhpc.protocol import ATTEMPT_DIR_VAR, TRIAL_DIR_VAR
 
 __all__ = [
     "ClusterInfo",
@@ -116,7 +117,7 @@ class ClusterInfo:
         self.user_data: dict[str, Any] = json.loads(raw) if raw else {}
         self.task_type = "TRIAL"
         self.task_id = f"{ctx.experiment_id}.{ctx.trial_id}"
-        self.allocation_id = os.environ.get("DLHPC_ATTEMPT_DIR", "")
+        self.allocation_id = os.environ.get(ATTEMPT_DIR_VAR, "")
         self.container_rank = int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0")))
         self.master_url = ""
         self.cluster_id = "dlhpc"
@@ -148,7 +149,7 @@ def _context() -> TrialContext:
 
 def get_cluster_info() -> ClusterInfo | None:
     """This trial's :class:`ClusterInfo`; None outside a dlhpc job (as Determined off-cluster)."""
-    if not os.environ.get(ENV_TRIAL_DIR):
+    if not os.environ.get(TRIAL_DIR_VAR):
         return None
     return ClusterInfo(_context())
 
@@ -356,7 +357,7 @@ def init(
             "dlhpc: checkpoint_storage is ignored; checkpoints go to the trial's checkpoint.dir",
             stacklevel=2,
         )
-    if not os.environ.get(ENV_TRIAL_DIR):
+    if not os.environ.get(TRIAL_DIR_VAR):
         raise RuntimeError(
             "det.core.init(): dlhpc's determined stand-in runs only inside dlhpc jobs"
             " (DLHPC_TRIAL_DIR unset)"

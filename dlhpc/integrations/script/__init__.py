@@ -23,7 +23,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m dlhpc.integrations.script [--metrics-pattern REGEX] -- TOKEN...``:
     run one trial's script; returns the exit code (2: bad usage or not in a dlhpc job)."""
     from dlhpc.errors import DlhpcError
-    from dlhpc.harness.context import init
+    from dlhpc.harness.entry import init
     from dlhpc.integrations.script._runner import ScriptRunner
 
     parser = argparse.ArgumentParser(prog="python -m dlhpc.integrations.script")

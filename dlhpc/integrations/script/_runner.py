@@ -2,7 +2,7 @@
 
 entry.sh starts it (``exec $DLHPC_PYTHON -m dlhpc.integrations.script [--metrics-pattern P]
 -- TOKEN...``) with the template's tokens; it reads ``trial.json`` (through
-:func:`dlhpc.harness.context.init`), fills the tokens (:func:`dlhpc._argv_template.fill`)
+:func:`dlhpc.harness.entry.init`), fills the tokens (:func:`dlhpc._argv_template.fill`)
 and runs the script without a shell, in its own process group.
 
 On its one thread it loops about twice a second: echoes and matches stdout lines
@@ -37,7 +37,7 @@ from types import FrameType
 from typing import IO
 
 from dlhpc._argv_template import fill
-from dlhpc.harness.context import ENV_TRIAL_DIR, TrialContext
+from dlhpc.harness.context import TrialContext
 from dlhpc.integrations.script._checkpoints import (
     SCRIPT_SUBDIR,
     ScriptCheckpoints,
@@ -45,7 +45,7 @@ from dlhpc.integrations.script._checkpoints import (
     step_of,
 )
 from dlhpc.integrations.script._metrics import JsonlTail, LinePattern, Metrics
-from dlhpc.protocol import REQUEUE_EXIT_CODE, stop_requested
+from dlhpc.protocol import REQUEUE_EXIT_CODE, TRIAL_DIR_VAR, stop_requested
 from dlhpc.protocol.checkpoint import Checkpoint
 
 __all__ = ["METRICS_FILE_NAME", "METRICS_FILE_VAR", "ScriptRunner"]
@@ -83,7 +83,7 @@ class ScriptRunner:
         self.ctx = ctx
         self.spec = ctx.spec
         self.tokens = list(tokens)
-        self.trial_dir = Path(os.environ[ENV_TRIAL_DIR])
+        self.trial_dir = Path(os.environ[TRIAL_DIR_VAR])
         root = Path(self.spec.checkpoint_dir)
         self.root = root
         self.checkpoints = ScriptCheckpoints(root / SCRIPT_SUBDIR, root)
