@@ -13,6 +13,7 @@ import shutil
 import sqlite3
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +55,12 @@ def asha_with_one_requeue(
     searcher: str,
     ready_at: int,
     timeout: float = 900,
+    on_requeue: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[dict[str, Any], int]:
     """Run the search; requeue the first trial seen RUNNING with ``steps_completed``
-    in ``[ready_at, ready_at + 2)`` (a promoted trial in its second rung). Returns the
-    final status and the requeued trial's id."""
+    in ``[ready_at, ready_at + 2)`` (a promoted trial in its second rung), then call
+    ``on_requeue`` with that trial's status (e.g. to start its uninterrupted reference
+    run while the search goes on). Returns the final status and the requeued trial's id."""
     exp_id = cli.json("launch", str(_yaml(tmp_path, example, hparams, searcher)))["experiment_id"]
     victim: int | None = None
     deadline = time.monotonic() + timeout
@@ -72,6 +75,8 @@ def asha_with_one_requeue(
                     job = t["slurm_job_ids"][-1]
                     subprocess.run(["scontrol", "requeue", job], env=cli.env, check=True)
                     victim = int(t["id"])
+                    if on_requeue is not None:
+                        on_requeue(t)
                     break
         assert time.monotonic() < deadline, json.dumps(exp, indent=1)
         time.sleep(1)

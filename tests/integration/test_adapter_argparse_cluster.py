@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from dlhpc.protocol.checkpoint import list_checkpoints
 from dlhpc.states import TERMINAL_EXPERIMENT_STATES as TERMINAL
 from tests.integration._reference import seed_of
 from tests.integration.conftest import REPO, Cli
@@ -46,8 +47,8 @@ def _experiment(tmp_path: Path) -> Path:
     text = (EXAMPLE / "asha.yaml").read_text()
     head, tail = text[: text.index("searcher:")], text[text.index("# The script prints") :]
     head = head.replace("--resume {checkpoint}", "--resume {checkpoint} --step-sleep {step_sleep}")
-    # 23 steps of 0.5 s: an epoch takes about 12 s, the window for the requeue
-    head = head.replace("vals: [32, 64, 128]}\n", "vals: [64]}\n  step_sleep: 0.5\n")
+    # 23 steps of 0.3 s: an epoch takes about 7 s, the window for the requeue
+    head = head.replace("vals: [32, 64, 128]}\n", "vals: [64]}\n  step_sleep: 0.3\n")
     (d / "exp.yaml").write_text(head + SEARCHER + tail)
     return d / "exp.yaml"
 
@@ -55,9 +56,10 @@ def _experiment(tmp_path: Path) -> Path:
 def _requeue_a_promoted_trial(
     cli: Cli, exp_id: int, timeout: float = 400
 ) -> tuple[dict[str, Any], Path]:
-    """Wait for a promoted trial to print epoch 3 (read from its job log: no tick latency),
-    give the runner two looks to register epoch 3's file, then requeue it mid-epoch 4.
-    Returns the trial and its job's log (the requeued task logs to the same file)."""
+    """Wait for a promoted trial to print epoch 3 (read from its job log: no tick latency)
+    and for the runner to register epoch 3's file (published in the trial's checkpoint
+    folder), then requeue it mid-epoch 4. Returns the trial and its job's log (the
+    requeued task logs to the same file)."""
     (jobs,) = cli.home.glob(f"runs/exp-{exp_id:06d}*/jobs")  # exp-<id>-<slug>
     deadline = time.monotonic() + timeout
     victim: dict[str, Any] | None = None
@@ -73,22 +75,39 @@ def _requeue_a_promoted_trial(
         if victim is not None:
             job = victim["slurm_job_ids"][-1]
             log = jobs / f"{job}_0_log.out"
-            if log.exists() and "epoch 3 weights" in log.read_text():
-                time.sleep(2.5)
+            trial_ckpts = cli.home.glob(
+                f"scratch/checkpoints/exp-{exp_id:06d}*/trial-{victim['id']:06d}"
+            )
+            printed = log.exists() and "epoch 3 weights" in log.read_text()
+            if printed and any(c.step == 3 for d in trial_ckpts for c in list_checkpoints(d)):
                 subprocess.run(["scontrol", "requeue", job], env=cli.env, check=True)
                 return victim, log
-        time.sleep(0.5)
+        time.sleep(0.2)
     raise AssertionError(json.dumps(cli.experiment(exp_id), indent=1))
 
 
-def _reference_shas(tmp_path: Path, hparams: dict[str, Any], seed: int) -> dict[int, str]:
-    """The example's weights after each epoch, run in one go by hand (no dlhpc)."""
+def _start_reference(tmp_path: Path, hparams: dict[str, Any], seed: int) -> subprocess.Popen[str]:
+    """The example run in one go by hand (no dlhpc), started now at a lower priority, so
+    that it runs beside the trial's jobs: :func:`_reference_shas` reads its result."""
     argv = [sys.executable, str(EXAMPLE / "train.py"), "--epochs", str(EPOCHS)]
     argv += ["--seed", str(seed), "--ckpt-dir", str(tmp_path / "ref-ckpt")]
     for name in ("lr", "hidden", "dropout", "batch_size"):
         argv += [f"--{name.replace('_', '-')}", str(hparams[name])]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as in the job (cpus_per_task: 1)
-    out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+    return subprocess.Popen(
+        argv,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: os.nice(10),
+    )
+
+
+def _reference_shas(proc: subprocess.Popen[str]) -> dict[int, str]:
+    """The example's weights after each epoch, from :func:`_start_reference`'s run."""
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
     return {int(n): sha for n, sha in _SHA.findall(out)}
 
 
@@ -97,6 +116,7 @@ def test_plain_argparse_script_under_asha_is_stopped_promoted_requeued_and_resum
 ) -> None:
     exp_id = cli.json("launch", str(_experiment(tmp_path)))["experiment_id"]
     victim, promoted_log = _requeue_a_promoted_trial(cli, exp_id)
+    ref_run = _start_reference(tmp_path, victim["hparams"], seed_of(cli, victim["id"]))
     exp = cli.tick_until(exp_id, lambda e: e["state"] in TERMINAL, timeout=500)
     assert exp["state"] == "COMPLETED", json.dumps(exp, indent=1)
     states = sorted(t["state"] for t in exp["trials"])
@@ -131,7 +151,8 @@ def test_plain_argparse_script_under_asha_is_stopped_promoted_requeued_and_resum
     assert promoted.index("resumed at epoch 2") < promoted.index("resumed at epoch 3"), promoted
     assert {s for (s,) in ckpts} >= {2, 3}, ckpts  # the script's files, registered
     # every epoch's weights, across all attempts, equal the uninterrupted run's
-    ref = _reference_shas(tmp_path, t["hparams"], seed_of(cli, t["id"]))
+    assert t["hparams"] == victim["hparams"], (t, victim)  # what the reference ran with
+    ref = _reference_shas(ref_run)
     seen = [(int(n), sha) for log in logs for n, sha in _SHA.findall(log)]
     assert {n for n, _ in seen} == set(range(1, EPOCHS + 1)), seen
     for n, sha in seen:

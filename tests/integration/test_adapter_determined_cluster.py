@@ -35,22 +35,27 @@ pytestmark = pytest.mark.cluster
 EXAMPLE = REPO / "templates" / "examples" / "determined-core"
 MAX_LENGTH = 40  # batches; rungs of 20 and 40
 RUNG = MAX_LENGTH // 2
+EVERY = 2  # batches between checkpoints (and preemption checks)
 
 
 def _determined_config(tmp_path: Path) -> Path:
-    """The example's Determined config, smaller: 6 trials, rungs of 20 and 40 batches,
-    a checkpoint every 5, 1.5 s per batch (the preemption must land while trials train,
-    on a loaded machine where Slurm may take seconds to preempt)."""
+    """The example's Determined config, smaller: 6 trials all at once (two waves: rung 1,
+    then the promoted half), rungs of 20 and 40 batches, a checkpoint every 2, 0.75 s per
+    batch: the preemption must land while trials train (13.5 s from the first checkpoint
+    to the rung, on a loaded machine where Slurm may take seconds to preempt), and the
+    script must see ``should_preempt()`` (1.5 s between checks) well within the
+    harness's poll grace, so that it checkpoints and returns."""
     work = tmp_path / "det"
     work.mkdir()
     shutil.copy(EXAMPLE / "train.py", work / "train.py")
     text = (EXAMPLE / "determined.yaml").read_text()
     for old, new in (
         ("batches: 80", f"batches: {MAX_LENGTH}"),
-        ("checkpoint_every: 10", "checkpoint_every: 5"),
+        ("checkpoint_every: 10", f"checkpoint_every: {EVERY}"),
         ("max_trials: 8", "max_trials: 6"),
+        ("max_concurrent_trials: 4", "max_concurrent_trials: 6"),
         ("max_rungs: 3", "max_rungs: 2"),
-        ("step_sleep: 0.02", "step_sleep: 1.5"),
+        ("step_sleep: 0.02", "step_sleep: 0.75"),
     ):
         assert old in text, old
         text = text.replace(old, new)
@@ -78,10 +83,31 @@ def _wait_for_training(cli: Cli, exp_id: int, timeout: float = 240) -> None:
     while time.monotonic() < deadline:
         root = _exp_ckpts(cli, exp_id)
         for trial in root.glob("trial-*") if root is not None else []:
-            if any(5 <= c.step < RUNG for c in list_checkpoints(trial)):
+            if any(EVERY <= c.step < RUNG for c in list_checkpoints(trial)):
                 return
         time.sleep(0.2)
     raise AssertionError(json.dumps(cli.experiment(exp_id), indent=1))
+
+
+def _preempt_all(cli: Cli, timeout: float = 240) -> None:
+    """Preempt every running trial: a high-priority job that needs both whole nodes
+    starts only once Slurm has requeued all of them; it is cancelled as soon as it
+    runs (the preemption is over then; holding the nodes longer proves nothing)."""
+    argv = hog_argv(60)
+    hog = subprocess.run(argv, env=cli.env, capture_output=True, text=True, check=True)
+    job = hog.stdout.strip()
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            out = subprocess.run(
+                ["squeue", "-h", "-j", job, "-o", "%T"], env=cli.env, capture_output=True, text=True
+            )
+            if out.returncode == 0 and out.stdout.strip() not in ("", "PENDING"):
+                return  # RUNNING (or COMPLETING, ...): the trials are off the nodes
+            time.sleep(0.2)
+        raise AssertionError(f"the preempting job {job} did not start in {timeout:g}s")
+    finally:
+        subprocess.run(["scancel", job], env=cli.env, check=False)
 
 
 def _log(out_path: str) -> str:
@@ -91,34 +117,51 @@ def _log(out_path: str) -> str:
     return "".join(p.read_text(errors="replace") for p in (out, err) if p.exists())
 
 
-def _reference_weights(tmp_path: Path, trial: dict[str, Any], seed: int, batches: int) -> Any:
-    """The model after ``batches`` batches trained in one go (a plain process)."""
+def _reference_weights(
+    tmp_path: Path, runs: list[tuple[dict[str, Any], int, int]]
+) -> dict[int, Any]:
+    """The model of each ``(trial, seed, batches)`` after ``batches`` batches trained in
+    one go: plain processes, side by side. Returns the states by trial id."""
     import torch
 
-    ref = tmp_path / f"ref-{trial['id']}"
-    (ref / "code").mkdir(parents=True)
-    shutil.copy(EXAMPLE / "train.py", ref / "code" / "train.py")
-    TrialSpec(
-        experiment_id=0,
-        trial_id=int(trial["id"]),
-        hparams={**trial["hparams"], "step_sleep": 0.0},
-        max_length=batches,
-        seed=seed,
-        experiment_dir=str(ref),
-        code_dir=str(ref / "code"),
-        entry_script="",
-        checkpoint_dir=str(ref / "ckpt"),
-        metric="val_loss",
-        smaller_is_better=True,
-    ).write(ref / "trial.json")
-    env = {**os.environ, "DLHPC_TRIAL_DIR": str(ref), "DLHPC_ATTEMPT_DIR": str(ref / "a")}
-    env["OMP_NUM_THREADS"] = "1"
-    cmd = [sys.executable, "-m", "dlhpc.integrations.determined", sys.executable, "train.py"]
-    proc = subprocess.run(cmd, cwd=ref / "code", env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    ckpt, _ = latest_verified(ref / "ckpt")
-    assert ckpt is not None
-    return torch.load(ckpt.path / "state.pt", weights_only=True)
+    procs: dict[int, tuple[Path, subprocess.Popen[str]]] = {}
+    for trial, seed, batches in runs:
+        ref = tmp_path / f"ref-{trial['id']}"
+        (ref / "code").mkdir(parents=True)
+        shutil.copy(EXAMPLE / "train.py", ref / "code" / "train.py")
+        TrialSpec(
+            experiment_id=0,
+            trial_id=int(trial["id"]),
+            hparams={**trial["hparams"], "step_sleep": 0.0},
+            max_length=batches,
+            seed=seed,
+            experiment_dir=str(ref),
+            code_dir=str(ref / "code"),
+            entry_script="",
+            checkpoint_dir=str(ref / "ckpt"),
+            metric="val_loss",
+            smaller_is_better=True,
+        ).write(ref / "trial.json")
+        env = {**os.environ, "DLHPC_TRIAL_DIR": str(ref), "DLHPC_ATTEMPT_DIR": str(ref / "a")}
+        env["OMP_NUM_THREADS"] = "1"
+        cmd = [sys.executable, "-m", "dlhpc.integrations.determined", sys.executable, "train.py"]
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ref / "code",
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        procs[int(trial["id"])] = (ref, proc)
+    states: dict[int, Any] = {}
+    for tid, (ref, proc) in procs.items():
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        ckpt, _ = latest_verified(ref / "ckpt")
+        assert ckpt is not None
+        states[tid] = torch.load(ckpt.path / "state.pt", weights_only=True)
+    return states
 
 
 def test_a_core_api_script_under_converted_asha_with_preemption(cli: Cli, tmp_path: Path) -> None:
@@ -130,13 +173,8 @@ def test_a_core_api_script_under_converted_asha_with_preemption(cli: Cli, tmp_pa
     assert out.read_text().startswith("# Converted by `dlhpc convert determined`")
     exp_id = cli.json("launch", str(out))["experiment_id"]
     _wait_for_training(cli, exp_id)
-    hog = subprocess.run(
-        hog_argv(15), env=cli.env, capture_output=True, text=True, check=True
-    ).stdout.strip()
-    try:
-        exp = cli.tick_until(exp_id, lambda e: e["state"] != "ACTIVE", timeout=600)
-    finally:
-        subprocess.run(["scancel", hog], env=cli.env, check=False)
+    _preempt_all(cli)
+    exp = cli.tick_until(exp_id, lambda e: e["state"] != "ACTIVE", timeout=600)
     assert exp["state"] == "COMPLETED", json.dumps(exp, indent=1)
     trials = exp["trials"]
     states = [t["state"] for t in trials]
@@ -167,11 +205,16 @@ def test_a_core_api_script_under_converted_asha_with_preemption(cli: Cli, tmp_pa
     assert any("resumed at batch" in text for text in logs), logs  # from latest_checkpoint
 
     by_id = {t["id"]: t for t in trials}
-    for tid in preempted:  # bitwise the weights of an uninterrupted run
+    gots: dict[int, Any] = {}
+    for tid in preempted:
         ckpt, _ = latest_verified(_ckpt_root(cli, exp_id, tid))
         assert ckpt is not None
-        got = torch.load(ckpt.path / "state.pt", weights_only=True)
-        want = _reference_weights(tmp_path, by_id[tid], seed_of(cli, tid), got["batches"])
+        gots[tid] = torch.load(ckpt.path / "state.pt", weights_only=True)
+    runs = [(by_id[tid], seed_of(cli, tid), got["batches"]) for tid, got in gots.items()]
+    wants = _reference_weights(tmp_path, runs)
+    assert set(wants) == set(gots) == set(preempted)
+    for tid, got in gots.items():  # bitwise the weights of an uninterrupted run
+        want = wants[tid]
         assert got["batches"] == want["batches"]
         for name, tensor in want["model"].items():
             assert torch.equal(tensor, got["model"][name]), (tid, name)

@@ -7,7 +7,9 @@ metrics in ``dlhpc status --json``."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,7 +39,16 @@ SEARCHER = (
 
 def test_hf_trainer_asha_requeued_trial_resumes_bitwise(cli: Cli, tmp_path: Path) -> None:
     require("transformers", "transformers", "accelerate", "tokenizers")
-    exp, victim = asha_with_one_requeue(cli, tmp_path, "hf-trainer", HPARAMS, SEARCHER, 3)
+    refs: list[tuple[Trial, subprocess.Popen[str]]] = []  # started once the victim is known
+
+    def start_reference(trial: dict[str, Any]) -> None:
+        ref = Trial(tmp_path / "ref", "hf-trainer", {**trial["hparams"], "step_sleep": 0.0})
+        ref.seed = trial_seed(cli, int(trial["id"]))
+        refs.append((ref, ref.start(6)))
+
+    exp, victim = asha_with_one_requeue(
+        cli, tmp_path, "hf-trainer", HPARAMS, SEARCHER, 3, on_requeue=start_reference
+    )
     assert exp["state"] == "COMPLETED", json.dumps(exp, indent=1)
     states = sorted(t["state"] for t in exp["trials"])
     assert states == ["COMPLETED"] + ["STOPPED_EARLY"] * 3, states
@@ -53,10 +64,11 @@ def test_hf_trainer_asha_requeued_trial_resumes_bitwise(cli: Cli, tmp_path: Path
     cli("report", str(exp["id"]), "-o", str(page))
     assert "Other metrics recorded:" in page.read_text() and "eval_loss" in page.read_text()
 
-    ref = Trial(tmp_path / "ref", "hf-trainer", {**t["hparams"], "step_sleep": 0.0})
-    ref.seed = trial_seed(cli, victim)
-    code, out = ref.run(6)
-    assert code == 0, out
+    ((ref, proc),) = refs  # the uninterrupted run, with the victim's hparams and seed
+    assert ref.hparams == {**t["hparams"], "step_sleep": 0.0}, (ref.hparams, t)
+    assert ref.seed == trial_seed(cli, victim)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
     got = _weights_sha(checkpoint_dir(cli, exp["id"], victim))
     assert got == _weights_sha(ref.checkpoint_dir), "final weights differ"
     metrics = db_metrics(cli, victim)
