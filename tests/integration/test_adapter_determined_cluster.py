@@ -203,6 +203,9 @@ def test_a_core_api_script_under_converted_asha_with_preemption(cli: Cli, tmp_pa
     assert preempted, attempts
     logs = [_log(log) for tid, _, log in attempts if tid in preempted and log]
     assert any("resumed at batch" in text for text in logs), logs  # from latest_checkpoint
+    # the script saw should_preempt(), checkpointed and returned: not ended by the watchdog
+    assert any("stopped (TERM): exiting for requeue" in text for text in logs), logs
+    assert not any("did not poll" in text for text in logs), logs
 
     by_id = {t["id"]: t for t in trials}
     gots: dict[int, Any] = {}
