@@ -21,6 +21,7 @@ Acting on operations:
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -98,19 +99,28 @@ class SearchPass:
     stopped_running: list[Trial] = field(default_factory=list)  # need a stop file
     decisions: int = 0
 
-    def tell(self, was_live: list[Trial]) -> None:
-        """New metric points in step order, then ``tell_exited`` for trials that ended."""
+    def tell(self, was_live: list[Trial], settled: Collection[int] = ()) -> None:
+        """New metric points in step order, then ``tell_exited`` for trials that ended.
+
+        ``settled``: ids of the live trials left out of ``was_live`` (settled PAUSED
+        ones, not loaded: :func:`~dlhpc.orchestrator.trials.settled_paused_ids`): their
+        new points, if any, are told too (those trials are loaded then)."""
         by_id = {t.id: t for t in was_live}
         rows = self.s.execute(
             select(Metric.trial_id, Metric.step, Metric.value)
             .join(Trial, Trial.id == Metric.trial_id)
             .where(
-                Metric.trial_id.in_(list(by_id)),
+                Metric.trial_id.in_([*by_id, *settled]),
                 Metric.name == self.cfg.searcher.metric,
                 Metric.step > Trial.told_step,
             )
             .order_by(Metric.trial_id, Metric.step)
         ).all()
+        missing = sorted({tid for tid, _, _ in rows if tid not in by_id})
+        if missing:
+            by_id.update(
+                {t.id: t for t in self.s.scalars(select(Trial).where(Trial.id.in_(missing)))}
+            )
         for trial_id, step, value in rows:
             t = by_id[trial_id]
             self.searcher.tell(t.request_id, step, float("nan") if value is None else value)

@@ -103,6 +103,16 @@ def _cause_unset(t: Trial) -> list[Attempt]:
     return [_attempt(t, 0, cause="", exit_code=None), _attempt(t, 1)]
 
 
+def _cause_unset_counted(t: Trial) -> list[Attempt]:  # restarts agrees, the cause is unset
+    _trial(t, restarts=1)
+    return [_attempt(t, 0, cause="", exit_code=None), _attempt(t, 1)]
+
+
+def _last_exit_nonzero(t: Trial) -> list[Attempt]:
+    _trial(t)
+    return [_attempt(t, 0, exit_code=1)]
+
+
 def _restarts_stale(t: Trial) -> list[Attempt]:
     _trial(t, restarts=0)
     return [_attempt(t, 0, cause="preempted", exit_code=75), _attempt(t, 1)]
@@ -130,6 +140,8 @@ CASES: dict[str, tuple[Case, bool]] = {  # name: (builder, skipped)
     "at the final length": (_final_length, False),
     "earlier cause unset": (_cause_unset, False),
     "restarts stale": (_restarts_stale, False),
+    "earlier cause unset, counted": (_cause_unset_counted, False),
+    "last attempt exited non-zero": (_last_exit_nonzero, False),
     "last attempt's cause unset": (_last_not_paused, False),
     "no attempt": (_no_attempt, False),
 }
