@@ -183,9 +183,17 @@ def _unsubmitted(session: Session, exp_id: int) -> list[Trial]:
 
 
 def submit_pending(
-    store: Store, pool: SchedulerPool, exp_id: int, clock: Clock = SYSTEM_CLOCK
+    store: Store,
+    pool: SchedulerPool,
+    exp_id: int,
+    clock: Clock = SYSTEM_CLOCK,
+    *,
+    cfg: ExperimentConfig | None = None,
 ) -> list[SubmittedTask]:
     """Submit the PENDING trials of the experiment that have no job yet, as one request.
+
+    ``cfg``: the experiment's config when the caller parsed it already (the tick's
+    pass: :func:`config_of` of the same row; the config never changes after launch).
 
     The submission row (with its unique job name) is committed before ``sbatch``
     runs and the attempt rows right after, so a crash in between leaves a
@@ -200,7 +208,7 @@ def submit_pending(
         exp = session.get(Experiment, exp_id)
         if exp is None:
             return []
-        cfg = config_of(exp)
+        cfg = cfg if cfg is not None else config_of(exp)
         trials = _unsubmitted(session, exp_id)
         if not trials:
             return []
