@@ -192,15 +192,16 @@ def _checkpoint_cfg(exp: Experiment) -> dict[str, Any]:
     return ck if isinstance(ck, dict) else {}
 
 
-def _protected(s: Session, exp_id: int) -> set[int]:
-    """Live trials, and trials with a promotion to a longer grant not acted on yet."""
-    out = set(
-        s.scalars(
-            select(Trial.id).where(
-                Trial.experiment_id == exp_id, Trial.state.not_in(TERMINAL_TRIAL_STATES)
-            )
-        )
+def _protected(s: Session, exp_id: int, among: Collection[int] | None = None) -> set[int]:
+    """Live trials, and trials with a promotion to a longer grant not acted on yet;
+    ``among``: only those of these trials (the ones :func:`plan_gc` asks about: the
+    trials of the rows it plans), not the thousands a long search holds live."""
+    live = select(Trial.id).where(
+        Trial.experiment_id == exp_id, Trial.state.not_in(TERMINAL_TRIAL_STATES)
     )
+    if among is not None:
+        live = live.where(Trial.id.in_(sorted(among)))
+    out = set(s.scalars(live))
     out.update(
         s.scalars(
             select(Decision.trial_id)
@@ -328,7 +329,8 @@ def gc(store: Store, experiment_id: int, dry_run: bool = False) -> GcReport:
             policy = GcPolicy.from_config(_checkpoint_cfg(exp))
             rows = _deciding_rows(s, exp, policy)
             models = registered_checkpoints(s, exp.id)
-            plan = plan_gc(rows, _protected(s, exp.id), policy, exp.smaller_is_better, models)
+            protected = _protected(s, exp.id, {c.trial_id for c in rows})
+            plan = plan_gc(rows, protected, policy, exp.smaller_is_better, models)
             active = s.scalar(select(func.count()).select_from(_active_ids(exp.id).subquery()))
             root = checkpoint_root(exp)
         report.kept = (active or 0) - len(plan.delete)  # every row is kept or deleted
