@@ -11,6 +11,7 @@ pass, and ingest is keyed per file.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -122,9 +123,7 @@ def _tick(store: Store, pool: SchedulerPool, report: TickReport, clock: Clock) -
             )
         ]
         # ended trials keep being listed for a while: shared filesystems show files late
-        settling = [
-            _TrialRef(t.id, t.experiment_id, t.run_dir) for t in settling_trials(s, now, users)
-        ]
+        settling = [_TrialRef(*row) for row in settling_trials(s, now, users)]
         done_files = _ingested_names(s, [t.id for t in (*scanned, *settling)])
     report.experiments = len(exps)
 
@@ -281,7 +280,7 @@ def _pending_attempt_dirs(
         if not t.run_dir:
             continue
         for adir in iter_attempt_dirs(Path(t.run_dir)):
-            names = {p.name for p in adir.iterdir() if EVENT_FILE_RE.match(p.name)}
+            names = {n for n in os.listdir(adir) if EVENT_FILE_RE.match(n)}  # no Path each
             if names - done.get((t.id, adir.name), set()):
                 todo.append((t.id, adir))
     return todo
