@@ -297,14 +297,14 @@ class GcReport:
 
 def _safe_folder(path: str, root: Path | None) -> Path | None:
     """``path`` if it may be deleted: absolute, named like a checkpoint folder
-    (``ckpt-<step>[-n]``), not a symlink, and strictly under ``root`` once symlinks
-    in both are resolved; else None."""
+    (``ckpt-<step>[-n]``), not a symlink, and strictly under ``root`` (resolved by
+    the caller: once per GC) once symlinks in it are resolved; else None."""
     if root is None or not path or not os.path.isabs(path) or os.path.islink(path):
         return None
     if not CHECKPOINT_NAME_RE.match(os.path.basename(path)):
         return None
     try:
-        real = inside(root, path, "checkpoint folder")
+        real = inside(root, path, "checkpoint folder", root_resolved=True)
     except UnsafePathError:
         return None
     if os.path.lexists(real) and not real.is_dir():
@@ -336,9 +336,10 @@ def gc(store: Store, experiment_id: int, dry_run: bool = False) -> GcReport:
         report.kept = (active or 0) - len(plan.delete)  # every row is kept or deleted
         by_id = {c.id: c for c in rows}
         gone: list[int] = []
+        real_root = Path(os.path.realpath(root)) if root is not None and plan.delete else None
         for cid in plan.delete:
             c = by_id[cid]
-            folder = _safe_folder(c.path, root)
+            folder = _safe_folder(c.path, real_root)
             if folder is None:
                 report.refused.append(c.path)
                 continue
