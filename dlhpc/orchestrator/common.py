@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from dlhpc._failpoints import failpoint
@@ -111,8 +111,19 @@ def trial_seed(experiment_seed: int, request_id: int) -> int:
 def log_event(
     session: Session, kind: str, message: str, exp_id: int | None, trial_id: int | None = None
 ) -> None:
-    session.add(
-        Event(experiment_id=exp_id, trial_id=trial_id, time=utcnow(), kind=kind, message=message)
+    """Append an event row in ``session``'s transaction, at once and as a plain INSERT
+    (no ORM object: a pass of a long search logs thousands, and nothing reads them
+    back as objects; the rows' order is the calls' order, as before). It does not
+    flush the session: ``exp_id`` and ``trial_id`` name rows already written."""
+    session.connection().execute(
+        insert(Event),
+        {
+            "experiment_id": exp_id,
+            "trial_id": trial_id,
+            "time": utcnow(),
+            "kind": kind,
+            "message": message,
+        },
     )
 
 

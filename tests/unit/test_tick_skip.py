@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import func, select
 
 from dlhpc.orchestrator.trials import TrialPass, reconcile_trial, settled_paused
 from dlhpc.scheduler import JobState, JobStatus
-from dlhpc.store import Attempt, Store, Trial
+from dlhpc.store import Attempt, Event, Store, Trial
 from tests.unit._db import add_experiment, add_trial
 
 NOW = datetime(2026, 1, 1, 12, 0, 0)
@@ -171,9 +172,13 @@ def _world(tmp_path: Path) -> tuple[Store, dict[str, int]]:
     return store, ids
 
 
-def _changed(s: Any, t: Trial) -> bool:
+def _events(s: Any) -> int:
+    return int(s.scalar(select(func.count()).select_from(Event)))
+
+
+def _changed(s: Any, t: Trial, events_before: int) -> bool:
     touched = [t, *t.attempts]
-    return bool(s.new) or any(s.is_modified(x) for x in touched)
+    return bool(s.new) or any(s.is_modified(x) for x in touched) or _events(s) != events_before
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -191,8 +196,9 @@ def test_the_rule_skips_exactly_the_trials_a_pass_leaves_unchanged(
             # the live attempt's job is still ending: the poll says so
             statuses = {a.job_id: JobStatus(a.job_id, JobState.RUNNING) for a in t.attempts}
             tp = TrialPass(statuses, _Clock(), max_restarts=3, final_length=FINAL)
+            events = _events(s)
             reconcile_trial(s, t, tp)
-            changed = _changed(s, t) or bool(tp.cancels) or bool(tp.stopping)
+            changed = _changed(s, t, events) or bool(tp.cancels) or bool(tp.stopping)
             s.rollback()
         assert (ids[name] in skipped) == CASES[name][1]
         if ids[name] in skipped:
