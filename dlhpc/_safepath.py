@@ -18,13 +18,20 @@ from dlhpc.errors import UnsafePathError
 __all__ = ["inside", "is_inside"]
 
 
-def inside(root: str | os.PathLike[str], path: str | os.PathLike[str], what: str = "path") -> Path:
+def inside(
+    root: str | os.PathLike[str],
+    path: str | os.PathLike[str],
+    what: str = "path",
+    *,
+    root_resolved: bool = False,
+) -> Path:
     """``path`` resolved, if it lies strictly under ``root`` (resolved); else raise
-    :class:`~dlhpc.errors.UnsafePathError` naming ``what``."""
+    :class:`~dlhpc.errors.UnsafePathError` naming ``what``. ``root_resolved``: the
+    caller resolved ``root`` already (``os.path.realpath``: one call for many paths)."""
     raw = os.fspath(path)
     if not raw or "\0" in raw or not os.path.isabs(raw):
         raise UnsafePathError(f"{what} {raw!r} is not an absolute path")
-    real_root = Path(os.path.realpath(root))
+    real_root = Path(root if root_resolved else os.path.realpath(root))
     real = Path(os.path.realpath(raw))
     if real == real_root or not real.is_relative_to(real_root):
         raise UnsafePathError(f"{what} {raw} is not inside {root}")

@@ -192,15 +192,16 @@ def _checkpoint_cfg(exp: Experiment) -> dict[str, Any]:
     return ck if isinstance(ck, dict) else {}
 
 
-def _protected(s: Session, exp_id: int) -> set[int]:
-    """Live trials, and trials with a promotion to a longer grant not acted on yet."""
-    out = set(
-        s.scalars(
-            select(Trial.id).where(
-                Trial.experiment_id == exp_id, Trial.state.not_in(TERMINAL_TRIAL_STATES)
-            )
-        )
+def _protected(s: Session, exp_id: int, among: Collection[int] | None = None) -> set[int]:
+    """Live trials, and trials with a promotion to a longer grant not acted on yet;
+    ``among``: only those of these trials (the ones :func:`plan_gc` asks about: the
+    trials of the rows it plans), not the thousands a long search holds live."""
+    live = select(Trial.id).where(
+        Trial.experiment_id == exp_id, Trial.state.not_in(TERMINAL_TRIAL_STATES)
     )
+    if among is not None:
+        live = live.where(Trial.id.in_(sorted(among)))
+    out = set(s.scalars(live))
     out.update(
         s.scalars(
             select(Decision.trial_id)
@@ -296,14 +297,14 @@ class GcReport:
 
 def _safe_folder(path: str, root: Path | None) -> Path | None:
     """``path`` if it may be deleted: absolute, named like a checkpoint folder
-    (``ckpt-<step>[-n]``), not a symlink, and strictly under ``root`` once symlinks
-    in both are resolved; else None."""
+    (``ckpt-<step>[-n]``), not a symlink, and strictly under ``root`` (resolved by
+    the caller: once per GC) once symlinks in it are resolved; else None."""
     if root is None or not path or not os.path.isabs(path) or os.path.islink(path):
         return None
     if not CHECKPOINT_NAME_RE.match(os.path.basename(path)):
         return None
     try:
-        real = inside(root, path, "checkpoint folder")
+        real = inside(root, path, "checkpoint folder", root_resolved=True)
     except UnsafePathError:
         return None
     if os.path.lexists(real) and not real.is_dir():
@@ -328,15 +329,17 @@ def gc(store: Store, experiment_id: int, dry_run: bool = False) -> GcReport:
             policy = GcPolicy.from_config(_checkpoint_cfg(exp))
             rows = _deciding_rows(s, exp, policy)
             models = registered_checkpoints(s, exp.id)
-            plan = plan_gc(rows, _protected(s, exp.id), policy, exp.smaller_is_better, models)
+            protected = _protected(s, exp.id, {c.trial_id for c in rows})
+            plan = plan_gc(rows, protected, policy, exp.smaller_is_better, models)
             active = s.scalar(select(func.count()).select_from(_active_ids(exp.id).subquery()))
             root = checkpoint_root(exp)
         report.kept = (active or 0) - len(plan.delete)  # every row is kept or deleted
         by_id = {c.id: c for c in rows}
         gone: list[int] = []
+        real_root = Path(os.path.realpath(root)) if root is not None and plan.delete else None
         for cid in plan.delete:
             c = by_id[cid]
-            folder = _safe_folder(c.path, root)
+            folder = _safe_folder(c.path, real_root)
             if folder is None:
                 report.refused.append(c.path)
                 continue

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from dlhpc._failpoints import failpoint
@@ -111,8 +111,19 @@ def trial_seed(experiment_seed: int, request_id: int) -> int:
 def log_event(
     session: Session, kind: str, message: str, exp_id: int | None, trial_id: int | None = None
 ) -> None:
-    session.add(
-        Event(experiment_id=exp_id, trial_id=trial_id, time=utcnow(), kind=kind, message=message)
+    """Append an event row in ``session``'s transaction, at once and as a plain INSERT
+    (no ORM object: a pass of a long search logs thousands, and nothing reads them
+    back as objects; the rows' order is the calls' order, as before). It does not
+    flush the session: ``exp_id`` and ``trial_id`` name rows already written."""
+    session.connection().execute(
+        insert(Event),
+        {
+            "experiment_id": exp_id,
+            "trial_id": trial_id,
+            "time": utcnow(),
+            "kind": kind,
+            "message": message,
+        },
     )
 
 
@@ -183,9 +194,17 @@ def _unsubmitted(session: Session, exp_id: int) -> list[Trial]:
 
 
 def submit_pending(
-    store: Store, pool: SchedulerPool, exp_id: int, clock: Clock = SYSTEM_CLOCK
+    store: Store,
+    pool: SchedulerPool,
+    exp_id: int,
+    clock: Clock = SYSTEM_CLOCK,
+    *,
+    cfg: ExperimentConfig | None = None,
 ) -> list[SubmittedTask]:
     """Submit the PENDING trials of the experiment that have no job yet, as one request.
+
+    ``cfg``: the experiment's config when the caller parsed it already (the tick's
+    pass: :func:`config_of` of the same row; the config never changes after launch).
 
     The submission row (with its unique job name) is committed before ``sbatch``
     runs and the attempt rows right after, so a crash in between leaves a
@@ -200,7 +219,7 @@ def submit_pending(
         exp = session.get(Experiment, exp_id)
         if exp is None:
             return []
-        cfg = config_of(exp)
+        cfg = cfg if cfg is not None else config_of(exp)
         trials = _unsubmitted(session, exp_id)
         if not trials:
             return []

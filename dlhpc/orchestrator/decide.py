@@ -21,6 +21,7 @@ Acting on operations:
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -98,19 +99,47 @@ class SearchPass:
     stopped_running: list[Trial] = field(default_factory=list)  # need a stop file
     decisions: int = 0
 
-    def tell(self, was_live: list[Trial]) -> None:
-        """New metric points in step order, then ``tell_exited`` for trials that ended."""
+    def tell(self, was_live: list[Trial], settled: Collection[int] = ()) -> None:
+        """New metric points in step order, then ``tell_exited`` for trials that ended.
+
+        ``settled``: ids of the live trials left out of ``was_live`` (settled PAUSED
+        ones, not loaded: :func:`~dlhpc.orchestrator.trials.settled_paused_ids`): their
+        new points, if any, are told too (those trials are loaded then). They are read
+        through the experiment's PAUSED trials (an index), not thousands of bound ids:
+        a PAUSED trial not in ``was_live`` is a settled one (only the searcher, after
+        this, changes a settled trial, and a trial this pass paused is in
+        ``was_live``); the ids in ``settled`` are checked all the same."""
         by_id = {t.id: t for t in was_live}
-        rows = self.s.execute(
-            select(Metric.trial_id, Metric.step, Metric.value)
-            .join(Trial, Trial.id == Metric.trial_id)
-            .where(
-                Metric.trial_id.in_(list(by_id)),
-                Metric.name == self.cfg.searcher.metric,
-                Metric.step > Trial.told_step,
+        new_points = select(Metric.trial_id, Metric.step, Metric.value).join(
+            Trial, Trial.id == Metric.trial_id
+        )
+        new_points = new_points.where(
+            Metric.name == self.cfg.searcher.metric, Metric.step > Trial.told_step
+        )
+        rows = list(
+            self.s.execute(
+                new_points.where(Metric.trial_id.in_(list(by_id))).order_by(
+                    Metric.trial_id, Metric.step
+                )
             )
-            .order_by(Metric.trial_id, Metric.step)
-        ).all()
+        )
+        if settled:
+            ids = set(settled)
+            paused = new_points.where(  # as an IN list: SQLite then walks the trials' index
+                Metric.trial_id.in_(
+                    select(Trial.id).where(
+                        Trial.experiment_id == self.exp.id,
+                        Trial.state == TrialState.PAUSED.value,
+                    )
+                )
+            )
+            rows += [r for r in self.s.execute(paused) if r[0] in ids and r[0] not in by_id]
+            rows.sort(key=lambda r: (r[0], r[1]))  # the order the SQL gives the others
+            missing = sorted({tid for tid, _, _ in rows if tid not in by_id})
+            if missing:
+                by_id.update(
+                    {t.id: t for t in self.s.scalars(select(Trial).where(Trial.id.in_(missing)))}
+                )
         for trial_id, step, value in rows:
             t = by_id[trial_id]
             self.searcher.tell(t.request_id, step, float("nan") if value is None else value)

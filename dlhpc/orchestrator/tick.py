@@ -11,17 +11,20 @@ pass, and ingest is keyed per file.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import NamedTuple
 
-from sqlalchemy import select
+from sqlalchemy import DateTime, Select, case, func, select
 from sqlalchemy.orm import Session, selectinload
 
 from dlhpc import _perms
 from dlhpc._failpoints import failpoint
+from dlhpc.config.model import ExperimentConfig
 from dlhpc.errors import DlhpcError, LeaseHeldError, SchedulerError
 from dlhpc.orchestrator.adopt import recover_submissions
 from dlhpc.orchestrator.checkpoints import gc_pass
@@ -35,7 +38,7 @@ from dlhpc.orchestrator.common import (
     submit_pending,
 )
 from dlhpc.orchestrator.decide import SearchPass, pending_promotions, write_stop_files
-from dlhpc.orchestrator.trials import TrialPass, reconcile_trial, settled_paused
+from dlhpc.orchestrator.trials import TrialPass, reconcile_trial, settled_paused_ids
 from dlhpc.protocol import EVENT_FILE_RE, iter_attempt_dirs, split_attempt_key
 from dlhpc.scheduler import JobStatus
 from dlhpc.states import (
@@ -103,30 +106,30 @@ def _tick(store: Store, pool: SchedulerPool, report: TickReport, clock: Clock) -
         ).all()
         exp_ids = [e.id for e in exps]
         backend_of = {e.id: e.backend for e in exps}
-        live_trials = s.scalars(
-            select(Trial).where(
-                Trial.experiment_id.in_(exp_ids),
-                Trial.state.not_in(TERMINAL_TRIAL_STATES),
-            )
+        live = Trial.experiment_id.in_(exp_ids), Trial.state.not_in(TERMINAL_TRIAL_STATES)
+        # (job id, experiment) of the live trials' live attempts: columns, no ORM objects
+        live_jobs = s.execute(
+            select(Attempt.job_id, Trial.experiment_id)
+            .join(Trial, Trial.id == Attempt.trial_id)
+            .where(*live, Attempt.state.in_(LIVE_ATTEMPT_STATES))
         ).all()
-        live_attempts = s.scalars(
-            select(Attempt).where(
-                Attempt.trial_id.in_([t.id for t in live_trials]),
-                Attempt.state.in_(LIVE_ATTEMPT_STATES),
+        # the live trials whose folders are listed: not those quiet (see _quiet_trials)
+        scanned = [
+            _TrialRef(tid, eid, run_dir)
+            for tid, eid, run_dir in s.execute(
+                select(Trial.id, Trial.experiment_id, Trial.run_dir)
+                .where(*live, Trial.id.not_in(_quiet_trials(exp_ids, now)))
+                .order_by(Trial.id)
             )
-        ).all()
+        ]
         # ended trials keep being listed for a while: shared filesystems show files late
-        settling = settling_trials(s, now, users)
-        quiet = _quiet_trials(s, [t.id for t in live_trials], now)
-        done_files = _ingested_names(
-            s, [t.id for t in (*live_trials, *settling) if t.id not in quiet]
-        )
+        settling = [_TrialRef(*row) for row in settling_trials(s, now, users)]
+        done_files = _ingested_names(s, [t.id for t in (*scanned, *settling)])
     report.experiments = len(exps)
 
-    exp_of_trial = {t.id: t.experiment_id for t in live_trials}
     by_backend: dict[str, list[str]] = defaultdict(list)
-    for a in live_attempts:
-        by_backend[backend_of[exp_of_trial[a.trial_id]]].append(a.job_id)
+    for job_id, exp_id in live_jobs:
+        by_backend[backend_of[exp_id]].append(job_id)
     statuses: dict[str, JobStatus] = {}
     for backend, job_ids in by_backend.items():
         report.polled_jobs += len(job_ids)
@@ -137,11 +140,12 @@ def _tick(store: Store, pool: SchedulerPool, report: TickReport, clock: Clock) -
 
     _note_no_accounting(store, pool, by_backend, backend_of)
     failpoint("tick.after_poll")
-    scanned = [t for t in live_trials if t.id not in quiet]
     todo = _pending_attempt_dirs([*scanned, *settling], done_files)
     _ingest(store, todo, report, clock)
     failpoint("tick.after_ingest")
-    trial_backend = {t.id: backend_of[t.experiment_id] for t in live_trials}
+    # only a scanned live trial's folders can be in todo (a settling trial's are not
+    # looked up: it is terminal)
+    trial_backend = {t.id: backend_of[t.experiment_id] for t in scanned}
     runs = _requeued_runs(pool, todo, done_files, trial_backend, report)
 
     for exp_id in exp_ids:
@@ -151,14 +155,14 @@ def _tick(store: Store, pool: SchedulerPool, report: TickReport, clock: Clock) -
             report.errors.append(f"experiment {exp_id}: recovering a submission: {err}")
             continue  # never resubmit while the orphan's jobs may exist
         try:
-            _reconcile_experiment(store, pool, exp_id, statuses, report, clock, runs)
+            cfg = _reconcile_experiment(store, pool, exp_id, statuses, report, clock, runs)
         except (DlhpcError, ValueError) as err:
             # e.g. its searcher's optional dependency vanished, or its saved state does
             # not load: keep the other experiments moving, and say so every pass
             report.errors.append(f"experiment {exp_id}: {type(err).__name__}: {err}")
             continue
         try:
-            report.submitted += len(submit_pending(store, pool, exp_id, clock))
+            report.submitted += len(submit_pending(store, pool, exp_id, clock, cfg=cfg))
         except SchedulerError as err:
             report.errors.append(f"experiment {exp_id}: {err}")
         gc_pass(store, exp_id, report)  # the checkpoint keep policy; errors into the report
@@ -232,26 +236,43 @@ def _ingested_names(s: Session, trial_ids: list[int]) -> dict[tuple[int, str], s
     return out
 
 
-def _quiet_trials(s: Session, trial_ids: list[int], now: datetime) -> set[int]:
-    """Live trials whose folders need no listing: every attempt ended (no live job)
-    before the settle window (e.g. a PAUSED trial, or one waiting for a new job).
-    An attempt without an end time, and a trial without attempts, are listed."""
-    last_end: dict[int, datetime | None] = {}
-    for trial_id, state, ended, seen in s.execute(
-        select(Attempt.trial_id, Attempt.state, Attempt.ended_at, Attempt.terminal_seen_at).where(
-            Attempt.trial_id.in_(trial_ids)
+def _quiet_trials(exp_ids: list[int], now: datetime) -> Select[int]:
+    """The live trials of ``exp_ids`` whose folders need no listing, as one SQL
+    aggregate: every attempt ended (no live job) before the settle window (e.g. a
+    PAUSED trial, or one waiting for a new job). An attempt without an end time
+    (neither ``ended_at`` nor ``terminal_seen_at``), and a trial without attempts,
+    are listed. An attempt's end is the later of the two times it has."""
+    open_ = Attempt.state.in_(LIVE_ATTEMPT_STATES) | (
+        Attempt.ended_at.is_(None) & Attempt.terminal_seen_at.is_(None)
+    )
+    # SQLite's two-argument max() is a scalar: the later of the two (the one set, if one)
+    end = func.max(
+        func.coalesce(Attempt.ended_at, Attempt.terminal_seen_at),
+        func.coalesce(Attempt.terminal_seen_at, Attempt.ended_at),
+        type_=DateTime,
+    )
+    return (
+        select(Attempt.trial_id)
+        .join(Trial, Trial.id == Attempt.trial_id)
+        .where(Trial.experiment_id.in_(exp_ids), Trial.state.not_in(TERMINAL_TRIAL_STATES))
+        .group_by(Attempt.trial_id)
+        .having(
+            func.sum(case((open_, 1), else_=0)) == 0,
+            func.max(end, type_=DateTime) < now - SETTLE_WINDOW,
         )
-    ):
-        end = max((x for x in (ended, seen) if x is not None), default=None)
-        if state in LIVE_ATTEMPT_STATES or end is None:
-            last_end[trial_id] = None
-        elif last_end.get(trial_id, end) is not None:
-            last_end[trial_id] = max(end, last_end.get(trial_id) or end)
-    return {tid for tid, end in last_end.items() if end is not None and end < now - SETTLE_WINDOW}
+    )
+
+
+class _TrialRef(NamedTuple):
+    """The columns of a trial the tick's scan needs (no ORM object)."""
+
+    id: int
+    experiment_id: int
+    run_dir: str
 
 
 def _pending_attempt_dirs(
-    trials: list[Trial], done: dict[tuple[int, str], set[str]]
+    trials: list[_TrialRef], done: dict[tuple[int, str], set[str]]
 ) -> list[tuple[int, Path]]:
     """(trial id, attempt folder) pairs that hold event files not ingested yet."""
     todo = []
@@ -259,7 +280,7 @@ def _pending_attempt_dirs(
         if not t.run_dir:
             continue
         for adir in iter_attempt_dirs(Path(t.run_dir)):
-            names = {p.name for p in adir.iterdir() if EVENT_FILE_RE.match(p.name)}
+            names = {n for n in os.listdir(adir) if EVENT_FILE_RE.match(n)}  # no Path each
             if names - done.get((t.id, adir.name), set()):
                 todo.append((t.id, adir))
     return todo
@@ -295,20 +316,23 @@ def _reconcile_experiment(
     report: TickReport,
     clock: Clock,
     runs: dict[str, list[str]],
-) -> None:
-    """Reconcile the experiment's live trials and let its searcher decide. Only the
-    trials not terminal yet are loaded (with their attempts), and those an operation
-    of the searcher names."""
+) -> ExperimentConfig | None:
+    """Reconcile the experiment's live trials and let its searcher decide; returns the
+    experiment's config as parsed (None: the experiment is not ACTIVE). Only the
+    trials not terminal yet and not settled are loaded (with their attempts), and
+    those an operation of the searcher names."""
     now = clock.now()
     with store.write() as s:
         exp = s.get(Experiment, exp_id)
         if exp is None or exp.state != ExperimentState.ACTIVE.value:
-            return
+            return None
         cfg = config_of(exp)
         searcher = searcher_of(cfg, exp.searcher_state)
-        was_live = _live_trials(s, exp_id)
-        settled = settled_paused(s, was_live, cfg.searcher.max_length)
-        _load_attempts(s, [t.id for t in was_live if t.id not in settled])
+        # a settled PAUSED trial: reconciling it changes nothing, so it is not loaded
+        settled_q = settled_paused_ids(exp_id, cfg.searcher.max_length)
+        settled = set(s.scalars(settled_q))
+        was_live = _live_trials(s, exp_id, settled_q)
+        _load_attempts(s, [t.id for t in was_live])
         tp = TrialPass(
             statuses,
             clock,
@@ -318,10 +342,9 @@ def _reconcile_experiment(
             runs=runs,
         )
         for t in was_live:
-            if t.id not in settled:  # a settled PAUSED trial: reconciling it changes nothing
-                reconcile_trial(s, t, tp)
+            reconcile_trial(s, t, tp)
         search = SearchPass(s, exp, cfg, searcher, now, store.runs_root)
-        search.tell(was_live)
+        search.tell(was_live, sorted(settled))
         search.decide(was_live)
         report.decisions += search.decisions
         exp.searcher_state = state_json(searcher)
@@ -334,7 +357,7 @@ def _reconcile_experiment(
             )
         ).all()
         # trials terminal at the start of the pass stay so: only the live ones can differ
-        all_exited = all(TrialState(t.state).is_terminal for t in was_live)
+        all_exited = not settled and all(TrialState(t.state).is_terminal for t in was_live)
         if len(failed_subs) >= _MAX_FAILED_SUBMISSIONS:
             _finish(s, exp, ExperimentState.FAILED, "submission failed repeatedly", now)
             report.finished.append(exp_id)
@@ -351,14 +374,20 @@ def _reconcile_experiment(
     if cancels:
         # trials resubmitted (stop the zombies), stopped early, or stuck
         pool.get(backend).cancel(cancels)
+    return cfg
 
 
-def _live_trials(s: Session, exp_id: int) -> list[Trial]:
-    """The experiment's trials not terminal yet, by id, without their attempts."""
+def _live_trials(s: Session, exp_id: int, settled: Select[int]) -> list[Trial]:
+    """The experiment's trials not terminal yet and not ``settled`` (a query of ids:
+    :func:`~dlhpc.orchestrator.trials.settled_paused_ids`), by id, without their attempts."""
     return list(
         s.scalars(
             select(Trial)
-            .where(Trial.experiment_id == exp_id, Trial.state.not_in(TERMINAL_TRIAL_STATES))
+            .where(
+                Trial.experiment_id == exp_id,
+                Trial.state.not_in(TERMINAL_TRIAL_STATES),
+                Trial.id.not_in(settled),
+            )
             .order_by(Trial.id)
         )
     )

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import Select, case, func, select
 from sqlalchemy.orm import Session
 
 from dlhpc.orchestrator.clock import Clock
@@ -26,7 +26,7 @@ from dlhpc.scheduler import JobState, JobStatus
 from dlhpc.states import LIVE_ATTEMPT_STATES, SUPERSEDED, TrialState
 from dlhpc.store import Attempt, Decision, Trial
 
-__all__ = ["TrialPass", "reconcile_trial", "settled_paused"]
+__all__ = ["TrialPass", "reconcile_trial", "settled_paused", "settled_paused_ids"]
 
 
 @dataclass
@@ -237,44 +237,51 @@ def reconcile_trial(s: Session, t: Trial, p: TrialPass) -> None:
             )
 
 
-def settled_paused(s: Session, trials: list[Trial], final_length: int) -> set[int]:
-    """Ids of the PAUSED ``trials`` on which :func:`reconcile_trial` is a no-op, read
-    from the DB alone (one query over their attempts' columns, no ORM objects), so a
-    pass may skip them and need not load their attempts.
+def settled_paused_ids(experiment_id: int, final_length: int) -> Select[int]:
+    """The ids of the experiment's PAUSED trials on which :func:`reconcile_trial` is a
+    no-op, as one SQL query (an aggregate over their attempts' columns; no ORM object
+    is loaded), so a pass may skip them and need not load them at all.
 
     Such a trial waits for the searcher and nothing about it can change this pass: no
-    stop requested, no job wanted, trained to its grant (below the final length), no
-    live attempt (nothing to poll), its last attempt exited 0 with cause ``paused``,
-    every earlier one has its cause, and ``restarts`` matches them. Any other PAUSED
-    trial is reconciled as before. The rule keeps nothing between passes: a pass
-    killed at any line recomputes it from the DB."""
-    maybe = {
-        t.id: t
-        for t in trials
-        if t.state == TrialState.PAUSED.value
-        and t.stop_requested_at is None
-        and not t.needs_job
-        and t.max_length < final_length
-        and t.steps_completed >= t.max_length
-    }
-    if not maybe:
-        return set()
-    rows: dict[int, list[tuple[str, str | None, int | None]]] = {}
-    for trial_id, state, cause, exit_code in s.execute(
-        select(Attempt.trial_id, Attempt.state, Attempt.cause, Attempt.exit_code)
-        .where(Attempt.trial_id.in_(list(maybe)))
-        .order_by(Attempt.trial_id, Attempt.id)
-    ):
-        rows.setdefault(trial_id, []).append((state, cause, exit_code))
-    out = set()
-    for trial_id, attempts in rows.items():
-        *earlier, (_, last_cause, last_exit) = attempts
-        if (
-            last_exit == 0
-            and last_cause == "paused"
-            and all(st not in LIVE_ATTEMPT_STATES for st, _, _ in attempts)
-            and all(cause for _, cause, _ in earlier)
-            and maybe[trial_id].restarts == sum(cause != "paused" for _, cause, _ in earlier)
-        ):
-            out.add(trial_id)
-    return out
+    stop requested, no job wanted, trained to its grant (below the final length), at
+    least one attempt, none live (nothing to poll), its last attempt exited 0 with
+    cause ``paused``, every attempt has its cause, and ``restarts`` matches them (the
+    attempts whose cause is not ``paused``: the last one's is). Any other PAUSED trial
+    is reconciled as before. The rule keeps nothing between passes: a pass killed at
+    any line recomputes it from the DB."""
+    no_cause = Attempt.cause.is_(None) | (Attempt.cause == "")
+    restarts = case((Attempt.cause != "paused", 1), else_=0)
+    agg = (
+        select(Attempt.trial_id.label("trial_id"), func.max(Attempt.id).label("last_id"))
+        .join(Trial, Trial.id == Attempt.trial_id)
+        .where(
+            Trial.experiment_id == experiment_id,
+            Trial.state == TrialState.PAUSED.value,
+            Trial.stop_requested_at.is_(None),
+            Trial.needs_job.is_(False),
+            Trial.max_length < final_length,
+            Trial.steps_completed >= Trial.max_length,
+        )
+        .group_by(Attempt.trial_id, Trial.restarts)
+        .having(
+            func.sum(case((Attempt.state.in_(sorted(LIVE_ATTEMPT_STATES)), 1), else_=0)) == 0,
+            func.sum(case((no_cause, 1), else_=0)) == 0,
+            func.sum(restarts) == Trial.restarts,
+        )
+        .subquery()
+    )
+    return (
+        select(agg.c.trial_id)
+        .join(Attempt, Attempt.id == agg.c.last_id)
+        .where(Attempt.exit_code == 0, Attempt.cause == "paused")
+    )
+
+
+def settled_paused(s: Session, trials: list[Trial], final_length: int) -> set[int]:
+    """Ids of the ``trials`` that :func:`settled_paused_ids` names (one query per
+    experiment among them)."""
+    ids = {t.id for t in trials}
+    out: set[int] = set()
+    for exp_id in sorted({t.experiment_id for t in trials}):
+        out.update(s.scalars(settled_paused_ids(exp_id, final_length)))
+    return out & ids

@@ -167,7 +167,10 @@ def iter_attempt_dirs(trial_path: Path) -> Iterator[Path]:
     attempts = attempts_dir(trial_path)
     if attempts.is_symlink() or not attempts.is_dir():
         return
-    yield from sorted(p for p in attempts.iterdir() if p.is_dir() and not p.is_symlink())
+    # names, not paths, sorted (the same order: one folder); a folder, not a link to one
+    with os.scandir(attempts) as entries:
+        names = sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
+    yield from (attempts / name for name in names)
 
 
 def read_event_batches(attempt_path: Path, skip: Iterable[str] = ()) -> list[EventBatch]:

@@ -15,7 +15,6 @@ import socket
 import uuid
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dlhpc.errors import DlhpcError, LeaseHeldError
@@ -90,11 +89,12 @@ def _owner_is_dead(owner: str) -> bool:
 
 
 def verify_and_renew(session: Session, name: str, owner: str, ttl_s: float, now: datetime) -> None:
-    owner_now = session.scalar(select(Lease.owner).where(Lease.name == name))
-    if owner_now != owner:
-        raise LeaseLostError(f"lease {name!r} lost to {owner_now or 'nobody'}; stopping")
+    """Raise :class:`LeaseLostError` unless ``owner`` holds the lease; else renew it (one
+    SELECT now; the UPDATE goes with the transaction's first flush, as before)."""
     row = session.get(Lease, name)
-    assert row is not None  # selected just above, inside the same transaction
+    if row is None or row.owner != owner:
+        lost_to = row.owner if row is not None else ""
+        raise LeaseLostError(f"lease {name!r} lost to {lost_to or 'nobody'}; stopping")
     row.expires_at = now + timedelta(seconds=ttl_s)
 
 

@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import func, select
 
 from dlhpc.orchestrator.trials import TrialPass, reconcile_trial, settled_paused
 from dlhpc.scheduler import JobState, JobStatus
-from dlhpc.store import Attempt, Store, Trial
+from dlhpc.store import Attempt, Event, Store, Trial
 from tests.unit._db import add_experiment, add_trial
 
 NOW = datetime(2026, 1, 1, 12, 0, 0)
@@ -103,6 +104,16 @@ def _cause_unset(t: Trial) -> list[Attempt]:
     return [_attempt(t, 0, cause="", exit_code=None), _attempt(t, 1)]
 
 
+def _cause_unset_counted(t: Trial) -> list[Attempt]:  # restarts agrees, the cause is unset
+    _trial(t, restarts=1)
+    return [_attempt(t, 0, cause="", exit_code=None), _attempt(t, 1)]
+
+
+def _last_exit_nonzero(t: Trial) -> list[Attempt]:
+    _trial(t)
+    return [_attempt(t, 0, exit_code=1)]
+
+
 def _restarts_stale(t: Trial) -> list[Attempt]:
     _trial(t, restarts=0)
     return [_attempt(t, 0, cause="preempted", exit_code=75), _attempt(t, 1)]
@@ -130,6 +141,8 @@ CASES: dict[str, tuple[Case, bool]] = {  # name: (builder, skipped)
     "at the final length": (_final_length, False),
     "earlier cause unset": (_cause_unset, False),
     "restarts stale": (_restarts_stale, False),
+    "earlier cause unset, counted": (_cause_unset_counted, False),
+    "last attempt exited non-zero": (_last_exit_nonzero, False),
     "last attempt's cause unset": (_last_not_paused, False),
     "no attempt": (_no_attempt, False),
 }
@@ -159,9 +172,13 @@ def _world(tmp_path: Path) -> tuple[Store, dict[str, int]]:
     return store, ids
 
 
-def _changed(s: Any, t: Trial) -> bool:
+def _events(s: Any) -> int:
+    return int(s.scalar(select(func.count()).select_from(Event)))
+
+
+def _changed(s: Any, t: Trial, events_before: int) -> bool:
     touched = [t, *t.attempts]
-    return bool(s.new) or any(s.is_modified(x) for x in touched)
+    return bool(s.new) or any(s.is_modified(x) for x in touched) or _events(s) != events_before
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -179,8 +196,9 @@ def test_the_rule_skips_exactly_the_trials_a_pass_leaves_unchanged(
             # the live attempt's job is still ending: the poll says so
             statuses = {a.job_id: JobStatus(a.job_id, JobState.RUNNING) for a in t.attempts}
             tp = TrialPass(statuses, _Clock(), max_restarts=3, final_length=FINAL)
+            events = _events(s)
             reconcile_trial(s, t, tp)
-            changed = _changed(s, t) or bool(tp.cancels) or bool(tp.stopping)
+            changed = _changed(s, t, events) or bool(tp.cancels) or bool(tp.stopping)
             s.rollback()
         assert (ids[name] in skipped) == CASES[name][1]
         if ids[name] in skipped:
