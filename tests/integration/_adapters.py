@@ -20,7 +20,7 @@ from typing import Any
 from dlhpc.protocol import checkpoint_trial_dir, recorded_slug
 from dlhpc.states import TERMINAL_EXPERIMENT_STATES as TERMINAL
 from tests.integration.conftest import Cli
-from tests.unit._adapters import EXAMPLES
+from tests.unit._adapters import EXAMPLES, Trial
 
 __all__ = [
     "asha_with_one_requeue",
@@ -82,6 +82,21 @@ def asha_with_one_requeue(
         time.sleep(1)
     assert victim is not None, "no trial was caught mid-rung: " + json.dumps(exp, indent=1)
     return exp, victim
+
+
+class ReferenceOnRequeue:
+    """An ``on_requeue`` for :func:`asha_with_one_requeue`: starts the requeued trial's
+    uninterrupted reference run (its hyperparameters without ``step_sleep``, its seed,
+    ``length`` units) beside the search; :attr:`runs` holds it and its process."""
+
+    def __init__(self, cli: Cli, folder: Path, example: str, length: int) -> None:
+        self.cli, self.folder, self.example, self.length = cli, folder, example, length
+        self.runs: list[tuple[Trial, subprocess.Popen[str]]] = []
+
+    def __call__(self, trial: dict[str, Any]) -> None:
+        ref = Trial(self.folder, self.example, {**trial["hparams"], "step_sleep": 0.0})
+        ref.seed = trial_seed(self.cli, int(trial["id"]))
+        self.runs.append((ref, ref.start(self.length)))
 
 
 def trial_seed(cli: Cli, trial_id: int) -> int:

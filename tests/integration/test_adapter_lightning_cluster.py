@@ -5,13 +5,12 @@ checkpoint, ending bitwise as an uninterrupted run; metrics in ``dlhpc status --
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.integration._adapters import (
+    ReferenceOnRequeue,
     asha_with_one_requeue,
     attempt_exits,
     checkpoint_dir,
@@ -19,7 +18,7 @@ from tests.integration._adapters import (
     trial_seed,
 )
 from tests.integration.conftest import Cli
-from tests.unit._adapters import Trial, lightning_weights_sha, require
+from tests.unit._adapters import lightning_weights_sha, require
 
 pytestmark = pytest.mark.cluster
 
@@ -37,15 +36,9 @@ SEARCHER = (
 
 def test_lightning_asha_requeued_trial_resumes_bitwise(cli: Cli, tmp_path: Path) -> None:
     require("lightning", "lightning", "sklearn")
-    refs: list[tuple[Trial, subprocess.Popen[str]]] = []  # started once the victim is known
-
-    def start_reference(trial: dict[str, Any]) -> None:
-        ref = Trial(tmp_path / "ref", "lightning", {**trial["hparams"], "step_sleep": 0.0})
-        ref.seed = trial_seed(cli, int(trial["id"]))
-        refs.append((ref, ref.start(6)))
-
+    reference = ReferenceOnRequeue(cli, tmp_path / "ref", "lightning", 6)  # started on the requeue
     exp, victim = asha_with_one_requeue(
-        cli, tmp_path, "lightning", HPARAMS, SEARCHER, 3, on_requeue=start_reference
+        cli, tmp_path, "lightning", HPARAMS, SEARCHER, 3, on_requeue=reference
     )
     assert exp["state"] == "COMPLETED", json.dumps(exp, indent=1)
     states = sorted(t["state"] for t in exp["trials"])
@@ -62,7 +55,7 @@ def test_lightning_asha_requeued_trial_resumes_bitwise(cli: Cli, tmp_path: Path)
     cli("report", str(exp["id"]), "-o", str(page))
     assert "Other metrics recorded:" in page.read_text() and "train_loss" in page.read_text()
 
-    ((ref, proc),) = refs  # the uninterrupted run, with the victim's hparams and seed
+    ((ref, proc),) = reference.runs  # the uninterrupted run, with the victim's hparams and seed
     assert ref.hparams == {**t["hparams"], "step_sleep": 0.0}, (ref.hparams, t)
     assert ref.seed == trial_seed(cli, victim)
     out, _ = proc.communicate(timeout=300)
