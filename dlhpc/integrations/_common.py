@@ -90,12 +90,15 @@ def _destroy_default_group() -> None:
 def destroy_process_group_at_exit() -> None:
     """Destroy torch's default process group at interpreter exit, if still there.
 
-    Idempotent (registered once however often it is called). Without it a gloo rank
-    that ends without ``destroy_process_group()`` can abort (SIGABRT, "terminate
-    called without an active exception") while the interpreter finalizes, and the
-    attempt of a trial that finished would count as crashed. Lightning registers
-    such a handler for NCCL only. At exit nothing uses the group any more, so the
-    handler cannot disturb a script that keeps using it after training.
+    Idempotent (registered once however often it is called); at exit it does nothing
+    when no group is there. Without it a gloo rank that ends without
+    ``destroy_process_group()`` can abort (SIGABRT, "terminate called without an
+    active exception") while the interpreter finalizes, and the attempt of a trial
+    that finished would count as crashed: a world of one rank too (a CI run saw a
+    Hugging Face trial's last attempt end non-zero after its final checkpoint).
+    Lightning registers such a handler for NCCL only. At exit nothing uses the group
+    any more, so the handler cannot disturb a script that keeps using it after
+    training.
     """
     atexit.unregister(_destroy_default_group)
     atexit.register(_destroy_default_group)

@@ -130,8 +130,7 @@ class DlhpcCallback(Callback):
         if stage != "fit":
             return
         _check_world(trainer, self.ctx)
-        if trainer.world_size > 1:
-            destroy_process_group_at_exit()
+        destroy_process_group_at_exit()  # a no-op at exit when no group was started
         if threading.current_thread() is threading.main_thread():
             self._handlers = {sig: signal.getsignal(sig) for sig in _SIGNALS}
         ctx = self.ctx

@@ -151,8 +151,9 @@ class DlhpcCallback(TrainerCallback):
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         training_args(args, self.unit, self.ctx)
-        if args.world_size > 1:
-            destroy_process_group_at_exit()
+        # also at world size 1: the Trainer starts a gloo group whenever LOCAL_RANK is
+        # set, as dlhpc's worker sets it in every job
+        destroy_process_group_at_exit()
 
     # -- metrics -------------------------------------------------------------
 

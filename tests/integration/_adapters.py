@@ -27,6 +27,7 @@ __all__ = [
     "attempt_exits",
     "checkpoint_dir",
     "db_metrics",
+    "job_logs",
     "trial_seed",
 ]
 
@@ -146,3 +147,12 @@ def checkpoint_dir(cli: Cli, exp_id: int, trial_id: int) -> Path:
         con.close()
     root = cli.home / "scratch" / "checkpoints"
     return checkpoint_trial_dir(root, exp_id, trial_id, recorded_slug(exp_id, run_dir))
+
+
+def job_logs(cli: Cli, exp_id: int, tail: int = 3000) -> str:
+    """The last ``tail`` characters of each of the experiment's job logs (stderr), for
+    a failure message: what a crashed attempt printed."""
+    out = []
+    for err in sorted(cli.home.glob(f"runs/exp-{exp_id:06d}-*/jobs/*.err")):
+        out.append(f"== {err.name}\n{err.read_text(errors='replace')[-tail:]}")
+    return "\n".join(out)

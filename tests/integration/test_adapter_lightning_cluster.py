@@ -15,6 +15,7 @@ from tests.integration._adapters import (
     attempt_exits,
     checkpoint_dir,
     db_metrics,
+    job_logs,
     trial_seed,
 )
 from tests.integration.conftest import Cli
@@ -47,7 +48,7 @@ def test_lightning_asha_requeued_trial_resumes_bitwise(cli: Cli, tmp_path: Path)
     assert t["state"] == "COMPLETED" and t["steps_completed"] == 6
     causes = [a["cause"] for a in t["attempts"]]
     assert "requeued" in causes and causes[-1] == "completed", causes
-    assert t["crashes"] == 0
+    assert t["crashes"] == 0, job_logs(cli, exp["id"])  # what the crashed attempt said
     # the adapter saw TERM, saved where needed and exited for requeue itself
     assert ("requeued", 75) in attempt_exits(cli, victim), attempt_exits(cli, victim)
     assert 0.0 < t["best_metric"] <= 1.0  # val_accuracy, reported by the callback

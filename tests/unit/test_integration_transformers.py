@@ -168,3 +168,27 @@ def test_ddp_term_on_one_rank_saves_every_ranks_part_and_both_resume(tmp_path: P
     assert [p.returncode for p in procs] == [0, 0], outs
     assert all(f"resumed at step {int(mid[5:])}" in out for out in outs), outs
     assert t.checkpoints()[-1] == f"ckpt-{3 * STEPS_PER_EPOCH // 2:010d}"
+
+
+def test_one_rank_job_destroys_the_trainers_gloo_group_at_exit(tmp_path: Path) -> None:
+    """A one-rank job (dlhpc's worker sets RANK, WORLD_SIZE=1, LOCAL_RANK): the Trainer
+    starts a gloo group, which the callback destroys at exit (a live group can abort
+    the interpreter's finalization, turning a finished attempt into a crash)."""
+    require("transformers", "transformers", "accelerate", "tokenizers")
+    import sys
+
+    wrapper = tmp_path / "wrapper.py"
+    wrapper.write_text(
+        "import atexit, runpy, sys\n"
+        "import torch.distributed as dist\n"
+        "atexit.register(lambda: print('at exit, group alive:', dist.is_initialized()))\n"
+        "sys.argv = ['train.py']\n"
+        "runpy.run_path('train.py', run_name='__main__')\n"
+        "print('after training, group alive:', dist.is_initialized())\n"
+    )
+    t = Trial(tmp_path, "hf-trainer", HP)
+    (proc,) = t.start_ranks(1, [sys.executable, str(wrapper)], ranks=1)
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out
+    assert "after training, group alive: True" in out, out  # the Trainer started one
+    assert "at exit, group alive: False" in out, out  # registered first, runs last
