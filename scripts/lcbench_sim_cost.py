@@ -7,6 +7,7 @@ changed nothing measured). ``--profile N`` prints the N most expensive functions
 run (cProfile, cumulative).
 
     python scripts/lcbench_sim_cost.py --task 3945 --methods random,asha --scratch /tmp,/dev/shm
+    python scripts/lcbench_sim_cost.py --methods '' --searcher 'at={name: asha, proposer: tpe}'
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _lcbench_dlhpc import SimKnobs, run_dlhpc, searcher_section  # noqa: E402
 from _lcbench_measures import Trace  # noqa: E402
 from _lcbench_surrogate import Surrogate  # noqa: E402
+from bench_search_lcbench import parse_methods  # noqa: E402
 
 
 def digest(trace: Trace) -> str:
@@ -36,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--task", default="3945")
     p.add_argument("--methods", default="random,asha", help="dlhpc searcher names")
+    p.add_argument("--searcher", action="append", default=[], help="LABEL={YAML mapping}")
     p.add_argument("--workers", type=int, default=16)
     p.add_argument("--budget", type=int, default=10000)
     p.add_argument("--seed", type=int, default=0)
@@ -44,8 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     surrogate = Surrogate()
     knobs = SimKnobs(args.workers)
-    for method in args.methods.split(","):
-        section = searcher_section({"name": method, "seed": args.seed}, args.budget, args.workers)
+    for method, mapping in parse_methods(args.methods, args.searcher):
+        if mapping is None:
+            raise SystemExit(f"{method}: a peer method; this script runs dlhpc searchers")
+        section = searcher_section({**mapping, "seed": args.seed}, args.budget, args.workers)
         for folder in args.scratch.split(","):
             prof = cProfile.Profile() if args.profile else None
             t0, c0 = time.monotonic(), time.process_time()
