@@ -34,7 +34,6 @@ from dlhpc._safepath import is_inside
 from dlhpc.errors import NotFoundError, UsageError
 from dlhpc.orchestrator.checkpoints import checkpoint_root
 from dlhpc.orchestrator.export import ExportResult, export_trial
-from dlhpc.orchestrator.reproduce import trial_record_of
 from dlhpc.protocol.checkpoint import list_checkpoints, verify_checkpoint
 from dlhpc.states import CheckpointState
 from dlhpc.store import Checkpoint, ModelVersion, Store, utcnow
@@ -45,6 +44,7 @@ from dlhpc.store.model_registry import (
     parse_ref,
     trial_experiment,
 )
+from dlhpc.store.queries import trial_record_of
 
 __all__ = [
     "MAX_NOTE",

@@ -10,14 +10,13 @@ today's launch record and lists what differs from the original's record
 this machine is the one that runs the job). :func:`reproduce` launches it; with
 a checkpoint in the plan (``--from-checkpoint``), a copy of the original trial's
 newest verified checkpoint is put in the new trial's checkpoint folder before
-the job is submitted. :func:`trial_record_of` and :func:`diff_trials` serve
+the job is submitted. :func:`diff_trials` (with the store's ``trial_record_of``) serves
 ``dlhpc diff``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 from dataclasses import dataclass, field, replace
@@ -25,14 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 from dlhpc._perms import copy_file
 from dlhpc._safepath import inside
 from dlhpc.config import MAX_NAME_LENGTH
 from dlhpc.config.model import ExperimentConfig, HParam
 from dlhpc.config.serde import to_jsonable
-from dlhpc.errors import NotFoundError, UsageError
+from dlhpc.errors import UsageError
 from dlhpc.orchestrator.common import SchedulerPool, config_of, log_event
 from dlhpc.orchestrator.launch import launch
 from dlhpc.orchestrator.runfiles import trial_spec
@@ -48,7 +46,8 @@ from dlhpc.repro import (
     trial_record,
 )
 from dlhpc.scheduler.registry import Registry, default_registry
-from dlhpc.store import Attempt, Experiment, Store, Trial
+from dlhpc.store import Experiment, Store, Trial
+from dlhpc.store.queries import trial_record_of
 
 __all__ = [
     "ReproducePlan",
@@ -56,7 +55,6 @@ __all__ = [
     "diff_trials",
     "plan_reproduce",
     "reproduce",
-    "trial_record_of",
 ]
 
 NOW_SECTIONS = ("python", "packages", "conda", "modules", "slurm", "data")
@@ -86,33 +84,6 @@ class ReproduceResult:
     experiment_id: int
     trial_id: int
     job_ids: list[str]
-
-
-def _latest_env(session: Session, trial_id: int) -> dict[str, Any]:
-    """The newest attempt record of the trial ({} when none was recorded)."""
-    for env_json in session.scalars(
-        select(Attempt.env_json).where(Attempt.trial_id == trial_id).order_by(Attempt.id.desc())
-    ):
-        env = json.loads(env_json or "{}")
-        if env:
-            return dict(env)
-    return {}
-
-
-def trial_record_of(session: Session, trial_id: int) -> dict[str, Any]:
-    """The trial's record (:func:`dlhpc.repro.trial_record`) from the DB."""
-    trial = session.get(Trial, trial_id)
-    if trial is None:
-        raise NotFoundError(f"no trial {trial_id}")
-    exp = trial.experiment
-    return trial_record(
-        json.loads(exp.repro_json or "{}"),
-        json.loads(exp.config_json),
-        json.loads(trial.hparams_json),
-        trial.seed,
-        trial.max_length,
-        _latest_env(session, trial_id),
-    )
 
 
 def volatile_env(registry: Registry) -> frozenset[str]:

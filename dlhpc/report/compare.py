@@ -50,8 +50,8 @@ from dlhpc.report._load import load_page
 from dlhpc.report._model import Page, hparam_views
 from dlhpc.report._record import parse_record
 from dlhpc.report._redact import redact_text, redact_value
-from dlhpc.repro import trial_record
-from dlhpc.store import Attempt, Experiment, Store, Trial
+from dlhpc.store import Experiment, Store, Trial
+from dlhpc.store.queries import trial_record_of
 
 __all__ = [
     "CompareModel",
@@ -157,17 +157,7 @@ def _record(store: Store, side: Side) -> dict[str, Any]:
         if trial is None:
             record: dict[str, Any] = {"experiment": launch, "config": config}
         else:
-            env: dict[str, Any] = {}
-            for text in s.scalars(
-                select(Attempt.env_json)
-                .where(Attempt.trial_id == trial.id)
-                .order_by(Attempt.id.desc())
-            ):
-                env = parse_record(text)
-                if env:
-                    break
-            hparams = parse_record(trial.hparams_json)
-            record = trial_record(launch, config, hparams, trial.seed, trial.max_length, env)
+            record = trial_record_of(s, trial.id)
     redacted = redact_value(record)
     return redacted if isinstance(redacted, dict) else {}
 

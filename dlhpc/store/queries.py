@@ -1,18 +1,29 @@
 """Small read queries the CLI needs (who owns an experiment, a trial's newest attempt,
-an experiment's checkpoints), so that no SQL lives in ``dlhpc.cli``."""
+an experiment's checkpoints), so that no SQL lives in ``dlhpc.cli``; and a trial's
+reproducibility record, which ``reproduce``/``diff``, the registry and the compare page
+all build the same way."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dlhpc.errors import NotFoundError
+from dlhpc.repro import trial_record
 from dlhpc.states import CheckpointState
 from dlhpc.store.models import Attempt, Checkpoint, Experiment, Submission, Trial
 
-__all__ = ["experiment_checkpoints", "experiment_owner", "experiment_owners", "latest_attempt"]
+__all__ = [
+    "experiment_checkpoints",
+    "experiment_owner",
+    "experiment_owners",
+    "latest_attempt",
+    "trial_record_of",
+]
 
 
 def experiment_owner(
@@ -73,3 +84,38 @@ def experiment_checkpoints(
     if not include_deleted:
         query = query.where(Checkpoint.state == CheckpointState.ACTIVE.value)
     return list(s.scalars(query))
+
+
+def _object(text: str | None) -> dict[str, Any]:
+    """A JSON column as a dict; ``{}`` when empty or not a JSON object."""
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def trial_record_of(s: Session, trial_id: int) -> dict[str, Any]:
+    """The trial's reproducibility record (:func:`dlhpc.repro.trial_record`): its
+    experiment's launch record and config, its hyperparameters, seed and length, and
+    the environment its newest attempt that recorded one saw ({} when none did).
+    Raises :class:`~dlhpc.errors.NotFoundError` for an unknown trial."""
+    trial = s.get(Trial, trial_id)
+    if trial is None:
+        raise NotFoundError(f"no trial {trial_id}")
+    env: dict[str, Any] = {}
+    for text in s.scalars(
+        select(Attempt.env_json).where(Attempt.trial_id == trial_id).order_by(Attempt.id.desc())
+    ):
+        env = _object(text)
+        if env:
+            break
+    exp = trial.experiment
+    return trial_record(
+        _object(exp.repro_json),
+        _object(exp.config_json),
+        _object(trial.hparams_json),
+        trial.seed,
+        trial.max_length,
+        env,
+    )
