@@ -23,6 +23,9 @@ time-limit signal (Slurm: USR2) it asks the backend to requeue this task
 (Slurm: ``scontrol requeue``). After a TERM Slurm requeues preempted jobs
 itself; anything else is for the reconciler. After a TERM, rank 0 asks the backend
 once whether it is a preemption and says so in its exit record (``preempted``).
+A script that died of a signal the worker forwards (exit 128+n) ended by that
+signal even when the worker's own copy had not arrived yet (the scheduler signals
+each process on its own): the exit record says so, and it is no crash.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ from dlhpc.repro.job import attempt_record, deterministic_env
 from dlhpc.scheduler.environment import JobEnvironment
 from dlhpc.scheduler.registry import default_registry
 
-__all__ = ["TrialFailed", "job_identity", "run_trial"]
+__all__ = ["TrialFailed", "exit_reason", "job_identity", "run_trial"]
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -137,6 +140,24 @@ class _Heartbeat(threading.Thread):
             self.beat()
 
 
+def exit_reason(code: int, received: list[str]) -> tuple[str, str | None]:
+    """``(reason, signal)`` of the exit record for the entrypoint's exit ``code``
+    (signals as 128+n) given the signals the worker received (names, in order):
+    ``completed`` (0), ``requeue`` (:data:`REQUEUE_EXIT_CODE`), ``signal`` (the worker
+    received one, or the script died of one the worker forwards), else ``error``."""
+    first = received[0] if received else None
+    if first is None and code > 128:
+        with contextlib.suppress(ValueError):
+            sig = signal.Signals(code - 128)
+            if sig in _FORWARDED:
+                first = sig.name.removeprefix("SIG")
+    if code == 0:
+        return "completed", first
+    if code == REQUEUE_EXIT_CODE:
+        return "requeue", first
+    return ("signal" if first is not None else "error"), first
+
+
 def run_entrypoint(trial_dir: Path) -> int:
     """Run the trial once; returns the entrypoint's exit code (signals as 128+n)."""
     spec = TrialSpec.read(trial_file(trial_dir))
@@ -203,15 +224,7 @@ def run_entrypoint(trial_dir: Path) -> int:
             sampler.stop()
     if code < 0:
         code = 128 - code
-    first = received[0] if received else None
-    if code == 0:
-        reason = "completed"
-    elif code == REQUEUE_EXIT_CODE:
-        reason = "requeue"
-    elif first is not None:
-        reason = "signal"
-    else:
-        reason = "error"
+    reason, first = exit_reason(code, received)
     progress = read_small_json(attempt_dir / PROGRESS_FILE) or {}
     extra = {}
     if rank == 0 and first == "TERM":  # asked while this step still runs (the job too)

@@ -78,6 +78,36 @@ def test_failing_entrypoint_exit_code_is_recorded(tmp_path: Path) -> None:
     assert exit_rec["code"] == 7 and exit_rec["reason"] == "error"
 
 
+def test_script_dead_of_a_forwarded_signal_the_worker_never_got_ended_by_it(
+    tmp_path: Path,
+) -> None:
+    """The scheduler signals each process of the step: the script can die of its TERM
+    before the worker's own copy arrives. That is a signal's end, not a crash."""
+    kill_self = "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"
+    tdir = _trial(tmp_path, f"#!/bin/bash\npython -c '{kill_self}'\n", {})
+    proc = _run(tdir)
+    assert proc.returncode == 143, proc.stderr
+    records = [
+        r for b in read_event_batches(tdir / "attempts" / "local-abc_0.r0") for r in b.records
+    ]
+    exit_rec = next(r for r in records if r["type"] == "exit")
+    assert (exit_rec["code"], exit_rec["reason"], exit_rec["signal"]) == (143, "signal", "TERM")
+
+
+def test_exit_reason_of_each_kind_of_end() -> None:
+    from dlhpc.harness.worker import exit_reason
+
+    assert exit_reason(0, []) == ("completed", None)
+    assert exit_reason(75, ["USR2"]) == ("requeue", "USR2")
+    assert exit_reason(1, ["TERM"]) == ("signal", "TERM")  # it got one: the script's exit
+    assert exit_reason(1, []) == ("error", None)
+    assert exit_reason(128 + 12, []) == ("signal", "USR2")  # died of one it forwards
+    assert exit_reason(128 + 2, []) == ("signal", "INT")
+    assert exit_reason(128 + 9, []) == ("error", None)  # KILL (OOM killer...): not forwarded
+    assert exit_reason(128 + 11, []) == ("error", None)  # a segfault is the script's crash
+    assert exit_reason(255, []) == ("error", None)  # 127 is no signal number
+
+
 def test_worker_without_a_scheduler_identity_refuses(tmp_path: Path) -> None:
     tdir = _trial(tmp_path, "#!/bin/bash\ntrue\n", {})
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DLHPC_"))}
