@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -46,6 +47,14 @@ from dlhpc.errors import DlhpcError  # noqa: E402
 DLHPC_METHODS = ("random", "grid", "sha", "asha", "hyperband", "bayes")
 DEFAULT_METHODS = ",".join((*DLHPC_METHODS, *PEERS))
 SHM = Path("/dev/shm")  # the default --scratch where it exists (a memory file system)
+
+
+def write_json(path: Path, result: dict[str, Any]) -> None:
+    """Write ``result`` to ``path`` whole or not at all (a temporary file renamed over it),
+    so that a run stopped at any moment leaves its last complete file for ``--resume``."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    os.replace(tmp, path)
 
 
 def parse_methods(names: str, extra: list[str]) -> list[tuple[str, dict[str, Any] | None]]:
@@ -184,7 +193,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
             result["runs"].append(run)
         result["runtime_s"] = time.monotonic() - t0
         if args.json is not None:
-            args.json.write_text(json.dumps(result, indent=1))
+            write_json(args.json, result)
 
     for task in tasks:
         if task in result["tasks_done"]:
@@ -292,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         result = run_all(args)
         if args.json is not None:
-            args.json.write_text(json.dumps(result, indent=1))
+            write_json(args.json, result)
     print()
     print(write_report(result, args.svg_dir, args.stem))
     if "runtime_s" in result:
