@@ -11,7 +11,6 @@ beyond a line. Pure: every value arrives as an argument.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
@@ -20,18 +19,9 @@ from typing import Any
 
 from dlhpc._version import __version__
 from dlhpc.protocol import code_dir
+from dlhpc.store.queries import parse_record
 
 __all__ = ["attempt_environments", "parse_record", "repro_record"]
-
-
-def parse_record(text: str | None) -> dict[str, Any]:
-    """A JSON column (``repro_json``, ``config_json``, ``env_json``...) as a dict; ``{}``
-    when it is empty or not a JSON object."""
-    try:
-        value = json.loads(text or "{}")
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _d(value: Any) -> Mapping[str, Any]:

@@ -150,14 +150,16 @@ def _record(store: Store, side: Side) -> dict[str, Any]:
     trial, redacted as structured data (the shown cells are redacted as text too); a
     side without a trial gives its experiment's launch record and config alone."""
     with store.read() as s:
-        exp = s.get(Experiment, side.experiment_id)
         trial = s.get(Trial, side.record_trial) if side.record_trial is not None else None
-        assert exp is not None  # its page was loaded
-        launch, config = parse_record(exp.repro_json), parse_record(exp.config_json)
-        if trial is None:
-            record: dict[str, Any] = {"experiment": launch, "config": config}
-        else:
+        if trial is not None:
             record = trial_record_of(s, trial.id)
+        else:
+            exp = s.get(Experiment, side.experiment_id)
+            assert exp is not None  # its page was loaded
+            record = {
+                "experiment": parse_record(exp.repro_json),
+                "config": parse_record(exp.config_json),
+            }
     redacted = redact_value(record)
     return redacted if isinstance(redacted, dict) else {}
 

@@ -22,6 +22,7 @@ __all__ = [
     "experiment_owner",
     "experiment_owners",
     "latest_attempt",
+    "parse_record",
     "trial_record_of",
 ]
 
@@ -86,8 +87,9 @@ def experiment_checkpoints(
     return list(s.scalars(query))
 
 
-def _object(text: str | None) -> dict[str, Any]:
-    """A JSON column as a dict; ``{}`` when empty or not a JSON object."""
+def parse_record(text: str | None) -> dict[str, Any]:
+    """A JSON column (``repro_json``, ``config_json``, ``env_json``...) as a dict; ``{}``
+    when it is empty or not a JSON object."""
     try:
         value = json.loads(text or "{}")
     except ValueError:
@@ -107,14 +109,14 @@ def trial_record_of(s: Session, trial_id: int) -> dict[str, Any]:
     for text in s.scalars(
         select(Attempt.env_json).where(Attempt.trial_id == trial_id).order_by(Attempt.id.desc())
     ):
-        env = _object(text)
+        env = parse_record(text)
         if env:
             break
     exp = trial.experiment
     return trial_record(
-        _object(exp.repro_json),
-        _object(exp.config_json),
-        _object(trial.hparams_json),
+        parse_record(exp.repro_json),
+        parse_record(exp.config_json),
+        parse_record(trial.hparams_json),
         trial.seed,
         trial.max_length,
         env,
