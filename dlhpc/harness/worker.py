@@ -25,7 +25,10 @@ itself; anything else is for the reconciler. After a TERM, rank 0 asks the backe
 once whether it is a preemption and says so in its exit record (``preempted``).
 A script that died of a signal the worker forwards (exit 128+n) ended by that
 signal even when the worker's own copy had not arrived yet (the scheduler signals
-each process on its own): the exit record says so, and it is no crash.
+each process on its own): the exit record says so, and it is no crash. The
+entrypoint starts with those signals at their default action even when the worker
+itself was started with them ignored (a wrapper's ``nohup``-like setup would
+otherwise make the script deaf to preemption).
 """
 
 from __future__ import annotations
@@ -158,6 +161,45 @@ def exit_reason(code: int, received: list[str]) -> tuple[str, str | None]:
     return ("signal" if first is not None else "error"), first
 
 
+def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
+    """Send ``signum`` to ``proc``'s process group while it runs."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signum)
+
+
+def _run_child(entry_script: str, cwd: str, env: dict[str, str]) -> tuple[int, list[str]]:
+    """Run ``bash entry_script`` in its own session, forwarding the worker's signals
+    to its process group; returns its exit code (negative: killed by a signal) and the
+    names of the signals the worker received, in order."""
+    # The handlers go in before the child starts: exec resets caught signals to their
+    # default, so the entrypoint can be signalled even where this worker was started
+    # with them ignored (a signal ignored at exec stays ignored, and bash cannot trap it).
+    received: list[str] = []
+    child: list[subprocess.Popen[bytes]] = []
+    pending: list[int] = []  # arrived before the child existed
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        received.append(signal.Signals(signum).name.removeprefix("SIG"))
+        if child:
+            _signal_group(child[0], signum)
+        else:
+            pending.append(signum)
+
+    previous = {s: signal.signal(s, forward) for s in _FORWARDED}
+    try:
+        # Its own process group, so that forwarding reaches the training process and
+        # not just the shell running entry.sh.
+        proc = subprocess.Popen(["bash", entry_script], cwd=cwd, env=env, start_new_session=True)
+        child.append(proc)  # from here on the handler forwards by itself
+        for signum in pending:
+            _signal_group(proc, signum)
+        return proc.wait(), received
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def run_entrypoint(trial_dir: Path) -> int:
     """Run the trial once; returns the entrypoint's exit code (signals as 128+n)."""
     spec = TrialSpec.read(trial_file(trial_dir))
@@ -197,28 +239,9 @@ def run_entrypoint(trial_dir: Path) -> int:
     # GPU telemetry: one sampler per node (a no-op with one info line without NVML)
     sampler = start_gpu_sampler(attempt_dir, os.environ, job.node_id) if local_rank == 0 else None
 
-    # Its own process group, so that forwarding reaches the training process and
-    # not just the shell running entry.sh.
-    proc = subprocess.Popen(
-        ["bash", spec.entry_script],
-        cwd=spec.code_dir,
-        env=child_env,
-        start_new_session=True,
-    )
-    received: list[str] = []
-
-    def forward(signum: int, _frame: FrameType | None) -> None:
-        received.append(signal.Signals(signum).name.removeprefix("SIG"))
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signum)
-
-    previous = {s: signal.signal(s, forward) for s in _FORWARDED}
     try:
-        code = proc.wait()
+        code, received = _run_child(spec.entry_script, spec.code_dir, child_env)
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
         heartbeat.stopped.set()
         if sampler is not None:
             sampler.stop()

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from dlhpc.protocol import TrialSpec, read_event_batches
 
 
@@ -33,11 +35,22 @@ def _trial(tmp_path: Path, entry: str, hparams: dict[str, object]) -> Path:
     return tdir
 
 
-def _run(tdir: Path, job: str = "local-abc_0") -> subprocess.CompletedProcess[str]:
+# Starts the worker with TERM ignored, as some batch wrappers and CI runners do; an
+# ignored signal stays ignored across exec unless the worker catches it first.
+_TERM_IGNORED = (
+    "import os, signal, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+    " os.execv(sys.executable, [sys.executable, '-m', 'dlhpc.harness.worker', sys.argv[1]])"
+)
+
+
+def _run(
+    tdir: Path, job: str = "local-abc_0", *, term_ignored: bool = False
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env["DLHPC_JOB_ID"] = job
+    start = ["-c", _TERM_IGNORED] if term_ignored else ["-m", "dlhpc.harness.worker"]
     return subprocess.run(
-        [sys.executable, "-m", "dlhpc.harness.worker", str(tdir)],
+        [sys.executable, *start, str(tdir)],
         env=env,
         capture_output=True,
         text=True,
@@ -78,14 +91,17 @@ def test_failing_entrypoint_exit_code_is_recorded(tmp_path: Path) -> None:
     assert exit_rec["code"] == 7 and exit_rec["reason"] == "error"
 
 
+@pytest.mark.parametrize("term_ignored", [False, True], ids=["default", "term-ignored"])
 def test_script_dead_of_a_forwarded_signal_the_worker_never_got_ended_by_it(
-    tmp_path: Path,
+    tmp_path: Path, term_ignored: bool
 ) -> None:
     """The scheduler signals each process of the step: the script can die of its TERM
-    before the worker's own copy arrives. That is a signal's end, not a crash."""
+    before the worker's own copy arrives. That is a signal's end, not a crash. The
+    script gets TERM's default action even when the worker was started with TERM
+    ignored (before, it inherited the ignore and ran on)."""
     kill_self = "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"
     tdir = _trial(tmp_path, f"#!/bin/bash\npython -c '{kill_self}'\n", {})
-    proc = _run(tdir)
+    proc = _run(tdir, term_ignored=term_ignored)
     assert proc.returncode == 143, proc.stderr
     records = [
         r for b in read_event_batches(tdir / "attempts" / "local-abc_0.r0") for r in b.records
