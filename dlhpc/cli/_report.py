@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from dlhpc.cli._common import open_store, site_option
 from dlhpc.errors import UsageError
 from dlhpc.report.build import INDEX_FILE, MODELS_FILE, page_file, write_all, write_report
+from dlhpc.store import Store
 
 __all__ = ["COMMANDS"]
 
@@ -103,7 +104,15 @@ def report(
         if not quiet:
             click.echo(f"wrote {path} ({_size(size)})")
         return
-    assert out_dir is not None
+    assert out_dir is not None  # checked above: --all needs --out-dir
+    _write_every_page(store, out_dir, force=force, publish=publish, quiet=quiet)
+
+
+def _write_every_page(
+    store: Store, out_dir: Path, *, force: bool, publish: bool, quiet: bool
+) -> None:
+    """``report --all``: every experiment's page, models.html and the index into
+    ``out_dir``, with a progress bar on a terminal and one summary line."""
     err = Console(stderr=True)
     with Progress(
         TextColumn("report"),
@@ -122,16 +131,17 @@ def report(
             force=force,
             publish=publish,
         )
-    if not quiet:
-        pages = len(result.written) - 2  # the experiments' pages, not models.html and the index
-        total = sum(n for _, n in result.written)
-        kept = f", {len(result.kept)} unchanged page(s) kept" if result.kept else ""
-        click.echo(
-            f"wrote {pages} page(s), {out_dir / MODELS_FILE} and {out_dir / INDEX_FILE}"
-            f" ({_size(total)} in all){kept}"
-        )
-        if publish:
-            click.echo(f"published: {out_dir} and its pages are readable by others")
+    if quiet:
+        return
+    pages = len(result.written) - 2  # the experiments' pages, not models.html and the index
+    total = sum(n for _, n in result.written)
+    kept = f", {len(result.kept)} unchanged page(s) kept" if result.kept else ""
+    click.echo(
+        f"wrote {pages} page(s), {out_dir / MODELS_FILE} and {out_dir / INDEX_FILE}"
+        f" ({_size(total)} in all){kept}"
+    )
+    if publish:
+        click.echo(f"published: {out_dir} and its pages are readable by others")
 
 
 def _one_id(experiment_ids: tuple[int, ...], trial_ids: tuple[int, ...]) -> int | None:

@@ -200,57 +200,42 @@ def _run_child(entry_script: str, cwd: str, env: dict[str, str]) -> tuple[int, l
             signal.signal(s, handler)
 
 
-def run_entrypoint(trial_dir: Path) -> int:
-    """Run the trial once; returns the entrypoint's exit code (signals as 128+n)."""
-    spec = TrialSpec.read(trial_file(trial_dir))
-    if spec.umask is not None:  # the site's policy, before this job creates anything
-        os.umask(spec.umask)
-    job = _job(os.environ)
-    job_id, restart, rank = job.job_id, job.restart, job.rank
-    attempt_dir = attempts_dir(trial_dir) / attempt_key(job_id, restart)
-    events = EventWriter(attempt_dir, f"worker-r{rank}")
-    child_env = _child_env(spec, trial_dir, attempt_dir)
-    local_rank = job.local_rank
+def _record_start(
+    events: EventWriter, job: JobEnvironment, spec: TrialSpec, child_env: dict[str, str]
+) -> None:
+    """Flush this rank's ``start`` record, and on each node's local rank 0 its ``env``
+    record (the data fingerprint once, on rank 0)."""
     events.add(
         "start",
         host=socket.gethostname(),
         pid=os.getpid(),
-        job_id=job_id,
-        restart=restart,
-        rank=rank,
+        job_id=job.job_id,
+        restart=job.restart,
+        rank=job.rank,
         nodes=job.node_list or socket.gethostname(),
     )
-    if local_rank == 0:  # one record per node; the data fingerprint once, on rank 0
-        data = spec.data if rank == 0 else []
+    if job.local_rank == 0:
         record = attempt_record(
             child_env,
-            rank=rank,
-            data=data,
+            rank=job.rank,
+            data=spec.data if job.rank == 0 else [],
             declared=list(spec.env),
             nodes=job.node_list,
             scheduler_vars=job.record_vars,
         )
-        events.add("env", rank=rank, record=record)
+        events.add("env", rank=job.rank, record=record)
     events.flush()
-    heartbeat = _Heartbeat(attempt_dir / HEARTBEAT_FILE, HEARTBEAT_INTERVAL_S)
-    if rank == 0:
-        heartbeat.beat()
-        heartbeat.start()
-    # GPU telemetry: one sampler per node (a no-op with one info line without NVML)
-    sampler = start_gpu_sampler(attempt_dir, os.environ, job.node_id) if local_rank == 0 else None
 
-    try:
-        code, received = _run_child(spec.entry_script, spec.code_dir, child_env)
-    finally:
-        heartbeat.stopped.set()
-        if sampler is not None:
-            sampler.stop()
-    if code < 0:
-        code = 128 - code
+
+def _record_exit(
+    events: EventWriter, job: JobEnvironment, attempt_dir: Path, code: int, received: list[str]
+) -> tuple[str, str | None]:
+    """Flush the ``exit`` record of entrypoint exit ``code``; returns its
+    ``(reason, first signal)`` (see :func:`exit_reason`)."""
     reason, first = exit_reason(code, received)
     progress = read_small_json(attempt_dir / PROGRESS_FILE) or {}
     extra = {}
-    if rank == 0 and first == "TERM":  # asked while this step still runs (the job too)
+    if job.rank == 0 and first == "TERM":  # asked while this step still runs (the job too)
         preempted = job.preempted()
         if preempted is not None:
             extra["preempted"] = preempted
@@ -264,6 +249,36 @@ def run_entrypoint(trial_dir: Path) -> int:
         **extra,
     )
     events.flush()
+    return reason, first
+
+
+def run_entrypoint(trial_dir: Path) -> int:
+    """Run the trial once; returns the entrypoint's exit code (signals as 128+n)."""
+    spec = TrialSpec.read(trial_file(trial_dir))
+    if spec.umask is not None:  # the site's policy, before this job creates anything
+        os.umask(spec.umask)
+    job = _job(os.environ)
+    job_id, restart, rank = job.job_id, job.restart, job.rank
+    attempt_dir = attempts_dir(trial_dir) / attempt_key(job_id, restart)
+    events = EventWriter(attempt_dir, f"worker-r{rank}")
+    child_env = _child_env(spec, trial_dir, attempt_dir)
+    _record_start(events, job, spec, child_env)
+    heartbeat = _Heartbeat(attempt_dir / HEARTBEAT_FILE, HEARTBEAT_INTERVAL_S)
+    if rank == 0:
+        heartbeat.beat()
+        heartbeat.start()
+    # GPU telemetry: one sampler per node (a no-op with one info line without NVML)
+    on_node_rank0 = job.local_rank == 0
+    sampler = start_gpu_sampler(attempt_dir, os.environ, job.node_id) if on_node_rank0 else None
+    try:
+        code, received = _run_child(spec.entry_script, spec.code_dir, child_env)
+    finally:
+        heartbeat.stopped.set()
+        if sampler is not None:
+            sampler.stop()
+    if code < 0:
+        code = 128 - code
+    reason, first = _record_exit(events, job, attempt_dir, code, received)
     if rank == 0 and reason == "requeue" and first and first == job.time_limit_signal:
         error = job.requeue_self()  # the scheduler kills this run and queues the task again
         if error:  # e.g. not permitted: the job ends non-zero and the reconciler resubmits
