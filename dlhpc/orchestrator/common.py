@@ -21,8 +21,8 @@ from dlhpc.errors import SchedulerError
 from dlhpc.orchestrator.clock import SYSTEM_CLOCK, Clock
 from dlhpc.orchestrator.request import job_request, new_uid
 from dlhpc.orchestrator.runfiles import trial_spec, write_trial_specs
-from dlhpc.protocol import recorded_slug, trial_dir
-from dlhpc.scheduler import BaseScheduler, SubmittedTask, make_scheduler
+from dlhpc.protocol import TrialSpec, recorded_slug, trial_dir
+from dlhpc.scheduler import BaseScheduler, JobRequest, SubmittedTask, make_scheduler
 from dlhpc.scheduler.base import SubmitLimitError
 from dlhpc.scheduler.registry import Registry, default_registry
 from dlhpc.search import BaseSearcher, Create, make_searcher
@@ -215,14 +215,51 @@ def submit_pending(
     submission refused for a limit (:class:`SubmitLimitError`) leaves its trials
     PENDING, the row DEFERRED (not FAILED), and raises nothing.
     """
+    batch = _record_submission(store, pool, exp_id, clock, cfg)
+    if batch is None:
+        return []
+    write_trial_specs(batch.specs, store.runs_root)
+    limited = False
+    try:
+        tasks = batch.scheduler.submit(batch.request)
+        error = ""
+    except SchedulerError as err:
+        tasks = [t for t in err.submitted if isinstance(t, SubmittedTask)]
+        error = str(err)
+        limited = isinstance(err, SubmitLimitError)
+    failpoint("submit.after_sbatch")
+    _record_tasks(store, batch.sub_id, batch.trials, tasks, error, clock.now(), limited)
+    if error and not limited:
+        raise SchedulerError(error, submitted=tasks)
+    return tasks
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """A submission recorded as SUBMITTING (committed), and what sending it needs."""
+
+    sub_id: int
+    trials: list[Trial]  # in the submission's order (its trial_ids_json)
+    request: JobRequest
+    specs: list[TrialSpec]  # their trial.json files, not written yet
+    scheduler: BaseScheduler
+
+
+def _record_submission(
+    store: Store, pool: SchedulerPool, exp_id: int, clock: Clock, cfg: ExperimentConfig | None
+) -> _Batch | None:
+    """The first transaction of :func:`submit_pending`: choose the trials to submit (no
+    more than the scheduler's ``submit_slots``), build their request and specs, and
+    commit their SUBMITTING row. None: nothing to submit now (a ``submit.waiting``
+    event may have been committed)."""
     with store.write() as session:
         exp = session.get(Experiment, exp_id)
         if exp is None:
-            return []
+            return None
         cfg = cfg if cfg is not None else config_of(exp)
         trials = _unsubmitted(session, exp_id)
         if not trials:
-            return []
+            return None
         scheduler = pool.get(cfg.backend)
         # readers are not blocked meanwhile: only the commit takes SQLite's exclusive lock
         slots = scheduler.submit_slots(cfg.resources)
@@ -230,7 +267,7 @@ def submit_pending(
             _note_waiting(session, exp_id, len(trials) - slots, slots)
             trials = trials[:slots]
             if not trials:
-                return []
+                return None
         slug = recorded_slug(exp_id, exp.run_dir)  # "" for folders named before slugs
         dirs = [trial_dir(store.runs_root, exp_id, t.id, slug) for t in trials]  # as specs
         request = job_request(cfg, exp_id, Path(exp.run_dir), dirs, new_uid())
@@ -256,20 +293,7 @@ def submit_pending(
             )
             for t in trials
         ]
-    write_trial_specs(specs, store.runs_root)
-    limited = False
-    try:
-        tasks = scheduler.submit(request)
-        error = ""
-    except SchedulerError as err:
-        tasks = [t for t in err.submitted if isinstance(t, SubmittedTask)]
-        error = str(err)
-        limited = isinstance(err, SubmitLimitError)
-    failpoint("submit.after_sbatch")
-    _record_tasks(store, sub.id, trials, tasks, error, clock.now(), limited)
-    if error and not limited:
-        raise SchedulerError(error, submitted=tasks)
-    return tasks
+    return _Batch(sub.id, trials, request, specs, scheduler)
 
 
 _WAIT_KINDS = ("submit", "submit.waiting", "submit.deferred")

@@ -6,6 +6,7 @@ import json
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from dlhpc.orchestrator.request import DRY_RUN_UID, job_request
 from dlhpc.orchestrator.runfiles import publish_staging, stage_run_folder
 from dlhpc.protocol import checkpoint_experiment_dir, experiment_dir, trial_dir
 from dlhpc.repro import collect_launch_record
+from dlhpc.scheduler import SubmittedTask
 from dlhpc.search import Create
 from dlhpc.states import ExperimentState
 from dlhpc.store import Experiment, Store, utcnow
@@ -112,9 +114,7 @@ def launch(
     its trials and the searcher state, then the run folder is published and the
     trials are submitted (see :func:`submit_pending`).
     """
-    problem = pool.get(cfg.backend).limit_problem(cfg.resources)  # e.g. above MaxWall
-    if problem is not None:
-        raise ConfigError([key_issue(cfg.source, ("resources", "time"), problem)])
+    _check_limits(cfg, pool)
     creates, searcher_state = _initial_trials(cfg)
     staging = stage_run_folder(cfg, store.runs_root, code_from)
     try:
@@ -122,59 +122,101 @@ def launch(
             version = pool.get(cfg.backend).version_record()
             record = collect_launch_record(cfg, skip=store.runs_root, scheduler_version=version)
         with store.hold_lease():
-            now = utcnow()
-            with store.write() as session:
-                exp = Experiment(
-                    name=cfg.name,
-                    description=cfg.description,
-                    state=ExperimentState.ACTIVE.value,
-                    backend=cfg.backend,
-                    site=cfg.site.name,
-                    searcher=cfg.searcher.name,
-                    metric=cfg.searcher.metric,
-                    smaller_is_better=cfg.searcher.smaller_is_better,
-                    source_path=str(cfg.source),
-                    yaml_text=(
-                        yaml_text
-                        if yaml_text is not None
-                        else cfg.source.read_text(encoding="utf-8", errors="replace")
-                    ),
-                    config_json=json.dumps(to_jsonable(cfg), sort_keys=True),
-                    repro_json=json.dumps(record, sort_keys=True),
-                    run_dir="",
-                    searcher_state=searcher_state,
-                    user=_perms.current_user(),
-                    created_at=now,
-                )
-                session.add(exp)
-                session.flush()
-                exp.run_dir = str(experiment_dir(store.runs_root, exp.id, cfg.slug))
-                add_trials(session, exp, creates, cfg, store.runs_root, now)
-                log_event(
-                    session, "launch", f"launched {cfg.name} with {len(creates)} trials", exp.id
-                )
-                exp_id, exp_dir = exp.id, Path(exp.run_dir)
+            exp_id, exp_dir = _record_launch(store, cfg, creates, searcher_state, record, yaml_text)
             publish_staging(staging, cfg, exp_dir, exp_id)
             if cfg.site.permissions.mode == "group":  # jobs' checkpoint folders inherit it
                 make_dirs(
                     checkpoint_experiment_dir(cfg.checkpoint.dir, exp_id, cfg.slug),
                     cfg.site.permissions,
                 )
-            if prepare is not None:
-                try:
-                    prepare(exp_id)
-                except Exception as err:
-                    _fail(store, exp_id, f"preparing the run failed: {err}")
-                    raise
-            try:
-                tasks = submit_pending(store, pool, exp_id)
-            except SchedulerError as err:
-                if not err.submitted:
-                    _fail(store, exp_id, f"submission failed: {err}")
-                raise
+            tasks = _prepare_and_submit(store, pool, exp_id, prepare)
         return LaunchResult(exp_id, [t.job_id for t in tasks])
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _check_limits(cfg: ExperimentConfig, pool: SchedulerPool) -> None:
+    """Raise ConfigError (at ``resources.time``) for a request the backend refuses for
+    a site limit (e.g. above MaxWall), before anything is written."""
+    problem = pool.get(cfg.backend).limit_problem(cfg.resources)
+    if problem is not None:
+        raise ConfigError([key_issue(cfg.source, ("resources", "time"), problem)])
+
+
+def _experiment_row(
+    cfg: ExperimentConfig,
+    searcher_state: str,
+    record: dict[str, Any],
+    yaml_text: str | None,
+    now: datetime,
+) -> Experiment:
+    """The new ACTIVE experiment's row (``run_dir`` is set once it has its id); the YAML
+    kept is ``yaml_text``, or else ``cfg.source`` as it reads now."""
+    return Experiment(
+        name=cfg.name,
+        description=cfg.description,
+        state=ExperimentState.ACTIVE.value,
+        backend=cfg.backend,
+        site=cfg.site.name,
+        searcher=cfg.searcher.name,
+        metric=cfg.searcher.metric,
+        smaller_is_better=cfg.searcher.smaller_is_better,
+        source_path=str(cfg.source),
+        yaml_text=(
+            yaml_text
+            if yaml_text is not None
+            else cfg.source.read_text(encoding="utf-8", errors="replace")
+        ),
+        config_json=json.dumps(to_jsonable(cfg), sort_keys=True),
+        repro_json=json.dumps(record, sort_keys=True),
+        run_dir="",
+        searcher_state=searcher_state,
+        user=_perms.current_user(),
+        created_at=now,
+    )
+
+
+def _record_launch(
+    store: Store,
+    cfg: ExperimentConfig,
+    creates: list[Create],
+    searcher_state: str,
+    record: dict[str, Any],
+    yaml_text: str | None,
+) -> tuple[int, Path]:
+    """One write transaction (the caller holds the lease): the experiment, its first
+    trials (PENDING) and the searcher state, and a ``launch`` event. Returns the
+    experiment's id and run folder, committed."""
+    now = utcnow()
+    with store.write() as session:
+        exp = _experiment_row(cfg, searcher_state, record, yaml_text, now)
+        session.add(exp)
+        session.flush()
+        exp.run_dir = str(experiment_dir(store.runs_root, exp.id, cfg.slug))
+        add_trials(session, exp, creates, cfg, store.runs_root, now)
+        log_event(session, "launch", f"launched {cfg.name} with {len(creates)} trials", exp.id)
+        exp_id, exp_dir = exp.id, Path(exp.run_dir)
+    return exp_id, exp_dir
+
+
+def _prepare_and_submit(
+    store: Store, pool: SchedulerPool, exp_id: int, prepare: Callable[[int], None] | None
+) -> list[SubmittedTask]:
+    """Run ``prepare(exp_id)``, then submit the trials (:func:`submit_pending`). A
+    failure of ``prepare``, or a SchedulerError that submitted no job, marks the
+    experiment FAILED (a transaction of its own); every error is raised."""
+    if prepare is not None:
+        try:
+            prepare(exp_id)
+        except Exception as err:
+            _fail(store, exp_id, f"preparing the run failed: {err}")
+            raise
+    try:
+        return submit_pending(store, pool, exp_id)
+    except SchedulerError as err:
+        if not err.submitted:
+            _fail(store, exp_id, f"submission failed: {err}")
+        raise
 
 
 def _fail(store: Store, exp_id: int, message: str) -> None:

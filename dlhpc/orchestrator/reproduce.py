@@ -129,6 +129,27 @@ def _reproduction_config(
     )
 
 
+@dataclass(frozen=True)
+class _Original:
+    """The trial to reproduce and its experiment, as read in one read transaction."""
+
+    record: dict[str, Any]  # the trial's reproducibility record (trial_record_of)
+    exp_id: int
+    run_dir: Path  # the experiment's run folder
+    yaml_text: str
+    cfg: ExperimentConfig  # the experiment's config as launched
+
+
+def _read_original(store: Store, trial_id: int) -> _Original:
+    """Read the trial's record and its experiment (NotFoundError: no such trial)."""
+    with store.read() as session:
+        original = trial_record_of(session, trial_id)
+        trial = session.get(Trial, trial_id)
+        assert trial is not None  # trial_record_of checked
+        exp = trial.experiment
+        return _Original(original, exp.id, Path(exp.run_dir), exp.yaml_text, config_of(exp))
+
+
 def plan_reproduce(
     store: Store, pool: SchedulerPool, trial_id: int, from_checkpoint: bool = False
 ) -> ReproducePlan:
@@ -138,44 +159,81 @@ def plan_reproduce(
     Raises NotFoundError for an unknown trial and UsageError when the original's
     code snapshot is gone or (``from_checkpoint``) it has no verified checkpoint.
     """
-    with store.read() as session:
-        original = trial_record_of(session, trial_id)
-        trial = session.get(Trial, trial_id)
-        assert trial is not None  # trial_record_of checked
-        exp = trial.experiment
-        exp_id, run_dir, yaml_text = exp.id, Path(exp.run_dir), exp.yaml_text
-        cfg0 = config_of(exp)
+    orig = _read_original(store, trial_id)
+    exp_id, original = orig.exp_id, orig.record
     hp, seed, length = (original["trial"][k] for k in ("hparams", "seed", "max_length"))
-    code_dir = layout.code_dir(run_dir)
+    code_dir = layout.code_dir(orig.run_dir)
     if not code_dir.is_dir():
         raise UsageError(
             f"the code snapshot of experiment {exp_id} ({code_dir}) is gone; cannot reproduce"
         )
-    cfg = _reproduction_config(cfg0, trial_id, exp_id, hp, seed, length)
+    cfg = _reproduction_config(orig.cfg, trial_id, exp_id, hp, seed, length)
     checkpoint = None
     if from_checkpoint:
-        slug = layout.recorded_slug(exp_id, run_dir)
-        spec = trial_spec(cfg0, store.runs_root, exp_id, trial_id, hp, length, seed, slug=slug)
-        ckpt, _ = latest_verified(Path(spec.checkpoint_dir))
-        if ckpt is None:
-            raise UsageError(
-                f"trial {trial_id} has no verified checkpoint in {spec.checkpoint_dir}"
-            )
-        checkpoint = inside(spec.checkpoint_dir, ckpt.path, "checkpoint")  # not a symlink out
-    notes = []
-    code = original["experiment"].get("code")
+        checkpoint = _original_checkpoint(store, orig, trial_id, hp, length, seed)
+    notes: list[str] = []
+    record = _launch_record(pool, cfg, orig, code_dir, trial_id, checkpoint, notes)
+    local = pool.registry.get(cfg.backend).runs_here
+    now_attempt = _attempt_now(record, local, trial_id, notes)
+    if not original["attempt"]:
+        notes.append(f"trial {trial_id} has no attempt record: its GPU and data are not compared")
+    now = trial_record(record, to_jsonable(cfg), hp, seed, length, now_attempt)
+    sections = LOCAL_NOW_SECTIONS if local else NOW_SECTIONS
+    diffs = diff_records(original, now, sections, volatile_env(pool.registry))
+    return ReproducePlan(
+        trial_id, exp_id, cfg, hp, seed, length, code_dir, orig.yaml_text, record, checkpoint,
+        diffs, notes,
+    )  # fmt: skip
+
+
+def _original_checkpoint(
+    store: Store, orig: _Original, trial_id: int, hp: dict[str, Any], length: int, seed: int
+) -> Path:
+    """The original trial's newest verified checkpoint, inside its checkpoint folder
+    (UsageError: none)."""
+    slug = layout.recorded_slug(orig.exp_id, orig.run_dir)
+    spec = trial_spec(orig.cfg, store.runs_root, orig.exp_id, trial_id, hp, length, seed, slug=slug)
+    ckpt, _ = latest_verified(Path(spec.checkpoint_dir))
+    if ckpt is None:
+        raise UsageError(f"trial {trial_id} has no verified checkpoint in {spec.checkpoint_dir}")
+    return inside(spec.checkpoint_dir, ckpt.path, "checkpoint")  # not a symlink out
+
+
+def _launch_record(
+    pool: SchedulerPool,
+    cfg: ExperimentConfig,
+    orig: _Original,
+    code_dir: Path,
+    trial_id: int,
+    checkpoint: Path | None,
+    notes: list[str],
+) -> dict[str, Any]:
+    """Today's launch record of the reproduction: the original's code facts (its
+    snapshot's when it has no launch record: a note is appended to ``notes``), the
+    original YAML's hash, and what it reproduces."""
+    code = orig.record["experiment"].get("code")
     if not code:
-        notes.append(f"experiment {exp_id} has no launch record; code identified by its snapshot")
+        notes.append(
+            f"experiment {orig.exp_id} has no launch record; code identified by its snapshot"
+        )
         code = code_record(code_dir)
     version = pool.get(cfg.backend).version_record()
     record = collect_launch_record(cfg, code=code, scheduler_version=version)
-    record["config"]["yaml_sha256"] = hashlib.sha256(yaml_text.encode()).hexdigest()
+    record["config"]["yaml_sha256"] = hashlib.sha256(orig.yaml_text.encode()).hexdigest()
     record["reproduces"] = {
         "trial_id": trial_id,
-        "experiment_id": exp_id,
+        "experiment_id": orig.exp_id,
         "checkpoint": str(checkpoint) if checkpoint else None,
     }
-    local = pool.registry.get(cfg.backend).runs_here
+    return record
+
+
+def _attempt_now(
+    record: dict[str, Any], local: bool, trial_id: int, notes: list[str]
+) -> dict[str, Any]:
+    """What an attempt would record today: the data's fingerprints, and on a backend
+    that runs jobs here (``local``) this machine's CPU and GPUs; elsewhere a note on
+    comparing them once the job runs is appended to ``notes``."""
     now_attempt: dict[str, Any] = {"data": fingerprint_data(record["data"])}
     if local:  # this machine runs the job: its CPU and GPUs are the job's
         now_attempt.update(
@@ -186,15 +244,7 @@ def plan_reproduce(
             "GPU, driver and CPU are known once the job runs: compare them then with"
             f" `dlhpc diff {trial_id} NEW_TRIAL_ID`"
         )
-    if not original["attempt"]:
-        notes.append(f"trial {trial_id} has no attempt record: its GPU and data are not compared")
-    now = trial_record(record, to_jsonable(cfg), hp, seed, length, now_attempt)
-    sections = LOCAL_NOW_SECTIONS if local else NOW_SECTIONS
-    diffs = diff_records(original, now, sections, volatile_env(pool.registry))
-    return ReproducePlan(
-        trial_id, exp_id, cfg, hp, seed, length, code_dir, yaml_text, record, checkpoint,
-        diffs, notes,
-    )  # fmt: skip
+    return now_attempt
 
 
 def reproduce(store: Store, pool: SchedulerPool, plan: ReproducePlan) -> ReproduceResult:

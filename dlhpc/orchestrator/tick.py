@@ -20,42 +20,26 @@ from pathlib import Path
 from typing import NamedTuple
 
 from sqlalchemy import DateTime, Select, case, func, select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session
 
 from dlhpc import _perms
 from dlhpc._failpoints import failpoint
-from dlhpc.config.model import ExperimentConfig
 from dlhpc.errors import DlhpcError, LeaseHeldError, SchedulerError
+from dlhpc.orchestrator._reconcile import reconcile_experiment
 from dlhpc.orchestrator.adopt import recover_submissions
 from dlhpc.orchestrator.checkpoints import gc_pass
 from dlhpc.orchestrator.clock import SYSTEM_CLOCK, Clock
-from dlhpc.orchestrator.common import (
-    SchedulerPool,
-    config_of,
-    log_event,
-    searcher_of,
-    state_json,
-    submit_pending,
-)
-from dlhpc.orchestrator.decide import SearchPass, pending_promotions, write_stop_files
-from dlhpc.orchestrator.trials import TrialPass, reconcile_trial, settled_paused_ids
+from dlhpc.orchestrator.common import SchedulerPool, log_event, submit_pending
 from dlhpc.protocol import EVENT_FILE_RE, iter_attempt_dirs, split_attempt_key
 from dlhpc.scheduler import JobStatus
-from dlhpc.states import (
-    LIVE_ATTEMPT_STATES,
-    TERMINAL_TRIAL_STATES,
-    ExperimentState,
-    SubmissionState,
-    TrialState,
-)
-from dlhpc.store import Attempt, Event, Experiment, IngestedFile, Store, Submission, Trial
+from dlhpc.states import LIVE_ATTEMPT_STATES, TERMINAL_TRIAL_STATES, ExperimentState
+from dlhpc.store import Attempt, Event, Experiment, IngestedFile, Store, Trial
 from dlhpc.store.ingest import SETTLE_WINDOW, ingest_attempts
 from dlhpc.store.ingest import settling as settling_trials
 from dlhpc.store.summaries import refresh_metrics
 
 __all__ = ["TickReport", "tick"]
 
-_MAX_FAILED_SUBMISSIONS = 3
 # attempt folders per write transaction: a commit costs fsyncs (about 20 ms here, more
 # on NFS); a batch holds the write lock for about 0.1 s per 100 folders
 _INGEST_BATCH = 256
@@ -95,8 +79,49 @@ def tick(store: Store, pool: SchedulerPool, clock: Clock = SYSTEM_CLOCK) -> Tick
 
 
 def _tick(store: Store, pool: SchedulerPool, report: TickReport, clock: Clock) -> None:
-    now = clock.now()
-    # only this user's experiments (or unrecorded): Slurm would submit and scancel as us
+    """The pass under the lease: read, poll, ingest, then decide and act per experiment
+    (each step commits on its own; see the module docstring)."""
+    scan = _scan(store, clock.now())
+    report.experiments = len(scan.exp_ids)
+    statuses = _poll(pool, scan.jobs, report)
+    _note_no_accounting(store, pool, scan.jobs, scan.backend_of)
+    failpoint("tick.after_poll")
+    todo = _pending_attempt_dirs([*scan.scanned, *scan.settling], scan.done_files)
+    _ingest(store, todo, report, clock)
+    failpoint("tick.after_ingest")
+    # only a scanned live trial's folders can be in todo (a settling trial's are not
+    # looked up: it is terminal)
+    trial_backend = {t.id: scan.backend_of[t.experiment_id] for t in scan.scanned}
+    runs = _requeued_runs(pool, todo, scan.done_files, trial_backend, report)
+    for exp_id in scan.exp_ids:
+        _experiment_step(store, pool, exp_id, statuses, report, clock, runs)
+
+
+class _TrialRef(NamedTuple):
+    """The columns of a trial the tick's scan needs (no ORM object)."""
+
+    id: int
+    experiment_id: int
+    run_dir: str
+
+
+@dataclass(frozen=True)
+class _Scan:
+    """What the pass reads first (:func:`_scan`), columns only."""
+
+    exp_ids: list[int]  # this user's ACTIVE experiments
+    backend_of: dict[int, str]  # their backends, by experiment
+    jobs: dict[str, list[str]]  # the live trials' live attempts' jobs, by backend
+    scanned: list[_TrialRef]  # live trials whose folders are listed
+    settling: list[_TrialRef]  # ended trials still listed (files show late)
+    done_files: dict[tuple[int, str], set[str]]  # their ingested files, by attempt
+
+
+def _scan(store: Store, now: datetime) -> _Scan:
+    """One read transaction: this user's ACTIVE experiments (or unrecorded: Slurm would
+    submit and scancel as us), their live trials' live jobs (grouped by backend once
+    read), the trials whose folders are listed this pass, and the files already
+    ingested from them."""
     users = ("", _perms.current_user())
     with store.read() as s:
         exps = s.scalars(
@@ -125,11 +150,17 @@ def _tick(store: Store, pool: SchedulerPool, report: TickReport, clock: Clock) -
         # ended trials keep being listed for a while: shared filesystems show files late
         settling = [_TrialRef(*row) for row in settling_trials(s, now, users)]
         done_files = _ingested_names(s, [t.id for t in (*scanned, *settling)])
-    report.experiments = len(exps)
-
     by_backend: dict[str, list[str]] = defaultdict(list)
     for job_id, exp_id in live_jobs:
         by_backend[backend_of[exp_id]].append(job_id)
+    return _Scan(exp_ids, backend_of, by_backend, scanned, settling, done_files)
+
+
+def _poll(
+    pool: SchedulerPool, by_backend: dict[str, list[str]], report: TickReport
+) -> dict[str, JobStatus]:
+    """One ``poll`` per backend for all its live jobs: their states, by job id. A
+    failed poll gives no states this pass, never wrong ones (its error: ``report``)."""
     statuses: dict[str, JobStatus] = {}
     for backend, job_ids in by_backend.items():
         report.polled_jobs += len(job_ids)
@@ -137,35 +168,39 @@ def _tick(store: Store, pool: SchedulerPool, report: TickReport, clock: Clock) -
             statuses.update(pool.get(backend).poll(job_ids))
         except SchedulerError as err:
             report.errors.append(f"poll {backend}: {err}")  # no states this pass, retry next
+    return statuses
 
-    _note_no_accounting(store, pool, by_backend, backend_of)
-    failpoint("tick.after_poll")
-    todo = _pending_attempt_dirs([*scanned, *settling], done_files)
-    _ingest(store, todo, report, clock)
-    failpoint("tick.after_ingest")
-    # only a scanned live trial's folders can be in todo (a settling trial's are not
-    # looked up: it is terminal)
-    trial_backend = {t.id: backend_of[t.experiment_id] for t in scanned}
-    runs = _requeued_runs(pool, todo, done_files, trial_backend, report)
 
-    for exp_id in exp_ids:
-        try:
-            recover_submissions(store, pool, exp_id)
-        except SchedulerError as err:
-            report.errors.append(f"experiment {exp_id}: recovering a submission: {err}")
-            continue  # never resubmit while the orphan's jobs may exist
-        try:
-            cfg = _reconcile_experiment(store, pool, exp_id, statuses, report, clock, runs)
-        except (DlhpcError, ValueError) as err:
-            # e.g. its searcher's optional dependency vanished, or its saved state does
-            # not load: keep the other experiments moving, and say so every pass
-            report.errors.append(f"experiment {exp_id}: {type(err).__name__}: {err}")
-            continue
-        try:
-            report.submitted += len(submit_pending(store, pool, exp_id, clock, cfg=cfg))
-        except SchedulerError as err:
-            report.errors.append(f"experiment {exp_id}: {err}")
-        gc_pass(store, exp_id, report)  # the checkpoint keep policy; errors into the report
+def _experiment_step(
+    store: Store,
+    pool: SchedulerPool,
+    exp_id: int,
+    statuses: dict[str, JobStatus],
+    report: TickReport,
+    clock: Clock,
+    runs: dict[str, list[str]],
+) -> None:
+    """Decide and act for one experiment: recover its unrecorded submissions, reconcile
+    and decide (:func:`reconcile_experiment`), submit its pending trials, apply the
+    checkpoint keep policy. The errors it expects (the scheduler's; a DlhpcError or
+    ValueError while deciding) go into ``report`` and the other experiments go on."""
+    try:
+        recover_submissions(store, pool, exp_id)
+    except SchedulerError as err:
+        report.errors.append(f"experiment {exp_id}: recovering a submission: {err}")
+        return  # never resubmit while the orphan's jobs may exist
+    try:
+        cfg = reconcile_experiment(store, pool, exp_id, statuses, report, clock, runs)
+    except (DlhpcError, ValueError) as err:
+        # e.g. its searcher's optional dependency vanished, or its saved state does
+        # not load: keep the other experiments moving, and say so every pass
+        report.errors.append(f"experiment {exp_id}: {type(err).__name__}: {err}")
+        return
+    try:
+        report.submitted += len(submit_pending(store, pool, exp_id, clock, cfg=cfg))
+    except SchedulerError as err:
+        report.errors.append(f"experiment {exp_id}: {err}")
+    gc_pass(store, exp_id, report)  # the checkpoint keep policy; errors into the report
 
 
 _NO_ACCOUNTING = "scheduler.no_accounting"
@@ -263,14 +298,6 @@ def _quiet_trials(exp_ids: list[int], now: datetime) -> Select[int]:
     )
 
 
-class _TrialRef(NamedTuple):
-    """The columns of a trial the tick's scan needs (no ORM object)."""
-
-    id: int
-    experiment_id: int
-    run_dir: str
-
-
 def _pending_attempt_dirs(
     trials: list[_TrialRef], done: dict[tuple[int, str], set[str]]
 ) -> list[tuple[int, Path]]:
@@ -306,103 +333,3 @@ def _ingest(store: Store, todo: list[tuple[int, Path]], report: TickReport, cloc
                 report.metrics += result.metrics
             refresh_metrics(s, list({t.id: t for t, _ in folders}.values()))
         failpoint("tick.after_ingest_batch")
-
-
-def _reconcile_experiment(
-    store: Store,
-    pool: SchedulerPool,
-    exp_id: int,
-    statuses: dict[str, JobStatus],
-    report: TickReport,
-    clock: Clock,
-    runs: dict[str, list[str]],
-) -> ExperimentConfig | None:
-    """Reconcile the experiment's live trials and let its searcher decide; returns the
-    experiment's config as parsed (None: the experiment is not ACTIVE). Only the
-    trials not terminal yet and not settled are loaded (with their attempts), and
-    those an operation of the searcher names."""
-    now = clock.now()
-    with store.write() as s:
-        exp = s.get(Experiment, exp_id)
-        if exp is None or exp.state != ExperimentState.ACTIVE.value:
-            return None
-        cfg = config_of(exp)
-        searcher = searcher_of(cfg, exp.searcher_state)
-        # a settled PAUSED trial: reconciling it changes nothing, so it is not loaded
-        settled_q = settled_paused_ids(exp_id, cfg.searcher.max_length)
-        settled = set(s.scalars(settled_q))
-        was_live = _live_trials(s, exp_id, settled_q)
-        _load_attempts(s, [t.id for t in was_live])
-        tp = TrialPass(
-            statuses,
-            clock,
-            cfg.max_restarts,
-            cfg.searcher.max_length,
-            promotions=pending_promotions(s, exp_id),
-            runs=runs,
-        )
-        for t in was_live:
-            reconcile_trial(s, t, tp)
-        search = SearchPass(s, exp, cfg, searcher, now, store.runs_root)
-        search.tell(was_live, sorted(settled))
-        search.decide(was_live)
-        report.decisions += search.decisions
-        exp.searcher_state = state_json(searcher)
-        stopping = [*tp.stopping, *search.stopped_running]
-        cancels = [*tp.cancels, *search.cancels]
-
-        failed_subs = s.scalars(
-            select(Submission.id).where(
-                Submission.experiment_id == exp_id, Submission.state == SubmissionState.FAILED.value
-            )
-        ).all()
-        # trials terminal at the start of the pass stay so: only the live ones can differ
-        all_exited = not settled and all(TrialState(t.state).is_terminal for t in was_live)
-        if len(failed_subs) >= _MAX_FAILED_SUBMISSIONS:
-            _finish(s, exp, ExperimentState.FAILED, "submission failed repeatedly", now)
-            report.finished.append(exp_id)
-        elif all_exited and searcher.done:
-            completed = select(Trial.id).where(
-                Trial.experiment_id == exp_id, Trial.state == TrialState.COMPLETED.value
-            )
-            ok = s.scalar(completed.limit(1)) is not None
-            _finish(s, exp, ExperimentState.COMPLETED if ok else ExperimentState.FAILED, "", now)
-            report.finished.append(exp_id)
-        backend = exp.backend
-    failpoint("tick.after_decide")
-    write_stop_files(stopping)  # after the decision committed; rewritten each pass
-    if cancels:
-        # trials resubmitted (stop the zombies), stopped early, or stuck
-        pool.get(backend).cancel(cancels)
-    return cfg
-
-
-def _live_trials(s: Session, exp_id: int, settled: Select[int]) -> list[Trial]:
-    """The experiment's trials not terminal yet and not ``settled`` (a query of ids:
-    :func:`~dlhpc.orchestrator.trials.settled_paused_ids`), by id, without their attempts."""
-    return list(
-        s.scalars(
-            select(Trial)
-            .where(
-                Trial.experiment_id == exp_id,
-                Trial.state.not_in(TERMINAL_TRIAL_STATES),
-                Trial.id.not_in(settled),
-            )
-            .order_by(Trial.id)
-        )
-    )
-
-
-def _load_attempts(s: Session, trial_ids: list[int]) -> None:
-    """Load these trials' attempts into the session (one ``selectinload`` query: the
-    trials are in the identity map already). The others' load lazily if touched."""
-    if trial_ids:
-        s.scalars(
-            select(Trial).where(Trial.id.in_(trial_ids)).options(selectinload(Trial.attempts))
-        ).all()
-
-
-def _finish(s: Session, exp: Experiment, state: ExperimentState, why: str, now: datetime) -> None:
-    exp.state = state.value
-    exp.ended_at = now
-    log_event(s, f"experiment.{state.value.lower()}", why or state.value, exp.id)

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from dlhpc.orchestrator.clock import Clock
 from dlhpc.orchestrator.common import log_event
 from dlhpc.orchestrator.decide import STOP_GRACE, pending_promotion
-from dlhpc.orchestrator.recovery import judge, superseded_cause
+from dlhpc.orchestrator.recovery import Verdict, judge, superseded_cause
 from dlhpc.protocol import HEARTBEAT_FILE, PROGRESS_FILE, attempt_dir, read_small_json
 from dlhpc.scheduler import JobState, JobStatus
 from dlhpc.states import LIVE_ATTEMPT_STATES, SUPERSEDED, TrialState
@@ -168,16 +168,7 @@ def _completed(s: Session, t: Trial, current: Attempt | None, p: TrialPass) -> N
 def reconcile_trial(s: Session, t: Trial, p: TrialPass) -> None:
     """Bring one live trial's state up to date and decide on a restart."""
     now = p.now
-    for a in t.attempts:
-        if a.state in LIVE_ATTEMPT_STATES:
-            _apply_status(a, p.statuses.get(a.job_id), now)
-    for a in t.attempts[:-1]:  # requeued by Slurm or resubmitted: a newer attempt exists
-        if a.state in LIVE_ATTEMPT_STATES:
-            a.state = SUPERSEDED
-        if not a.cause:
-            a.cause = superseded_cause(a, p.runs.get(a.job_id))
-            a.lost_steps = _lost_steps(t, a)
-    t.restarts = sum(a.cause != "paused" for a in t.attempts[:-1])
+    _update_attempts(t, p, now)
     current = t.attempts[-1] if t.attempts else None
     if t.stop_requested_at is not None:
         _settle_stop(s, t, current, p)
@@ -192,34 +183,7 @@ def reconcile_trial(s: Session, t: Trial, p: TrialPass) -> None:
         current.cause = verdict.cause
         current.lost_steps = _lost_steps(t, current)
     if verdict.resubmit and current is not None:
-        # Cancel the old job whatever Slurm last said of it: if Slurm requeued it
-        # meanwhile, two runs of one trial would share its checkpoint folder.
-        p.cancels.append(current.job_id)
-        if verdict.cancel_job:
-            current.state = SUPERSEDED
-        if verdict.counted and t.crashes >= p.max_restarts:
-            end_trial(
-                s,
-                t,
-                TrialState.FAILED,
-                now,
-                current,
-                f"crashed {t.crashes + 1} time(s)"
-                f" (max_restarts {p.max_restarts}); last: exit code {current.exit_code}"
-                f" of job {current.job_id}",
-            )
-            return
-        t.crashes += int(verdict.counted)
-        t.needs_job = True
-        t.state = TrialState.PENDING.value
-        log_event(
-            s,
-            "trial.restart",
-            f"attempt {current.attempt_key} ended ({verdict.cause}); submitting again"
-            f" (restart {t.restarts + 1}, crashes {t.crashes}/{p.max_restarts})",
-            t.experiment_id,
-            t.id,
-        )
+        _resubmit(s, t, current, verdict, p, now)
         return
     if verdict.state == TrialState.COMPLETED:
         _completed(s, t, current, p)
@@ -235,6 +199,59 @@ def reconcile_trial(s: Session, t: Trial, p: TrialPass) -> None:
                 t.experiment_id,
                 t.id,
             )
+
+
+def _update_attempts(t: Trial, p: TrialPass, now: datetime) -> None:
+    """Apply the scheduler's view to the trial's live attempts. An attempt a newer one
+    replaced (requeued by Slurm or resubmitted) is SUPERSEDED if still live, and gets
+    its cause and lost steps if it has no cause yet; ``t.restarts`` counts the replaced
+    ones whose cause is not ``paused``."""
+    for a in t.attempts:
+        if a.state in LIVE_ATTEMPT_STATES:
+            _apply_status(a, p.statuses.get(a.job_id), now)
+    for a in t.attempts[:-1]:  # requeued by Slurm or resubmitted: a newer attempt exists
+        if a.state in LIVE_ATTEMPT_STATES:
+            a.state = SUPERSEDED
+        if not a.cause:
+            a.cause = superseded_cause(a, p.runs.get(a.job_id))
+            a.lost_steps = _lost_steps(t, a)
+    t.restarts = sum(a.cause != "paused" for a in t.attempts[:-1])
+
+
+def _resubmit(
+    s: Session, t: Trial, current: Attempt, verdict: Verdict, p: TrialPass, now: datetime
+) -> None:
+    """The current attempt is over and the trial needs a new job: its job is cancelled
+    (after the commit: ``p.cancels``); the trial ends FAILED once a counted crash
+    exceeds ``max_restarts``, else waits PENDING for a new job."""
+    # Cancel the old job whatever Slurm last said of it: if Slurm requeued it
+    # meanwhile, two runs of one trial would share its checkpoint folder.
+    p.cancels.append(current.job_id)
+    if verdict.cancel_job:
+        current.state = SUPERSEDED
+    if verdict.counted and t.crashes >= p.max_restarts:
+        end_trial(
+            s,
+            t,
+            TrialState.FAILED,
+            now,
+            current,
+            f"crashed {t.crashes + 1} time(s)"
+            f" (max_restarts {p.max_restarts}); last: exit code {current.exit_code}"
+            f" of job {current.job_id}",
+        )
+        return
+    t.crashes += int(verdict.counted)
+    t.needs_job = True
+    t.state = TrialState.PENDING.value
+    log_event(
+        s,
+        "trial.restart",
+        f"attempt {current.attempt_key} ended ({verdict.cause}); submitting again"
+        f" (restart {t.restarts + 1}, crashes {t.crashes}/{p.max_restarts})",
+        t.experiment_id,
+        t.id,
+    )
 
 
 def settled_paused_ids(experiment_id: int, final_length: int) -> Select[int]:
