@@ -1,8 +1,8 @@
 """The searcher's side of a reconciliation pass: tell it results, act on its answer.
 
-Runs inside the experiment's write transaction in :mod:`dlhpc.orchestrator.tick`,
-with the trials already brought up to date, so the searcher's state, the told
-positions (``Trial.told_step``) and every decision commit together: a reconciler
+Runs inside the experiment's write transaction of the tick's decide step
+(:mod:`dlhpc.orchestrator._reconcile`), with the trials already brought up to
+date, so the searcher's state, the told positions (``Trial.told_step``) and every decision commit together: a reconciler
 killed at any line tells nothing twice and loses no decision.
 
 Acting on operations:
