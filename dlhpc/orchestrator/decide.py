@@ -2,8 +2,9 @@
 
 Runs inside the experiment's write transaction of the tick's decide step
 (:mod:`dlhpc.orchestrator._reconcile`), with the trials already brought up to
-date, so the searcher's state, the told positions (``Trial.told_step``) and every decision commit together: a reconciler
-killed at any line tells nothing twice and loses no decision.
+date, so the searcher's state, the told positions (``Trial.told_step``) and every
+decision commit together: a reconciler killed at any line tells nothing twice and
+loses no decision.
 
 Acting on operations:
 
