@@ -168,10 +168,13 @@ def _signal_group(proc: subprocess.Popen[bytes], signum: int) -> None:
             os.killpg(proc.pid, signum)
 
 
-def _run_child(entry_script: str, cwd: str, env: dict[str, str]) -> tuple[int, list[str]]:
-    """Run ``bash entry_script`` in its own session, forwarding the worker's signals
-    to its process group; returns its exit code (negative: killed by a signal) and the
-    names of the signals the worker received, in order."""
+def _run_child(
+    entry_script: str, cwd: str, env: dict[str, str], job: JobEnvironment
+) -> tuple[int, list[str]]:
+    """Run ``bash entry_script`` in its own session (its group named to ``job``'s
+    backend), forwarding the worker's signals to its process group; returns its exit
+    code (negative: killed by a signal) and the names of the signals the worker
+    received, in order."""
     # The handlers go in before the child starts: exec resets caught signals to their
     # default, so the entrypoint can be signalled even where this worker was started
     # with them ignored (a signal ignored at exec stays ignored, and bash cannot trap it).
@@ -192,6 +195,7 @@ def _run_child(entry_script: str, cwd: str, env: dict[str, str]) -> tuple[int, l
         # not just the shell running entry.sh.
         proc = subprocess.Popen(["bash", entry_script], cwd=cwd, env=env, start_new_session=True)
         child.append(proc)  # from here on the handler forwards by itself
+        job.adopt_process_group(proc.pid)
         for signum in pending:
             _signal_group(proc, signum)
         return proc.wait(), received
@@ -271,7 +275,7 @@ def run_entrypoint(trial_dir: Path) -> int:
     on_node_rank0 = job.local_rank == 0
     sampler = start_gpu_sampler(attempt_dir, os.environ, job.node_id) if on_node_rank0 else None
     try:
-        code, received = _run_child(spec.entry_script, spec.code_dir, child_env)
+        code, received = _run_child(spec.entry_script, spec.code_dir, child_env, job)
     finally:
         heartbeat.stopped.set()
         if sampler is not None:

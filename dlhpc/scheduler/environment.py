@@ -129,3 +129,9 @@ class JobEnvironment:
         """Ask the scheduler to run this job again; "" on success, the error text (naming
         what was tried) on failure, None when the backend cannot requeue it."""
         return None
+
+    def adopt_process_group(self, pgid: int) -> None:
+        """Called by the worker with the process group it started the entrypoint in (a
+        session of its own), so that the backend's hard kill reaches it too. The
+        default does nothing: a scheduler that kills every process of the job (Slurm,
+        through its cgroup) needs nothing. Must not raise for an I/O failure."""

@@ -164,3 +164,38 @@ def test_launch_follow_ticks_until_the_experiment_ends(exp_dir: Path) -> None:
     assert res.exit_code == 0, res.output
     assert "experiment 1 launched" in res.output
     assert "[COMPLETED]" in res.output and res.output.count("COMPLETED") >= 3
+
+
+def test_kill_reaches_a_script_that_ignores_term(exp_dir: Path) -> None:
+    """The local runner's SIGKILL after its grace reaches the entrypoint's own process
+    group too (the worker starts it in a session of its own), so nothing is left."""
+    import os
+    import signal
+    import time
+
+    (exp_dir / "deaf.py").write_text(
+        "import os, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "open('deaf.pid', 'w').write(str(os.getpid()))\ntime.sleep(300)\n"
+    )
+    (exp_dir / "exp.yaml").write_text(
+        "name: local-deaf\nentrypoint: python deaf.py\n"
+        "hyperparameters:\n  x: 1.0\nsearcher: {name: single, metric: loss}\n"
+    )
+    exp_id = json.loads(run("launch", str(exp_dir / "exp.yaml"), "--json").output)["experiment_id"]
+    pid_files: list[Path] = []
+    deadline = time.monotonic() + 60
+    while not pid_files and time.monotonic() < deadline:
+        time.sleep(0.2)
+        pid_files = list(exp_dir.parent.rglob("deaf.pid"))
+    assert pid_files, "the script never started"
+    pid = int(pid_files[0].read_text())
+    assert run("kill", str(exp_id)).exit_code == 0
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.5)
+    os.kill(pid, signal.SIGKILL)
+    pytest.fail(f"the TERM-ignoring script (pid {pid}) outlived the kill by 40 s")

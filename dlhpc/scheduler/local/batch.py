@@ -88,6 +88,10 @@ class BatchPaths:
     def status(self, index: int) -> Path:
         return self.dir / "status" / f"{index}.json"
 
+    def group(self, index: int) -> Path:
+        """Where task ``index``'s worker writes its entrypoint's process group."""
+        return self.dir / "status" / f"{index}.pgid"
+
     def cancel(self, index: int) -> Path:
         return self.dir / "cancel" / str(index)
 

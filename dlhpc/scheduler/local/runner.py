@@ -7,7 +7,8 @@ dead), starts at most ``max_parallel`` tasks at a time in task order, each in
 its own process group with ``DLHPC_JOB_ID=local-<batch>_<i>``, and publishes
 every task's state in ``status/<i>.json``. A cancel marker stops a pending task
 from starting and gets a running task's group SIGTERM, then SIGKILL after
-:data:`KILL_AFTER_S`. SIGTERM/SIGINT to the runner cancels the whole batch.
+:data:`KILL_AFTER_S` (to the entrypoint's group too, which the task's worker names
+in ``status/<i>.pgid``). SIGTERM/SIGINT to the runner cancels the whole batch.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from types import FrameType
 from typing import IO
 
 from dlhpc.scheduler.local.batch import Batch, BatchPaths, job_id, lock_exclusive
+from dlhpc.scheduler.local.environment import GROUP_FILE_VAR, read_group_file
 
 __all__ = ["KILL_AFTER_S", "main", "run_batch"]
 
@@ -52,6 +54,7 @@ class _Runner:
     def start(self, index: int) -> None:
         trial = self.batch.trial_dirs[index]
         env = dict(os.environ, **self.batch.env, DLHPC_JOB_ID=job_id(self.batch.batch, index))
+        env[GROUP_FILE_VAR] = str(self.paths.group(index))
         self.paths.stdout(index).parent.mkdir(parents=True, exist_ok=True)
         out = self.paths.stdout(index).open("ab")
         err = self.paths.stderr(index).open("ab")
@@ -84,6 +87,10 @@ class _Runner:
                 task.term_sent = now
                 _killpg(task.proc.pid, signal.SIGTERM)
             elif now - task.term_sent > KILL_AFTER_S:
+                # the entrypoint's group first: it is gone once the task's worker dies
+                child = read_group_file(self.paths.group(index))
+                if child is not None and task.proc.poll() is None:
+                    _killpg(child, signal.SIGKILL)
                 _killpg(task.proc.pid, signal.SIGKILL)
 
     def reap(self) -> None:
