@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import copy
 import os
-import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,109 +21,44 @@ from dlhpc.config._adapters import check_adapters
 from dlhpc.config._cluster import ClusterRules, RulesFactory, check_cluster
 from dlhpc.config._data import read_data
 from dlhpc.config._deepspeed import read_deepspeed
-from dlhpc.config._gpus import gpu_count, gpu_option, resolve_gpu_type
 from dlhpc.config._hparams import read_hyperparameters, read_searcher
 from dlhpc.config._names import experiment_name
 from dlhpc.config._partitions import PartitionLister, PartitionsOnly
 from dlhpc.config._paths import absolute
+from dlhpc.config._resources import MAX_COUNT, read_preemption, read_resources
 from dlhpc.config._script import read_script
-from dlhpc.config._site import (
-    Backends,
-    SiteRef,
-    load_site,
-    load_site_ref,
-    not_listed,
-    resolve_backend,
-)
-from dlhpc.config._units import format_minutes
+from dlhpc.config._site import Backends, SiteRef, load_site, load_site_ref, resolve_backend
 from dlhpc.config._validate import (
     Field,
     Invalid,
     Issues,
+    Section,
     boolean,
-    describe,
     integer,
     read_section,
     string,
-    string_list,
 )
 from dlhpc.config._yaml import parse_yaml_text, read_text
 from dlhpc.config.model import (
     CheckpointConfig,
+    DataInput,
+    DeepSpeedConfig,
     Environment,
     ExperimentConfig,
+    HParam,
     PreemptionConfig,
     ReproducibilityConfig,
     Resources,
+    ScriptConfig,
+    SearcherConfig,
     SiteConfig,
 )
 from dlhpc.errors import ConfigError, ConfigIssue
 
 __all__ = ["load_experiment"]
 
-_MAX_COUNT = 100_000  # nodes, CPUs, restarts, kept checkpoints: more is a typo
-_MEM = re.compile(r"[0-9]{1,12}[KMGT]?")
-_MEM_UNIT_MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2}
-_MAX_MEM_MB = 10**12  # far above any node; what Slurm's --mem parser takes
-_SBATCH_ARG = re.compile(r"--?[A-Za-z][A-Za-z0-9-]*(=.*)?", re.DOTALL)
-# Options dlhpc writes itself (long name -> short letter).
-_OWNED = {
-    "array": "a",
-    "output": "o",
-    "error": "e",
-    "job-name": "J",
-    "signal": "",
-    "open-mode": "",
-    "requeue": "",
-    "no-requeue": "",
-}
-_OWNED_SHORT = {short: long for long, short in _OWNED.items() if short}
-
 
 def _passthrough(value: Any) -> Any:
-    return value
-
-
-def _mem(value: Any) -> str:
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MAX_MEM_MB:
-        return str(value)
-    if isinstance(value, str) and _MEM.fullmatch(value):
-        digits, unit = (value[:-1], value[-1]) if value[-1] in _MEM_UNIT_MB else (value, "M")
-        if int(digits) * _MEM_UNIT_MB[unit] < _MAX_MEM_MB:
-            return value
-        raise Invalid(f"must be under 10^12 megabytes, got {describe(value)}")
-    raise Invalid(
-        f"must be megabytes (an integer) or like '4G' (digits + K/M/G/T), got {describe(value)}"
-    )
-
-
-def _sbatch_arg(value: Any) -> str:
-    if (
-        not isinstance(value, str)
-        or not _SBATCH_ARG.fullmatch(value)
-        or any(c in value for c in "\n\r\0")
-    ):
-        raise Invalid(
-            "must be one sbatch option token like '--key=value' or '--flag' "
-            f"(write '--partition=gpu', not '-p gpu'), got {describe(value)}"
-        )
-    option = value.split("=", 1)[0]
-    gpu = gpu_option(value)
-    if gpu is not None:
-        raise Invalid(
-            f"{gpu} requests GPUs, which resources.gpus_per_node already does (2, or a typed "
-            "a100:2); remove it"
-        )
-    if option.startswith("--"):
-        given = option[2:]
-        for long in _OWNED:
-            if long.startswith(given):
-                what = f"--{long}" if long == given else f"--{given} (short for --{long})"
-                raise Invalid(f"{what} is set by dlhpc itself; remove it")
-    elif option[1] in _OWNED_SHORT:
-        raise Invalid(
-            f"-{option[1]} (--{_OWNED_SHORT[option[1]]}) is set by dlhpc itself; remove it"
-        )
     return value
 
 
@@ -138,35 +73,44 @@ _TOP = {
     "hyperparameters": Field(_passthrough),
     "searcher": Field(_passthrough),
     "checkpoint": Field(_passthrough),
-    "max_restarts": Field(integer(min=0, cap=_MAX_COUNT), default=5),
+    "max_restarts": Field(integer(min=0, cap=MAX_COUNT), default=5),
     "preemption": Field(_passthrough),
     "reproducibility": Field(_passthrough),
     "deepspeed": Field(_passthrough),
     "data": Field(_passthrough),
     "script": Field(_passthrough),
 }
-_RESOURCES = {
-    "nodes": Field(integer(min=1, cap=_MAX_COUNT), default=1),
-    "gpus_per_node": Field(gpu_count, default=(None, 0)),
-    "tasks_per_node": Field(integer(min=1, cap=_MAX_COUNT), nullable=True),
-    "cpus_per_task": Field(integer(min=1, cap=_MAX_COUNT), default=1),
-    "mem": Field(_mem, default="4G"),
-    "time": Field(F.slurm_time(allow_unlimited=False), default=("01:00:00", 60)),
-    "partition": Field(F.TOKEN, nullable=True),
-    "account": Field(F.TOKEN, nullable=True),
-    "qos": Field(F.TOKEN, nullable=True),
-    "constraint": Field(F.TOKEN, nullable=True),
-    "sbatch_args": Field(string_list(_sbatch_arg), default=()),
-}
 _ENVIRONMENT = {"setup": Field(string(), default=""), "vars": Field(F.env_vars, default={})}
-_PREEMPTION = {
-    "signal": Field(F.signal, nullable=True),
-    "lead_time": Field(F.lead_time, nullable=True),
-}
 _REPRODUCIBILITY = {
     "seed": Field(integer(min=0, max=2**32 - 1), nullable=True),
     "deterministic": Field(boolean, default=False),
 }
+
+
+@dataclass(frozen=True)
+class _Placement:
+    """Where the experiment runs, as far as it could be resolved."""
+
+    loaded: SiteConfig | None  # the site; None when it did not load
+    site: SiteConfig  # the site, or a stand-in named "unknown" when it did not load
+    resources: Resources
+    backend: str | None  # None without a site
+    issues: list[ConfigIssue]  # the problems of the site's files and of the cluster check
+
+
+@dataclass(frozen=True)
+class _Sections:
+    """The experiment's other sections, read (their problems are in the ``Issues``)."""
+
+    environment: Section
+    space: dict[str, HParam]
+    searcher: SearcherConfig
+    script: ScriptConfig
+    checkpoint: Section
+    preemption: PreemptionConfig
+    reproducibility: Section
+    deepspeed: DeepSpeedConfig | None
+    data: tuple[DataInput, ...]
 
 
 def load_experiment(
@@ -192,89 +136,144 @@ def load_experiment(
     """
     env: Mapping[str, str] = os.environ if environ is None else environ
     label = str(path)
-    cwd = Path.cwd()
-    source = absolute(Path(path), cwd)
+    source = absolute(Path(path), Path.cwd())
     doc = parse_yaml_text(read_text(Path(path), label), label)
     base = source.parent
     issues = Issues(label, doc.lines)
     top = read_section(issues, doc.data, (), _TOP)
-    site_cfg, site_issues = _site(issues, site, top["site"], base, env, backends)
-    site_ok = site_cfg is not None
-    cfg_site = site_cfg if site_cfg is not None else SiteConfig("unknown", None)
+    where = _placement(issues, top, site, base, env, backends, partitions, cluster)
+    path_check = F.path(base, env)
+    sections = _sections(issues, top, where, base, env, path_check)
+    workdir = _workdir(issues, top["workdir"], base, path_check)
+    other = list(where.issues)
+    if isinstance(top["entrypoint"], str) and issues.ok(("workdir",)):
+        other += check_adapters(top["entrypoint"], workdir, where.site.python)
 
-    resources = _resources(issues, top["resources"], cfg_site, site_ok)
-    backend = resolve_backend(site_cfg.backend, env, backends) if site_cfg else None
+    # The experiment's problems in file order, then those of other files
+    # (a DeepSpeed config, the site) as they came.
+    problems = sorted(
+        issues.issues + other,
+        key=lambda i: (i.file != label, i.line is not None, i.line or 0),
+    )
+    if problems or where.loaded is None or where.backend is None:
+        raise ConfigError(problems)
+    return _config(
+        top, sections, where.resources, where.loaded, where.backend, workdir, source, doc.data
+    )
+
+
+def _placement(
+    issues: Issues,
+    top: Section,
+    arg: str | None,
+    base: Path,
+    env: Mapping[str, str],
+    backends: Backends | None,
+    partitions: PartitionLister | None,
+    cluster: RulesFactory | None,
+) -> _Placement:
+    """Load the site (see :func:`_site`), read ``resources:`` against it, resolve the
+    backend and, with a site and a backend, check the resources against the cluster
+    (see :func:`_rules`)."""
+    loaded, site_issues = _site(issues, arg, top["site"], base, env, backends)
+    site_ok = loaded is not None
+    site = loaded if loaded is not None else SiteConfig("unknown", None)
+    resources = read_resources(issues, top["resources"], site, site_ok)
+    backend = resolve_backend(loaded.backend, env, backends) if loaded else None
     rules = _rules(backend, cluster, partitions) if site_ok and backend is not None else None
     if rules is not None:
         given = top["resources"] if isinstance(top["resources"], dict) else {}
-        site_issues += check_cluster(issues, cfg_site, resources, given, rules)
+        site_issues += check_cluster(issues, site, resources, given, rules)
+    return _Placement(loaded, site, resources, backend, site_issues)
+
+
+def _sections(
+    issues: Issues,
+    top: Section,
+    where: _Placement,
+    base: Path,
+    env: Mapping[str, str],
+    path_check: Callable[[Any], Path],
+) -> _Sections:
+    """Read the sections after ``resources:``, in this order (an issue's place among
+    those without a line is the order they were found)."""
     e = read_section(issues, top["environment"], ("environment",), _ENVIRONMENT)
     space = read_hyperparameters(issues, top["hyperparameters"])
     searcher = read_searcher(issues, top["searcher"], space)
     script = read_script(
         issues, top["entrypoint"], top["script"], "script" in top.given, space, searcher.metric
     )
-    path_check = F.path(base, env)
     ckpt_fields = {
         "dir": Field(path_check, nullable=True),
-        "keep_best": Field(integer(min=0, cap=_MAX_COUNT), default=1),
-        "keep_latest": Field(integer(min=1, cap=_MAX_COUNT), default=1),
-        "keep_experiment_best": Field(integer(min=0, cap=_MAX_COUNT), default=0),
+        "keep_best": Field(integer(min=0, cap=MAX_COUNT), default=1),
+        "keep_latest": Field(integer(min=1, cap=MAX_COUNT), default=1),
+        "keep_experiment_best": Field(integer(min=0, cap=MAX_COUNT), default=0),
     }
     c = read_section(issues, top["checkpoint"], ("checkpoint",), ckpt_fields)
-    preemption = _preemption(issues, top["preemption"], cfg_site, site_ok, resources)
+    site_ok = where.loaded is not None
+    preemption = read_preemption(issues, top["preemption"], where.site, site_ok, where.resources)
     r = read_section(issues, top["reproducibility"], ("reproducibility",), _REPRODUCIBILITY)
     deepspeed = read_deepspeed(issues, top["deepspeed"], base, env)
     data = read_data(issues, top["data"], base, env)
+    return _Sections(e, space, searcher, script, c, preemption, r, deepspeed, data)
+
+
+def _workdir(issues: Issues, value: Any, base: Path, path_check: Callable[[Any], Path]) -> Path:
+    """The ``workdir:`` key (an existing folder), else the file's folder ``base``; a
+    problem is reported at the key, and the path is then returned as far as it got."""
     workdir = base
-    if top["workdir"] is not None:
+    if value is not None:
         try:
-            workdir = path_check(top["workdir"])
+            workdir = path_check(value)
             if not workdir.is_dir():
                 issues.add(("workdir",), f"must be an existing directory, got {workdir}")
         except Invalid as exc:
             issues.add(("workdir",), str(exc))
         except OSError as exc:
             issues.add(("workdir",), f"cannot access {workdir}: {exc.strerror}")
-    if isinstance(top["entrypoint"], str) and issues.ok(("workdir",)):
-        site_issues += check_adapters(top["entrypoint"], workdir, cfg_site.python)
+    return workdir
 
-    # The experiment's problems in file order, then those of other files
-    # (a DeepSpeed config, the site) as they came.
-    problems = sorted(
-        issues.issues + site_issues,
-        key=lambda i: (i.file != label, i.line is not None, i.line or 0),
-    )
-    if problems or site_cfg is None or backend is None:
-        raise ConfigError(problems)
+
+def _config(
+    top: Section,
+    s: _Sections,
+    resources: Resources,
+    site: SiteConfig,
+    backend: str,
+    workdir: Path,
+    source: Path,
+    raw: Any,
+) -> ExperimentConfig:
+    """The resolved config of a file without problems (``raw``: its parsed YAML)."""
+    c, r = s.checkpoint, s.reproducibility
     return ExperimentConfig(
         name=top["name"],
         entrypoint=top["entrypoint"],
         workdir=workdir,
         source=source,
-        site=site_cfg,
+        site=site,
         description=top["description"],
         resources=resources,
-        environment=Environment(setup=e["setup"], vars=e["vars"]),
-        hyperparameters=space,
-        searcher=searcher,
+        environment=Environment(setup=s.environment["setup"], vars=s.environment["vars"]),
+        hyperparameters=s.space,
+        searcher=s.searcher,
         checkpoint=CheckpointConfig(
-            dir=c["dir"] if c["dir"] is not None else site_cfg.scratch / "checkpoints",
+            dir=c["dir"] if c["dir"] is not None else site.scratch / "checkpoints",
             keep_best=c["keep_best"],
             keep_latest=c["keep_latest"],
             keep_experiment_best=c["keep_experiment_best"],
         ),
         max_restarts=top["max_restarts"],
-        preemption=preemption,
+        preemption=s.preemption,
         reproducibility=ReproducibilityConfig(
-            seed=r["seed"] if r["seed"] is not None else searcher.seed,
+            seed=r["seed"] if r["seed"] is not None else s.searcher.seed,
             deterministic=r["deterministic"],
         ),
-        deepspeed=deepspeed,
-        data=data,
+        deepspeed=s.deepspeed,
+        data=s.data,
         backend=backend,
-        raw=copy.deepcopy(doc.data),
-        script=script,
+        raw=copy.deepcopy(raw),
+        script=s.script,
     )
 
 
@@ -313,76 +312,3 @@ def _site(
         return load_site(None, env, backends), []
     except ConfigError as exc:
         return None, exc.issues
-
-
-def _resources(issues: Issues, value: Any, site: SiteConfig, site_ok: bool) -> Resources:
-    path = ("resources",)
-    s = read_section(issues, value, path, _RESOURCES)
-    partition = s["partition"] if s["partition"] is not None else site.partition
-    time_text, minutes = s["time"]
-    given_type, gpus = s["gpus_per_node"]
-    if site_ok and site.partitions and partition is not None and issues.ok((*path, "partition")):
-        for part in partition.split(","):
-            info = site.partitions.get(part)
-            if info is None:
-                issues.add((*path, "partition"), not_listed(part, site.partitions, site.name))
-                continue
-            if gpus > info.gpus_per_node and issues.ok((*path, "gpus_per_node")):
-                issues.add(
-                    (*path, "gpus_per_node"),
-                    f"partition {part!r} has {info.gpus_per_node} GPU(s) per node, got {gpus}",
-                )
-            if given_type and info.gpu_type and given_type != info.gpu_type:
-                issues.add(
-                    (*path, "gpus_per_node"),
-                    f"partition {part!r} has GPUs of type {info.gpu_type!r} (site "
-                    f"{site.name!r}), got {given_type!r}",
-                )
-            limit = info.max_time_minutes
-            if limit is not None and minutes > limit and issues.ok((*path, "time")):
-                issues.add(
-                    (*path, "time"),
-                    f"exceeds partition {part!r}'s max_time {format_minutes(limit)}, "
-                    f"got {describe(time_text)} ({format_minutes(minutes)})",
-                )
-    tasks = s["tasks_per_node"]
-    return Resources(
-        nodes=s["nodes"],
-        gpus_per_node=gpus,
-        tasks_per_node=tasks if tasks is not None else max(1, gpus),
-        cpus_per_task=s["cpus_per_task"],
-        mem=s["mem"],
-        time=time_text,
-        time_minutes=minutes,
-        partition=partition,
-        account=s["account"] if s["account"] is not None else site.account,
-        qos=s["qos"] if s["qos"] is not None else site.qos,
-        constraint=s["constraint"],
-        sbatch_args=s["sbatch_args"],
-        gpu_type=resolve_gpu_type(site, partition, given_type, gpus),
-    )
-
-
-def _preemption(
-    issues: Issues, value: Any, site: SiteConfig, site_ok: bool, resources: Resources
-) -> PreemptionConfig:
-    path = ("preemption",)
-    s = read_section(issues, value, path, _PREEMPTION)
-    lead = s["lead_time"] if s["lead_time"] is not None else site.lead_time_s
-    walltime = resources.time_minutes * 60
-    checkable = site_ok or "lead_time" in s.given
-    if lead >= walltime and checkable and issues.ok((*path, "lead_time"), ("resources", "time")):
-        if "lead_time" in s.given:
-            issues.add(
-                (*path, "lead_time"),
-                f"must be shorter than resources.time ({walltime}s), got {lead}s",
-            )
-        else:
-            issues.add(
-                ("resources", "time"),
-                f"must be longer than the site's preemption "
-                f"lead_time ({lead}s), got {resources.time_minutes * 60}s",
-            )
-    return PreemptionConfig(
-        signal=s["signal"] if s["signal"] is not None else site.signal, lead_time_s=lead
-    )

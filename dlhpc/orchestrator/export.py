@@ -34,6 +34,7 @@ import math
 import os
 import shutil
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,7 @@ from dlhpc.orchestrator.checkpoints import checkpoint_root
 from dlhpc.protocol.checkpoint import MANIFEST_NAME, FileRecord, verify_checkpoint
 from dlhpc.protocol.checkpoint import Checkpoint as CkptFolder
 from dlhpc.states import CheckpointState
-from dlhpc.store import Checkpoint, Metric, Store, Trial
+from dlhpc.store import Attempt, Checkpoint, Experiment, Metric, Store, Trial
 
 __all__ = ["ExportResult", "export_trial"]
 
@@ -129,23 +130,54 @@ def _check_target(folder: Path) -> None:
         raise UsageError(f"{folder} is not empty; export into a new or empty folder")
 
 
-def export_trial(
-    store: Store,
-    trial_id: int,
-    folder: Path,
-    latest: bool = False,
-    *,
-    checkpoint_id: int | None = None,
-    extra: dict[str, str] | None = None,
-) -> ExportResult:
-    """Write the trial's export into ``folder`` (see the module docstring).
+@dataclass(frozen=True)
+class _Facts:
+    """What an export writes besides the checkpoint's files, read from the database."""
 
-    :class:`~dlhpc.errors.NotFoundError` for an unknown trial (or a ``checkpoint_id``
-    that is not one of its ACTIVE checkpoints),
-    :class:`~dlhpc.errors.UsageError` for a non-empty or non-folder target,
-    :class:`~dlhpc.errors.DlhpcError` when the copied checkpoint fails verification.
-    """
-    folder = folder.expanduser().absolute()
+    rows: list[Checkpoint]  # the candidate checkpoints (ACTIVE; only the given one, if any)
+    metrics: Sequence[Any]  # (step, name, value, time) rows, by step and name
+    attempts: list[dict[str, Any]]
+    trial: dict[str, Any]
+    hparams: Any
+    config: Any
+    yaml_text: str
+    repro: Any
+    smaller: bool  # the searcher metric's direction
+    root: Path | None  # the experiment's checkpoint folder
+
+
+def _attempt_facts(a: Attempt) -> dict[str, Any]:
+    """One attempt's entry of ``repro.json``: its facts and its own record."""
+    return {
+        "key": a.attempt_key,
+        "job_id": a.job_id,
+        "state": a.state,
+        "cause": a.cause,
+        "exit_code": a.exit_code,
+        "node_list": a.node_list,
+        "env": _json(a.env_json),
+    }
+
+
+def _trial_facts(trial: Trial, exp: Experiment) -> dict[str, Any]:
+    """The trial's entry of ``repro.json``."""
+    return {
+        "id": trial.id,
+        "experiment_id": exp.id,
+        "experiment_name": exp.name,
+        "state": trial.state,
+        "seed": trial.seed,
+        "steps_completed": trial.steps_completed,
+        "metric": exp.metric,
+        "smaller_is_better": exp.smaller_is_better,
+        "best_metric": trial.best_metric,
+        "latest_metric": trial.latest_metric,
+    }
+
+
+def _read(store: Store, trial_id: int, checkpoint_id: int | None) -> _Facts:
+    """Read what the export needs in one read transaction. NotFoundError for an unknown
+    trial, or a ``checkpoint_id`` that is not one of its ACTIVE checkpoints."""
     with store.read() as s:
         trial = s.get(Trial, trial_id)
         if trial is None:
@@ -164,70 +196,80 @@ def export_trial(
             .where(Metric.trial_id == trial_id)
             .order_by(Metric.step, Metric.name)
         ).all()
-        attempts = [
-            {
-                "key": a.attempt_key,
-                "job_id": a.job_id,
-                "state": a.state,
-                "cause": a.cause,
-                "exit_code": a.exit_code,
-                "node_list": a.node_list,
-                "env": _json(a.env_json),
-            }
-            for a in trial.attempts
-        ]
-        trial_facts = {
-            "id": trial.id,
-            "experiment_id": exp.id,
-            "experiment_name": exp.name,
-            "state": trial.state,
-            "seed": trial.seed,
-            "steps_completed": trial.steps_completed,
-            "metric": exp.metric,
-            "smaller_is_better": exp.smaller_is_better,
-            "best_metric": trial.best_metric,
-            "latest_metric": trial.latest_metric,
-        }
-        hparams, config, yaml_text = (
-            _json(trial.hparams_json),
-            _json(exp.config_json),
-            exp.yaml_text,
+        return _Facts(
+            rows=rows,
+            metrics=metrics,
+            attempts=[_attempt_facts(a) for a in trial.attempts],
+            trial=_trial_facts(trial, exp),
+            hparams=_json(trial.hparams_json),
+            config=_json(exp.config_json),
+            yaml_text=exp.yaml_text,
+            repro=_json(exp.repro_json),
+            smaller=exp.smaller_is_better,
+            root=checkpoint_root(exp),
         )
-        repro, smaller = _json(exp.repro_json), exp.smaller_is_better
-        root = checkpoint_root(exp)
+
+
+def _write_files(
+    tmp: Path, facts: _Facts, ckpt: dict[str, Any] | None, extra: dict[str, str]
+) -> None:
+    """Write the files beside ``checkpoint/`` into ``tmp``: the caller's ``extra``, then
+    ``config.yaml``, ``experiment.yaml``, ``metrics.csv``, ``hparams.json`` and
+    ``repro.json`` (with ``ckpt``, the exported checkpoint's facts)."""
+    for name, text in extra.items():
+        (tmp / name).write_text(text, encoding="utf-8")
+    (tmp / "config.yaml").write_text(
+        "# the resolved config this trial ran with (dlhpc export)\n"
+        + yaml.safe_dump(facts.config, sort_keys=False, allow_unicode=True),
+        encoding="utf-8",
+    )
+    (tmp / "experiment.yaml").write_text(facts.yaml_text, encoding="utf-8")
+    with open(tmp / "metrics.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["step", "name", "value", "time"])
+        w.writerows(
+            [step, name, "" if v is None else repr(v), t] for step, name, v, t in facts.metrics
+        )
+    (tmp / "hparams.json").write_text(json.dumps(facts.hparams, indent=2, sort_keys=True) + "\n")
+    record = {
+        "experiment": facts.repro,
+        "trial": facts.trial,
+        "attempts": facts.attempts,
+        "checkpoint": ckpt,
+    }
+    (tmp / "repro.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+
+
+def export_trial(
+    store: Store,
+    trial_id: int,
+    folder: Path,
+    latest: bool = False,
+    *,
+    checkpoint_id: int | None = None,
+    extra: dict[str, str] | None = None,
+) -> ExportResult:
+    """Write the trial's export into ``folder`` (see the module docstring).
+
+    :class:`~dlhpc.errors.NotFoundError` for an unknown trial (or a ``checkpoint_id``
+    that is not one of its ACTIVE checkpoints),
+    :class:`~dlhpc.errors.UsageError` for a non-empty or non-folder target,
+    :class:`~dlhpc.errors.DlhpcError` when the copied checkpoint fails verification.
+    """
+    folder = folder.expanduser().absolute()
+    facts = _read(store, trial_id, checkpoint_id)
     _check_target(folder)
     make_dirs(folder.parent, store.permissions)
     tmp = folder.parent / f".{folder.name}.export-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
         share_dir(tmp, store.permissions)
-        ckpt = _write_checkpoint(tmp, rows, smaller, latest, root)
+        ckpt = _write_checkpoint(tmp, facts.rows, facts.smaller, latest, facts.root)
         if checkpoint_id is not None:
             if ckpt is None:
                 raise DlhpcError(f"checkpoint {checkpoint_id}'s folder is gone or not exportable")
             ckpt["chosen_as"] = "given"
-        for name, text in (extra or {}).items():
-            (tmp / name).write_text(text, encoding="utf-8")
-        (tmp / "config.yaml").write_text(
-            "# the resolved config this trial ran with (dlhpc export)\n"
-            + yaml.safe_dump(config, sort_keys=False, allow_unicode=True),
-            encoding="utf-8",
-        )
-        (tmp / "experiment.yaml").write_text(yaml_text, encoding="utf-8")
-        with open(tmp / "metrics.csv", "w", newline="", encoding="utf-8") as f:
-            w = csv.writer(f)
-            w.writerow(["step", "name", "value", "time"])
-            w.writerows(
-                [step, name, "" if v is None else repr(v), t] for step, name, v, t in metrics
-            )
-        (tmp / "hparams.json").write_text(json.dumps(hparams, indent=2, sort_keys=True) + "\n")
-        record = {
-            "experiment": repro,
-            "trial": trial_facts,
-            "attempts": attempts,
-            "checkpoint": ckpt,
-        }
-        (tmp / "repro.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+        _write_files(tmp, facts, ckpt, extra or {})
         names = sorted(p.name for p in tmp.iterdir())
         os.replace(tmp, folder)  # onto an absent or empty folder: atomic on POSIX
     except OSError as err:

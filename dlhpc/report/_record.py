@@ -97,6 +97,20 @@ def repro_record(
     long: dict[str, str] = {}
     if not record:
         items["launch record"] = "(none: launched before dlhpc recorded one)"
+    _add_sources(record, items, long)
+    _add_software(record, items, long)
+    _add_data_and_time(record, items)
+    if env_jsons:
+        items["attempt environments"], envs = attempt_environments(env_jsons)
+        if envs:
+            long["attempt environments (nodes: CPU; GPUs)"] = envs
+    items["dlhpc writing this report"] = __version__
+    return items, long
+
+
+def _add_sources(record: Mapping[str, Any], items: dict[str, str], long: dict[str, str]) -> None:
+    """What ran, into ``items`` and ``long``: the code (its digest, its diff at launch)
+    and the config's checksums."""
     code = _d(record.get("code"))
     if code:
         items["code"] = _code(code)
@@ -109,6 +123,11 @@ def repro_record(
         items["config sha256 (YAML / resolved)"] = (
             f"{cfg.get('yaml_sha256', '?')} / {cfg.get('resolved_sha256', '?')}"
         )
+
+
+def _add_software(record: Mapping[str, Any], items: dict[str, str], long: dict[str, str]) -> None:
+    """What it ran with, into ``items`` and ``long``: Python, the packages (their list
+    in ``long``), conda, the environment modules, Slurm."""
     py = _d(record.get("python"))
     if py:
         items["python at launch"] = " ".join(
@@ -132,6 +151,10 @@ def repro_record(
         items["environment modules"] = ", ".join(map(str, modules["loaded"] or [])) or "(none)"
     if "slurm" in record:
         items["Slurm"] = str(_d(record.get("slurm")).get("version") or "(none)")
+
+
+def _add_data_and_time(record: Mapping[str, Any], items: dict[str, str]) -> None:
+    """Into ``items``: the data inputs' hashes, and when and where the record was made."""
     data = record.get("data")
     if isinstance(data, list) and data:
         items["data"] = "; ".join(
@@ -142,9 +165,3 @@ def repro_record(
     if isinstance(at, int | float):
         when = datetime.fromtimestamp(at, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
         items["recorded"] = f"{when} on {record.get('host', '?')}"
-    if env_jsons:
-        items["attempt environments"], envs = attempt_environments(env_jsons)
-        if envs:
-            long["attempt environments (nodes: CPU; GPUs)"] = envs
-    items["dlhpc writing this report"] = __version__
-    return items, long

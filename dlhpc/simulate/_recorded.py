@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -123,12 +123,20 @@ def _without_startup(per_trial: list[list[tuple[float, bool]]]) -> tuple[list[li
     return out, startup
 
 
-def load_recorded(
-    store: Store, experiment_id: int, metric: str, space: Mapping[str, HParam]
-) -> RecordedCurves:
-    """The curves of experiment ``experiment_id``'s trials that reported ``metric``
-    (every trial that did, stopped ones too: an early-stopping search completes few, and
-    a replay needs each trial's own curve). UsageError when there is nothing to use."""
+@dataclass(frozen=True)
+class _Read:
+    """What :func:`load_recorded` reads of an experiment."""
+
+    trials: Sequence[Trial]
+    rows: Sequence[Any]  # (trial id, step, value, time, attempt id) of the metric, in order
+    starts: dict[int, float | None]  # attempt id -> its start (None: unknown)
+    ends: dict[int, float]  # attempt id -> its end, of the attempts that exited 0
+
+
+def _read(store: Store, experiment_id: int, metric: str) -> _Read:
+    """Read the experiment's trials, its ``metric`` records (by trial and step) and its
+    attempts' start and end times in one read transaction; UsageError when there is no
+    such experiment."""
     with store.read() as s:
         exp = s.get(Experiment, experiment_id)
         if exp is None:
@@ -147,33 +155,64 @@ def load_recorded(
         ends = {  # attempts that trained their grant and exited 0
             a.id: _epoch(a.ended_at) for a in attempts if a.ended_at and a.exit_code == 0
         }
+    return _Read(trials, rows, starts, ends)
+
+
+def _steps(
+    points: list[tuple[int, float | None, float, int]], durations: list[float]
+) -> tuple[list[float], list[float]]:
+    """A trial's metric value and seconds at steps 1..n from its (step, value, time,
+    attempt) points and their durations: a step-0 point is left out, a skipped step
+    takes the next point's seconds and the previous value (NaN before any), and a
+    missing value keeps the previous one."""
+    values: list[float] = []
+    seconds: list[float] = []
+    last = math.nan
+    for (step, value, _at, _att), dur in zip(points, durations, strict=True):
+        if step < 1:
+            continue  # a step-0 report (before training) is not an epoch
+        while len(values) < step - 1:  # skipped steps keep the previous value
+            values.append(last)
+            seconds.append(dur)
+        last = value if value is not None else last
+        values.append(last)
+        seconds.append(dur)
+    return values, seconds
+
+
+def _teardown(rows: Sequence[Any], ends: dict[int, float]) -> float:
+    """The median, over the attempts in ``ends`` that reported, of their end minus their
+    last report; 0 when there is none, and never below 0."""
+    last_report: dict[int, float] = {}
+    for _trial, _step, _value, at, attempt in rows:
+        last_report[attempt] = max(at, last_report.get(attempt, at))
+    exits = [end - last_report[a] for a, end in ends.items() if a in last_report]
+    return max(0.0, statistics.median(exits)) if exits else 0.0
+
+
+def load_recorded(
+    store: Store, experiment_id: int, metric: str, space: Mapping[str, HParam]
+) -> RecordedCurves:
+    """The curves of experiment ``experiment_id``'s trials that reported ``metric``
+    (every trial that did, stopped ones too: an early-stopping search completes few, and
+    a replay needs each trial's own curve). UsageError when there is nothing to use."""
+    got = _read(store, experiment_id, metric)
     by_trial: dict[int, list[tuple[int, float | None, float, int]]] = {}
-    for trial_id, step, value, at, attempt in rows:
+    for trial_id, step, value, at, attempt in got.rows:
         by_trial.setdefault(trial_id, []).append((step, value, at, attempt))
-    use = [t for t in trials if t.id in by_trial]
+    use = [t for t in got.trials if t.id in by_trial]
     if not use:
         raise UsageError(
             f"--curves experiment:{experiment_id}: no trial reported {metric!r}"
             f" (the metric of the experiment being simulated)"
         )
-    timed = [_durations([(st, at, att) for st, _v, at, att in by_trial[t.id]], starts) for t in use]
+    timed = [
+        _durations([(st, at, att) for st, _v, at, att in by_trial[t.id]], got.starts) for t in use
+    ]
     per_trial, startup = _without_startup(timed)
-    recorded = []
-    for t, durations in zip(use, per_trial, strict=True):
-        points = by_trial[t.id]
-        values: list[float] = []
-        seconds: list[float] = []
-        last = math.nan
-        for (step, value, _at, _att), dur in zip(points, durations, strict=True):
-            if step < 1:
-                continue  # a step-0 report (before training) is not an epoch
-            while len(values) < step - 1:  # skipped steps keep the previous value
-                values.append(last)
-                seconds.append(dur)
-            last = value if value is not None else last
-            values.append(last)
-            seconds.append(dur)
-        recorded.append((t, values, seconds))
+    recorded = [
+        (t, *_steps(by_trial[t.id], durations)) for t, durations in zip(use, per_trial, strict=True)
+    ]
     known = [d for _t, _v, secs in recorded for d in secs if math.isfinite(d)]
     fallback = statistics.median(known) if known else 60.0
     out = [
@@ -185,11 +224,7 @@ def load_recorded(
         for t, vals, secs in recorded
         if vals
     ]
-    last_report: dict[int, float] = {}
-    for _trial, _step, _value, at, attempt in rows:
-        last_report[attempt] = max(at, last_report.get(attempt, at))
-    exits = [end - last_report[a] for a, end in ends.items() if a in last_report]
-    teardown = max(0.0, statistics.median(exits)) if exits else 0.0
+    teardown = _teardown(got.rows, got.ends)
     label = (
         f"experiment {experiment_id} ({len(out)} trials, start-up {startup:.3g} s,"
         f" teardown {teardown:.3g} s)"

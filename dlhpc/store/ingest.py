@@ -10,11 +10,10 @@ there is kept, and a GPU entry without a usable index is skipped).
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -26,8 +25,17 @@ from dlhpc._failpoints import failpoint
 from dlhpc.protocol import read_event_batches
 from dlhpc.repro import merge_env_record
 from dlhpc.states import TERMINAL_TRIAL_STATES, CheckpointState, JobState
+from dlhpc.store._records import (
+    apply_exit,
+    apply_start,
+    checkpoint_row,
+    finite,
+    finite_int,
+    gpu_rows,
+    log_row,
+    metric_rows,
+)
 from dlhpc.store.models import (
-    EXIT_PREEMPTED,
     Attempt,
     Base,
     Checkpoint,
@@ -68,55 +76,6 @@ class IngestResult:
     exited: bool = False
 
 
-def _ts(value: Any) -> datetime | None:
-    if not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return datetime.fromtimestamp(value, tz=timezone.utc).replace(tzinfo=None)
-
-
-def _num(value: Any) -> float | None:
-    """A finite number, else None (telemetry is best effort: a bad value is dropped)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        v = float(value)
-    except OverflowError:  # an int beyond any float
-        return None
-    return v if math.isfinite(v) else None
-
-
-def _int(value: Any) -> int | None:
-    v = _num(value)
-    return None if v is None or abs(v) >= 2**63 else int(v)  # SQLite's INTEGER is 64-bit
-
-
-def _gpu_rows(attempt_id: int, rec: dict[str, Any]) -> list[dict[str, Any]]:
-    """The ``gpu_samples`` rows of one ``gpu`` record (none without a usable time)."""
-    at = _num(rec.get("time"))
-    gpus = rec.get("gpus")
-    if at is None or not isinstance(gpus, list):
-        return []
-    host = str(rec.get("host", ""))[:255]
-    rows = []
-    for gpu in gpus:
-        index = _int(gpu.get("index")) if isinstance(gpu, dict) else None
-        if index is None:
-            continue
-        rows.append(
-            {
-                "attempt_id": attempt_id,
-                "time": at,
-                "host": host,
-                "gpu_index": index,
-                "util": _int(gpu.get("util")),
-                "mem_used": _int(gpu.get("mem_used")),
-                "mem_total": _int(gpu.get("mem_total")),
-                "power_w": _num(gpu.get("power_w")),
-            }
-        )
-    return rows
-
-
 def _checkpoint_metric(
     session: Session, trial: Trial, rec: dict[str, Any], pending: list[dict[str, Any]]
 ) -> float | None:
@@ -128,17 +87,17 @@ def _checkpoint_metric(
     file's rows not yet inserted (``pending``) or the table, else None (unknown).
     """
     if "metric" in rec:
-        return _num(rec["metric"])
-    step, name = _int(rec.get("step", 0)), trial.experiment.metric
+        return finite(rec["metric"])
+    step, name = finite_int(rec.get("step", 0)), trial.experiment.metric
     for row in reversed(pending):
         if row["step"] == step and row["name"] == name:
-            return _num(row["value"])
+            return finite(row["value"])
     value = session.scalar(
         select(Metric.value).where(
             Metric.trial_id == trial.id, Metric.step == step, Metric.name == name
         )
     )
-    return _num(value)
+    return finite(value)
 
 
 def _table(model: type[Base]) -> Table:
@@ -286,16 +245,6 @@ def ingest_attempts(
     return results
 
 
-def _exit_reason(rec: dict[str, Any], before: str) -> str:
-    """``reason/SIGNAL`` of an exit record, + :data:`EXIT_PREEMPTED` when it says
-    ``"preempted": true`` or an earlier rank's record did (rank 0 alone asks)."""
-    sig = rec.get("signal")
-    mark = rec.get("preempted") is True or before.endswith(EXIT_PREEMPTED)
-    return (
-        str(rec.get("reason", "")) + (f"/{sig}" if sig else "") + (EXIT_PREEMPTED if mark else "")
-    )
-
-
 def _read_folder(
     session: Session,
     trial: Trial,
@@ -306,69 +255,13 @@ def _read_folder(
     now: datetime,
 ) -> IngestResult:
     """Read one attempt folder's files not in ``done`` (then added to it): attempt
-    facts onto ``attempt``, rows into ``out``."""
+    facts onto ``attempt``, rows into ``out``, each file's ``ingested_files`` row
+    after its records'."""
     result = IngestResult()
-    pending = out.pending.setdefault(trial.id, [])
+    out.pending.setdefault(trial.id, [])
     for batch in read_event_batches(attempt_path, skip=done):
         for rec in batch.records:
-            kind = rec.get("type")
-            if kind == "metric":
-                step = int(rec["step"])
-                for name, value in rec.get("metrics", {}).items():
-                    v = float(value) if value is not None else None
-                    pending.append(
-                        {
-                            "trial_id": trial.id,
-                            "attempt_id": attempt.id,
-                            "step": step,
-                            "name": str(name),
-                            "value": v if v is not None and math.isfinite(v) else None,
-                            "time": float(rec.get("time", 0.0)),
-                        }
-                    )
-                    out.metrics.append(pending[-1])
-                    result.metrics += 1
-            elif kind == "start":
-                attempt.started_at = attempt.started_at or _ts(rec.get("time"))
-                attempt.host = str(rec.get("host", ""))
-                attempt.node_list = str(rec.get("nodes", "")) or attempt.node_list
-            elif kind == "exit":
-                attempt.exit_code = int(rec.get("code", 1))
-                attempt.exit_reason = _exit_reason(rec, attempt.exit_reason)
-                attempt.ended_at = _ts(rec.get("time"))
-                at, ckpt = rec.get("step"), rec.get("checkpoint_step")
-                if isinstance(at, int):
-                    attempt.lost_steps = max(0, at - (ckpt if isinstance(ckpt, int) else 0))
-                result.exited = True
-            elif kind == "checkpoint":
-                out.checkpoints.append(
-                    {
-                        "trial_id": trial.id,
-                        "attempt_id": attempt.id,
-                        "step": int(rec.get("step", 0)),
-                        "path": str(rec.get("path", "")),
-                        "size_bytes": int(rec.get("size", 0)),
-                        "state": CheckpointState.ACTIVE.value,
-                        "created_at": _ts(rec.get("time")) or now,
-                        "metric": _checkpoint_metric(session, trial, rec, pending),
-                    }
-                )
-            elif kind == "gpu":
-                gpu_rows = _gpu_rows(attempt.id, rec)
-                out.gpu.extend(gpu_rows)
-                result.gpu_samples += len(gpu_rows)
-            elif kind == "env":  # the job's reproducibility record (dlhpc.repro)
-                attempt.env_json = merge_env_record(attempt.env_json, rec)
-            elif kind == "log":
-                out.events.append(
-                    {
-                        "experiment_id": trial.experiment_id,
-                        "trial_id": trial.id,
-                        "time": _ts(rec.get("time")) or now,
-                        "kind": f"log.{rec.get('level', 'info')}",
-                        "message": str(rec.get("message", ""))[:4000],
-                    }
-                )
+            _apply(session, trial, attempt, rec, out, result, now)
         out.marks.append(
             {
                 "attempt_id": attempt.id,
@@ -380,6 +273,43 @@ def _read_folder(
         done.add(batch.name)
         result.files += 1
     return result
+
+
+def _apply(
+    session: Session,
+    trial: Trial,
+    attempt: Attempt,
+    rec: dict[str, Any],
+    out: _Rows,
+    result: IngestResult,
+    now: datetime,
+) -> None:
+    """Apply one event record (:mod:`dlhpc.store._records`): facts onto ``attempt``,
+    rows into ``out`` (a metric row into the trial's ``out.pending`` too), counts into
+    ``result``. A record of another type is skipped."""
+    kind = rec.get("type")
+    if kind == "metric":
+        rows = metric_rows(trial.id, attempt.id, rec)
+        out.pending[trial.id].extend(rows)
+        out.metrics.extend(rows)
+        result.metrics += len(rows)
+    elif kind == "start":
+        apply_start(attempt, rec)
+    elif kind == "exit":
+        apply_exit(attempt, rec)
+        result.exited = True
+    elif kind == "checkpoint":
+        row = checkpoint_row(trial.id, attempt.id, rec, now)
+        row["metric"] = _checkpoint_metric(session, trial, rec, out.pending[trial.id])
+        out.checkpoints.append(row)
+    elif kind == "gpu":
+        rows = gpu_rows(attempt.id, rec)
+        out.gpu.extend(rows)
+        result.gpu_samples += len(rows)
+    elif kind == "env":  # the job's reproducibility record (dlhpc.repro)
+        attempt.env_json = merge_env_record(attempt.env_json, rec)
+    elif kind == "log":
+        out.events.append(log_row(trial, rec, now))
 
 
 def settling(session: Session, now: datetime, users: Collection[str]) -> list[tuple[int, int, str]]:
