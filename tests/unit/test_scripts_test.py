@@ -78,6 +78,10 @@ def test_dry_run_of_the_whole_matrix_lists_every_part_in_order() -> None:
     assert lines[0] == "+ scripts/setup-venv"
     assert lines.index("+ scripts/setup-browser") < lines.index("+ scripts/dev-cluster up")
     assert "+ python -m pytest -q -p no:cacheprovider -x" in lines  # today's whole suite
+    # the whole suite's cluster goes down before the matrix's first part comes up
+    suite = lines.index("+ python -m pytest -q -p no:cacheprovider -x")
+    down = lines.index("+ scripts/dev-cluster down")
+    assert suite < down < min(i for i, ln in enumerate(lines) if "dev-cluster up --slurm" in ln)
     ups = [ln for ln in lines if " scripts/dev-cluster up --slurm" in ln]
     assert [re.sub(r".*--slurm (\S+) --profile (\S+)$", r"\1-\2", ln) for ln in ups] == MATRIX
     for part in MATRIX:
