@@ -2,7 +2,7 @@
 
 The local runner (:mod:`dlhpc.scheduler.local.runner`) starts each task with
 ``DLHPC_JOB_ID=local-<batch>_<index>`` (and ``DLHPC_RESTART`` for a rerun); one
-process per task, on this host. Standard library only.
+process per task, on this host. No third-party imports.
 
 The runner also passes :data:`GROUP_FILE_VAR`, where the worker's call to
 :meth:`LocalJobEnvironment.adopt_process_group` writes the entrypoint's process
@@ -14,12 +14,12 @@ reach).
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
 from dlhpc.errors import DlhpcError
+from dlhpc.protocol import atomic_write_text
 from dlhpc.scheduler.environment import JobEnvironment, int_var
 
 __all__ = ["GROUP_FILE_VAR", "LocalJobEnvironment", "read_group_file"]
@@ -55,10 +55,8 @@ class LocalJobEnvironment(JobEnvironment):
         path = self.environ.get(GROUP_FILE_VAR)
         if not path:
             return
-        tmp = Path(f"{path}.tmp")
         with contextlib.suppress(OSError):  # then only the task's own group is killed
-            tmp.write_text(str(pgid), encoding="ascii")
-            os.replace(tmp, path)
+            atomic_write_text(Path(path), str(pgid))
 
 
 def read_group_file(path: Path) -> int | None:
