@@ -27,6 +27,7 @@ __all__ = [
     "Row",
     "gpu_summary",
     "idle_of",
+    "utc",
     "idle_gpus",
     "live_idle",
     "live_gpu_rows",
@@ -51,7 +52,7 @@ ATTEMPT_COLS = (
 )
 
 
-def _utc(value: float) -> datetime:
+def utc(value: float) -> datetime:
     """An epoch time as the DB's naive UTC."""
     return datetime.fromtimestamp(value, tz=timezone.utc).replace(tzinfo=None)
 
@@ -126,7 +127,7 @@ def gpu_summary(rows: list[Row]) -> GpuUse | None:
         return None
     n = sum(r.n_util for r in rows)
     total = sum(r.sum_util or 0 for r in rows)
-    return GpuUse(len(rows), round(total / n, 1) if n else None, _utc(max(r.newest for r in rows)))
+    return GpuUse(len(rows), round(total / n, 1) if n else None, utc(max(r.newest for r in rows)))
 
 
 def idle_of(
@@ -143,7 +144,7 @@ def idle_of(
             minutes = round((now - since) / 60.0, 1)
             out.append(
                 IdleGpu(
-                    trial_id, a.attempt_key, r.host, r.gpu_index, minutes, _utc(since), below_pct
+                    trial_id, a.attempt_key, r.host, r.gpu_index, minutes, utc(since), below_pct
                 )
             )
     return out

@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 from collections import namedtuple
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import String, type_coerce
 
-from dlhpc.report._status_gpu import ATTEMPT_COLS, GpuRows, Row, gpu_summary
+from dlhpc.report._status_gpu import ATTEMPT_COLS, GpuRows, Row, gpu_summary, utc
 from dlhpc.report._status_lab import EMPTY_LAB, Lab
 from dlhpc.report.status_model import AttemptStatus, GpuUse, IdleGpu, TrialStatus
 from dlhpc.states import LIVE_ATTEMPT_STATES, TrialState
@@ -29,9 +29,12 @@ __all__ = [
     "Derived",
     "Shape",
     "TrialRow",
+    "attempt_spans",
     "attempts_of",
+    "ended_gpu_values",
     "listing_columns",
     "raw",
+    "row_hours",
     "run_hours",
     "target_length",
     "trial",
@@ -138,9 +141,10 @@ class Ctx:
     lab: Lab = EMPTY_LAB  # the trials' tags and latest notes
 
 
-def _ended_gpu(rows: list[Any], start: int, stop: int) -> GpuUse | None:
+def ended_gpu_values(rows: list[Any], start: int, stop: int) -> tuple[int, Any, float] | None:
     """An ended attempt's GPU use from its GPUs' summaries, ``rows[start:stop]`` (as
-    :func:`gpu_summary`)."""
+    :func:`gpu_summary`): its GPUs, their mean utilization and the newest sample's epoch
+    time; None without a summary."""
     n_util, sum_util, newest = rows[start][_GPU_AT : _GPU_AT + 3]
     if newest is None:  # no summary (NOT NULL in the table): the outer join's NULLs
         return None
@@ -150,8 +154,13 @@ def _ended_gpu(rows: list[Any], start: int, stop: int) -> GpuUse | None:
         n_util = sum(g[0] for g in sums)
         sum_util = sum(g[1] for g in sums)
         newest = max(g[2] for g in sums)
-    mean = round((sum_util or 0) / n_util, 1) if n_util else None
-    return GpuUse(gpus, mean, datetime.fromtimestamp(newest, tz=timezone.utc).replace(tzinfo=None))
+    return gpus, round((sum_util or 0) / n_util, 1) if n_util else None, newest
+
+
+def _ended_gpu(rows: list[Any], start: int, stop: int) -> GpuUse | None:
+    """:func:`ended_gpu_values` as a :class:`GpuUse`."""
+    values = ended_gpu_values(rows, start, stop)
+    return None if values is None else GpuUse(values[0], values[1], utc(values[2]))
 
 
 _ATTEMPT_ORDER = (
@@ -173,22 +182,28 @@ if tuple(c.key for c in ATTEMPT_COLS) != _ATTEMPT_ORDER:  # read by position bel
     raise ImportError("report._status_gpu.ATTEMPT_COLS changed: update _ATTEMPT_ORDER")
 
 
-def _derive(rows: list[Any], start: int, stop: int, c: Ctx) -> Derived:
-    """The attempt of ``rows[start:stop]`` (one per GPU summary)."""
-    row = rows[start]
+def row_hours(row: Any, now: datetime) -> tuple[Any, Any, Any, float]:
+    """An attempt's listing row's started, ended and terminal_seen_at (datetimes or None)
+    and its hours (:func:`run_hours`)."""
     started, ended, seen = row[_NT + 9 : _NT + 12]  # when() inline: 100,000s of attempts
     started = None if started is None else _fromiso(started)
     ended = None if ended is None else _fromiso(ended)
     seen = None if seen is None else _fromiso(seen)
-    hours = run_hours(row[_NT + 4], started, ended, seen, c.now)
+    return started, ended, seen, run_hours(row[_NT + 4], started, ended, seen, now)
+
+
+def _derive(rows: list[Any], start: int, stop: int, c: Ctx) -> Derived:
+    """The attempt of ``rows[start:stop]`` (one per GPU summary)."""
+    row = rows[start]
+    started, ended, seen, hours = row_hours(row, c.now)
     live = c.live_gpu.get(row[_NT])
     gpu = gpu_summary(live) if live is not None else _ended_gpu(rows, start, stop)
     return row, started, ended, seen, hours, gpu
 
 
-def attempts_of(rows: list[Any], c: Ctx) -> list[Derived]:
-    """A trial's attempts, in order, from its listing rows (none for the outer join's
-    row of a trial without attempts)."""
+def attempt_spans(rows: list[Any]) -> list[tuple[int, int]]:
+    """Each attempt's ``(start, stop)`` in a trial's listing ``rows`` (one row per GPU
+    summary), in order; none for the outer join's row of a trial without attempts."""
     out = []
     i, n = 0, len(rows)
     while i < n:
@@ -197,9 +212,15 @@ def attempts_of(rows: list[Any], c: Ctx) -> list[Derived]:
         while j < n and rows[j][_NT] == aid:
             j += 1
         if aid is not None:
-            out.append(_derive(rows, i, j, c))
+            out.append((i, j))
         i = j
     return out
+
+
+def attempts_of(rows: list[Any], c: Ctx) -> list[Derived]:
+    """A trial's attempts, in order, from its listing rows (none for the outer join's
+    row of a trial without attempts)."""
+    return [_derive(rows, i, j, c) for i, j in attempt_spans(rows)]
 
 
 def target_length(state: str, max_length: int, shape: Shape) -> int:
