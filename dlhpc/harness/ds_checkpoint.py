@@ -43,7 +43,7 @@ import torch.distributed as dist
 
 from dlhpc._failpoints import failpoint
 from dlhpc.errors import DlhpcError
-from dlhpc.harness.state import loop_payload, set_rng_state
+from dlhpc.harness.state import loop_payload, restore_loop
 from dlhpc.protocol.checkpoint import (
     Checkpoint,
     latest_verified,
@@ -248,13 +248,8 @@ class EngineState:
                 f"{path}: generators saved {sorted(mine['generators'])} != given "
                 f"{sorted(self.generators)}"
             )
-        if same:  # another rank's RNG streams would be wrong, not just different
-            for name, g in self.generators.items():
-                g.set_state(mine["generators"][name])
-            set_rng_state(mine["rng"])
-        counters = mine["counters"]
-        self.epoch, self.batch, self.step = counters["epoch"], counters["batch"], counters["step"]
-        self.extras = dict(mine["extras"])
+        # resharded: another rank's RNG streams would be wrong, not just different
+        restore_loop(self, mine, rng=same)
         self.restored_from = self.last_checkpoint = plan["checkpoint"]
         self._tell("info", f"restored {path.name} (epoch {self.epoch}, step {self.step})")
         return True

@@ -144,6 +144,19 @@ def loop_payload(state: _LoopState, fmt: int) -> dict[str, Any]:
     }
 
 
+def restore_loop(state: _LoopState, payload: Mapping[str, Any], rng: bool = True) -> None:
+    """The inverse of :func:`loop_payload`: the counters and extras of ``payload`` set on
+    ``state``, and (``rng``) its generators' and the process's RNG states. The caller
+    has checked the payload's format and generator names."""
+    if rng:
+        for name, g in state.generators.items():
+            g.set_state(payload["generators"][name])
+        set_rng_state(payload["rng"])
+    counters = payload["counters"]
+    state.epoch, state.batch, state.step = counters["epoch"], counters["batch"], counters["step"]
+    state.extras = dict(payload["extras"])
+
+
 class TrainState:
     """Everything needed to resume training exactly; see the module docstring.
 
@@ -251,12 +264,7 @@ class TrainState:
             sd = payload["state_dicts"][key]
             if obj is not None and not (key == "scaler" and sd == {}):  # {}: disabled scaler
                 obj.load_state_dict(sd)
-        for name, g in self.generators.items():
-            g.set_state(payload["generators"][name])
-        set_rng_state(payload["rng"])
-        counters = payload["counters"]
-        self.epoch, self.batch, self.step = counters["epoch"], counters["batch"], counters["step"]
-        self.extras = dict(payload["extras"])
+        restore_loop(self, payload)
         self.restored_from = self.last_checkpoint = ckpt
         self._tell("info", f"restored {ckpt.path.name} (epoch {self.epoch}, step {self.step})")
         return True
