@@ -40,6 +40,14 @@ def _field(text: str, what: str, limit: int | None) -> int:
     return n
 
 
+def _whole(value: object, what: str) -> int:
+    """``value``, a number given as an int (not a bool), in ``[0, _MAX_INT)``; else
+    ``ValueError(what)``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < _MAX_INT:
+        raise ValueError(what)
+    return value
+
+
 @overload
 def parse_slurm_time(value: str | int, *, allow_unlimited: Literal[False] = False) -> int: ...
 @overload
@@ -53,12 +61,8 @@ def parse_slurm_time(value: str | int, *, allow_unlimited: bool = False) -> int 
     Seconds and minutes after a larger unit must be < 60, hours after days < 24.
     """
     what = f"must be a Slurm time ({SLURM_TIME_FORMATS}), got {_show(value)}"
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ValueError(what)
-    if isinstance(value, int):
-        if not 0 <= value < _MAX_INT:
-            raise ValueError(what)
-        return value
+    if not isinstance(value, str):
+        return _whole(value, what)
     text = value.strip()
     if text.upper() in ("UNLIMITED", "INFINITE"):
         if allow_unlimited:
@@ -94,12 +98,8 @@ def parse_slurm_time(value: str | int, *, allow_unlimited: bool = False) -> int 
 def parse_duration_s(value: str | int) -> int:
     """Seconds in a short duration: ``"120s"``, ``"2m"``, ``"1h"``, ``"90"`` or an int."""
     what = f"must be a duration like '120s', '2m', '1h' or a number of seconds, got {_show(value)}"
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ValueError(what)
-    if isinstance(value, int):
-        if not 0 <= value < _MAX_INT:
-            raise ValueError(what)
-        return value
+    if not isinstance(value, str):
+        return _whole(value, what)
     match = _DURATION.fullmatch(value.strip())
     if match is None:
         raise ValueError(what)
