@@ -27,10 +27,10 @@ __all__ = [
     "Row",
     "gpu_summary",
     "idle_of",
-    "utc",
     "idle_gpus",
     "live_idle",
     "live_gpu_rows",
+    "utc",
 ]
 
 Row = Any  # a result row (sqlalchemy.Row) read by attribute

@@ -53,6 +53,9 @@ _GPU = '{"gpus": %s, "util_mean": %s, "last_sample_at": %s}'
 _TRIAL_GPU = '{"attempt_key": %s, "gpus": %s, "util_mean": %s, "last_sample_at": %s}'
 _HEAD = 12  # the trial's scalars first in the flat list (see trial_json)
 _ATTEMPT_N = 9  # an attempt's scalars, then its GPU's 2 if it has one
+# _one_attempt's flat list: the head, the attempt's first 7 scalars (key, job_id, ...,
+# nodes; its hours are the head's), then its GPU's 2
+_KEY, _JOB, _ONE_GPU = _HEAD, _HEAD + 1, _HEAD + 7
 
 
 def _encoded(values: list[Any]) -> list[str]:
@@ -130,17 +133,18 @@ def _one_attempt(t: Any, rows: list[Any], stop: int, c: Ctx) -> str:
     p = _encoded(flat)
     gpu_text = trial_gpu = "null"
     if gpu is not None:
-        gpu_text = _GPU % (p[19], p[20], gpu[2])
-        trial_gpu = _TRIAL_GPU % (p[12], p[19], p[20], gpu[2])
+        gpus, util = p[_ONE_GPU], p[_ONE_GPU + 1]
+        gpu_text = _GPU % (gpus, util, gpu[2])
+        trial_gpu = _TRIAL_GPU % (p[_KEY], gpus, util, gpu[2])
     attempt = _ATTEMPT % (
-        *p[12:19],
+        *p[_KEY:_ONE_GPU],
         _stored(row[_NT + 9]),
         _stored(row[_NT + 10]),
         gpu_text,
         p[10],
         p[11],
     )
-    return _trial_text(t, c, p, p[13], trial_gpu, attempt)
+    return _trial_text(t, c, p, p[_JOB], trial_gpu, attempt)
 
 
 def _attempts(t: Any, rows: list[Any], spans: list[tuple[int, int]], c: Ctx) -> str:
