@@ -155,8 +155,6 @@ def sbatch_parameters(request: JobRequest, n_tasks: int, throttle: int) -> dict[
     return params
 
 
-
-
 def _flag(key: str, value: Any) -> str:
     key = key.replace("_", "-")
     return f"#SBATCH --{key}" if value is True else f"#SBATCH --{key}={shlex.quote(str(value))}"
