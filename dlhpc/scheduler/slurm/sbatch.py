@@ -5,11 +5,12 @@ no files, no commands); ``render`` shows its ``script`` and :func:`submit_array`
 exactly that text, hands it to sbatch and places the tasks' pickles. The dry-run
 object is the submission.
 
-submitit's part is the job's side, through its public API: each task is a
+submitit's part is the job's side. Each task is a public
 ``submitit.helpers.DelayedSubmission`` of the in-job callable and its trial folder,
-pickled where submitit's ``JobPaths`` says (``<array id>_<index>_submitted.pkl``),
-and the script's command is submitit's in-job entry (:data:`IN_JOB_MODULE`, the one
-its ``SlurmExecutor`` writes), which finds that pickle from ``SLURM_ARRAY_JOB_ID`` and
+pickled where submitit's ``JobPaths`` says (``<array id>_<index>_submitted.pkl``). The
+script's command is the in-job entry submitit's ``SlurmExecutor`` writes into every
+script (:data:`IN_JOB_MODULE`: a command line, no Python API; the unit tests run it
+against the installed submitit): it finds that pickle from ``SLURM_ARRAY_JOB_ID`` and
 ``SLURM_ARRAY_TASK_ID`` and calls the function. dlhpc writes the script (in the format
 ``SlurmExecutor`` writes) and runs sbatch itself, because submitit's executor cannot,
 through its public API:
