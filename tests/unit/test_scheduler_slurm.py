@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
+import shlex
 import stat
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -410,10 +414,98 @@ def test_submit_single_task_is_an_array(fake: FakeSlurm, tmp_path: Path) -> None
     assert task.stderr == req.folder / "100_0_0_log.err"
     assert "#SBATCH --array=0-0%1" in text
     assert (req.folder / "100_0_submitted.pkl").exists()
-    # render == what sbatch got == what submitit kept in the folder
+    # render == what sbatch got == what submit kept in the folder
     assert fake.submitted("100") == text
     assert (req.folder / "100_submission.sh").read_text(encoding="utf-8") == text
     assert not list(req.folder.glob("*.pkl"))[1:]  # just the one pickle
+
+
+def test_script_format(fake: FakeSlurm, tmp_path: Path) -> None:
+    """The whole text: submitit's SlurmExecutor format, the worker in an srun step."""
+    (text,) = SlurmScheduler(fn=stand_in).render(make_request(tmp_path, 2))
+    logs = f"{tmp_path}/slurm/%A_%a"
+    python = shlex.quote(sys.executable)
+    assert text == "\n".join(
+        [
+            "#!/bin/bash",
+            "",
+            "# Parameters",
+            "#SBATCH --array=0-1%2",
+            "#SBATCH --cpus-per-task=1",
+            f"#SBATCH --error={logs}_0_log.err",
+            "#SBATCH --export=ALL",
+            "#SBATCH --job-name=dlhpc-e7-abc123",
+            "#SBATCH --mem=4G",
+            "#SBATCH --nodes=1",
+            "#SBATCH --ntasks-per-node=1",
+            "#SBATCH --open-mode=append",
+            f"#SBATCH --output={logs}_0_log.out",
+            "#SBATCH --partition=gpu",
+            "#SBATCH --requeue",
+            "#SBATCH --signal=USR2@120",
+            "#SBATCH --time=30",
+            "",
+            "# command",
+            "export SUBMITIT_EXECUTOR=slurm",
+            f"srun --unbuffered --output {logs}_%t_log.out --error {logs}_%t_log.err "
+            f"{python} -u -m submitit.core._submit {tmp_path}/slurm",
+            "",
+        ]
+    )
+
+
+def test_render_needs_no_slurm_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A laptop: no sbatch, srun nor scontrol on PATH (MaxArraySize: the default)."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    (text,) = SlurmScheduler(fn=stand_in).render(make_request(tmp_path, 1))
+    assert "#SBATCH --array=0-0%1" in text and "\nsrun " in text
+
+
+def test_submitted_array_runs_through_submitits_in_job_side(
+    fake: FakeSlurm, tmp_path: Path
+) -> None:
+    """Submit for real against the fake sbatch, then run the script it got as Slurm
+    would for array task 1 (a fake srun runs the step's command): the installed
+    submitit finds task 1's pickle and runs the in-job callable on trial 1."""
+    req = make_request(tmp_path, 3)
+    tasks = SlurmScheduler(fn=stand_in).submit(req)
+    assert [t.job_id for t in tasks] == ["100_0", "100_1", "100_2"]
+    srun = tmp_path / "fakebin" / "srun"
+    srun.write_text('#!/bin/bash\nshift 5\nexec "$@"\n', encoding="utf-8")  # drop its options
+    srun.chmod(0o755)
+    for d in req.trial_dirs:
+        d.mkdir(parents=True)
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": os.pathsep.join(sys.path),
+        "SLURM_JOB_ID": "101",
+        "SLURM_ARRAY_JOB_ID": "100",
+        "SLURM_ARRAY_TASK_ID": "1",
+        "SLURM_NTASKS": "1",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_NODEID": "0",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_JOB_NODELIST": "node1",
+    }
+    script = req.folder / "100_submission.sh"
+    proc = subprocess.run(
+        ["bash", str(script)], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    ran = [d for d in req.trial_dirs if (d / "ran.txt").exists()]
+    assert ran == [req.trial_dirs[1]]
+    with (req.folder / "100_1_0_result.pkl").open("rb") as f:
+        assert pickle.load(f) == ("success", None)
+
+
+def test_submit_without_job_id_leaves_nothing(fake: FakeSlurm, tmp_path: Path) -> None:
+    fake.put("next_id", "none")  # sbatch says "Submitted batch job none"
+    req = make_request(tmp_path, 2)
+    with pytest.raises(SchedulerError, match="sbatch gave no job id"):
+        SlurmScheduler(fn=stand_in).submit(req)
+    assert list(req.folder.iterdir()) == []
+    assert len(fake.calls("sbatch")) == 1
 
 
 def test_submit_chunks_by_max_array_size(

@@ -1,20 +1,28 @@
-"""Building sbatch submissions through submitit.
+"""sbatch job arrays whose tasks submitit runs: one code path for render and submit.
 
-One code path makes the sbatch text for both ``render`` and ``submit``:
-:func:`make_executor` configures an :class:`ArrayExecutor` for one chunk, and
-its ``_make_submission_file_text`` is what ``submit`` writes and hands to
-sbatch, and what ``render`` returns.
+:func:`build_submission` makes the :class:`Submission` of one chunk (a pure function:
+no files, no commands); ``render`` shows its ``script`` and :func:`submit_array` writes
+exactly that text, hands it to sbatch and places the tasks' pickles. The dry-run
+object is the submission.
 
-:class:`ArrayExecutor` differs from submitit's ``SlurmExecutor`` in three ways:
+submitit's part is the job's side. Each task is a public
+``submitit.helpers.DelayedSubmission`` of the in-job callable and its trial folder,
+pickled where submitit's ``JobPaths`` says (``<array id>_<index>_submitted.pkl``). The
+script's command is the in-job entry submitit's ``SlurmExecutor`` writes into every
+script (:data:`IN_JOB_MODULE`: a command line, no Python API; the unit tests run it
+against the installed submitit): it finds that pickle from ``SLURM_ARRAY_JOB_ID`` and
+``SLURM_ARRAY_TASK_ID`` and calls the function. dlhpc writes the script (in the format
+``SlurmExecutor`` writes) and runs sbatch itself, because submitit's executor cannot,
+through its public API:
 
-* it always submits a job array, also for a single task (submitit submits a
-  plain job then), so every task id is ``<array_job_id>_<index>`` and the
-  in-job worker always sees ``SLURM_ARRAY_JOB_ID``/``SLURM_ARRAY_TASK_ID``;
-* sbatch runs through a caller-given function (timeout, call counting, errors
-  as :class:`~dlhpc.errors.SchedulerError`), and a failed submission leaves no
-  pickles or script behind;
-* it does not require ``srun`` on the submitting host (``render`` works on a
-  laptop; ``submit`` fails there on sbatch, with sbatch's message).
+* submit a job array of one task (it submits a plain job then): dlhpc always submits
+  an array, so every task id is ``<array_job_id>_<index>`` and the in-job worker
+  always sees ``SLURM_ARRAY_JOB_ID``/``SLURM_ARRAY_TASK_ID``;
+* run sbatch through a caller-given function (timeout, call counting, the launch's
+  environment, errors as :class:`~dlhpc.errors.SchedulerError`); here a failed
+  submission leaves no pickles or script behind;
+* work without ``srun`` on the submitting host, nor show a script without submitting
+  it (``render`` works on a laptop; ``submit`` fails there on sbatch, with its message).
 """
 
 from __future__ import annotations
@@ -23,90 +31,42 @@ import re
 import shlex
 import sys
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from submitit.core import core, utils
-from submitit.slurm.slurm import SlurmExecutor, SlurmJob
+from submitit.core.utils import JobPaths
+from submitit.helpers import DelayedSubmission
 
 from dlhpc.errors import SchedulerError
 from dlhpc.scheduler.base import JobRequest
 from dlhpc.scheduler.slurm.jobsetup import setup_section
 
-__all__ = ["ArrayExecutor", "make_executor", "sbatch_parameters", "parse_sbatch_args"]
+__all__ = [
+    "IN_JOB_MODULE",
+    "Submission",
+    "build_submission",
+    "submit_array",
+    "sbatch_parameters",
+    "parse_sbatch_args",
+]
 
+#: submitit's in-job entry: ``python -u -m IN_JOB_MODULE FOLDER`` runs the task's pickle.
+IN_JOB_MODULE = "submitit.core._submit"
+# submitit's default: a task requeued after its time limit this many times is not again
+_MAX_NUM_TIMEOUT = 3
+_JOB_ID_RE = re.compile(r"job (?P<id>[0-9]+)")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ARG_RE = re.compile(r"^--(?P<key>[A-Za-z][A-Za-z0-9_-]*)(?:=(?P<value>.*))?$")
 # sbatch options dlhpc owns: overriding them would break log paths or arrays.
 # --export: jobs get the environment sbatch runs in (the launch's, see JobRequest.submit_env).
 _RESERVED = {"array", "output", "error", "open-mode", "wrap", "parsable", "wckey", "export"}
+# sbatch_parameters' keys that are not #SBATCH flags
+_NOT_FLAGS = {"additional_parameters", "array_parallelism", "setup", "srun_args"}
 
 SbatchRunner = Callable[[Path], str]
 """Runs ``sbatch <script>`` and returns its stdout; raises SchedulerError on failure."""
-
-
-class ArrayExecutor(SlurmExecutor):
-    """submitit's SlurmExecutor that always submits one array (see module docs)."""
-
-    def __init__(self, folder: Path, *, python: str | None, run_sbatch: SbatchRunner) -> None:
-        super().__init__(folder, python=python)
-        self._run_sbatch = run_sbatch
-
-    @classmethod
-    def affinity(cls) -> int:
-        return 2  # no srun check: sbatch itself reports a missing Slurm
-
-    def _internal_process_submissions(
-        self, delayed_submissions: list[utils.DelayedSubmission]
-    ) -> list[core.Job[Any]]:
-        n = len(delayed_submissions)
-        if self.parameters.get("map_count") != n:
-            built = self.parameters.get("map_count")
-            raise RuntimeError(f"executor built for {built} tasks, got {n}")
-        folder = utils.JobPaths.get_first_id_independent_folder(self.folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        timeout_min = self.parameters.get("time", 5)
-        pickles: list[Path] = []
-        try:
-            for delayed in delayed_submissions:
-                path = folder / f"{uuid.uuid4().hex}.pkl"
-                pickles.append(path)
-                delayed.set_timeout(timeout_min, self.max_num_timeout)
-                delayed.dump(path)
-            array_id = self._submit_command(self._submitit_command_str).job_id
-        except BaseException:
-            for path in pickles:
-                path.unlink(missing_ok=True)
-            raise
-        tasks = list(range(self._num_tasks()))
-        jobs: list[core.Job[Any]] = []
-        for index, path in enumerate(pickles):
-            job: SlurmJob[Any] = SlurmJob(self.folder, job_id=f"{array_id}_{index}", tasks=tasks)
-            job.paths.move_temporary_file(path, "submitted_pickle")
-            jobs.append(job)
-        return jobs
-
-    def _submit_command(self, command: str) -> core.Job[Any]:
-        folder = utils.JobPaths.get_first_id_independent_folder(self.folder)
-        uid = uuid.uuid4().hex
-        script = folder / f".submission_file_{uid}.sh"
-        script.write_text(self._make_submission_file_text(command, uid), encoding="utf-8")
-        try:
-            output = self._run_sbatch(script)
-        except BaseException:
-            script.unlink(missing_ok=True)
-            raise
-        try:
-            job_id = self._get_job_id_from_submission_command(output)
-        except utils.FailedSubmissionError as err:
-            raise SchedulerError(
-                f"sbatch gave no job id ({output.strip()!r}); the array may be queued "
-                f"(job name {self.parameters.get('job_name')!r})"
-            ) from err
-        job: core.Job[Any] = SlurmJob(folder=self.folder, job_id=job_id, tasks=[0])
-        job.paths.move_temporary_file(script, "submission_file")  # <id>_submission.sh
-        return job
 
 
 def parse_sbatch_args(args: Sequence[str]) -> dict[str, Any]:
@@ -150,12 +110,15 @@ def _gpu_request(request: JobRequest) -> dict[str, Any]:
 
 
 def sbatch_parameters(request: JobRequest, n_tasks: int, throttle: int) -> dict[str, Any]:
-    """submitit ``update_parameters`` keywords for one chunk of ``n_tasks`` run at
-    most ``throttle`` at a time (``%throttle``; 0 = no limit)."""
+    """The job's parameters for one chunk of ``n_tasks`` run at most ``throttle`` at a
+    time (``%throttle``; 0 = no limit), named as submitit's ``SlurmExecutor`` names
+    them: ``#SBATCH`` flags (None: not given), ``additional_parameters`` (flags as
+    sbatch spells them, winning over the others), ``array_parallelism``, ``setup``
+    (the script's lines before the command) and ``srun_args``."""
     res = request.resources
     pre = request.preemption
     additional: dict[str, Any] = {
-        # Not "B:": submitit runs the worker in an srun step, and B: signals only the
+        # Not "B:": the script runs the worker in an srun step, and B: signals only the
         # batch shell, which has no trap and dies of it (job FAILED, worker SIGTERMed).
         # Without B:, Slurm signals the job steps, i.e. the worker. Measured on the dev
         # cluster (Slurm 22.05), see tests/integration/test_scheduler_cluster.py.
@@ -180,8 +143,6 @@ def sbatch_parameters(request: JobRequest, n_tasks: int, throttle: int) -> dict[
         **_gpu_request(request),
         "mem": res.mem,
         "time": res.time_minutes,
-        "wckey": None,
-        "stderr_to_stdout": False,
         "array_parallelism": throttle or n_tasks,
         "additional_parameters": additional,
     }
@@ -195,17 +156,95 @@ def sbatch_parameters(request: JobRequest, n_tasks: int, throttle: int) -> dict[
     return params
 
 
-def make_executor(
-    request: JobRequest, n_tasks: int, throttle: int, run_sbatch: SbatchRunner
-) -> ArrayExecutor:
-    """The executor for one chunk of ``n_tasks``; creates no files."""
+def _flag(key: str, value: Any) -> str:
+    key = key.replace("_", "-")
+    return f"#SBATCH --{key}" if value is True else f"#SBATCH --{key}={shlex.quote(str(value))}"
+
+
+def _script(params: Mapping[str, Any], n_tasks: int, folder: Path, python: str) -> str:
+    """The sbatch text for ``params`` (see :func:`sbatch_parameters`), in the format
+    submitit's ``SlurmExecutor`` writes: sorted ``#SBATCH`` lines, the setup, then
+    submitit's in-job entry in an srun step. Logs: ``<folder>/%A_%a_<task>_log.*``."""
+    layout = JobPaths(folder)  # no job id: the %j and %t placeholders stay
+    stdout, stderr = (str(p).replace("%j", "%A_%a") for p in (layout.stdout, layout.stderr))
+    flags = {k: v for k, v in params.items() if k not in _NOT_FLAGS and v is not None}
+    flags["array"] = f"0-{n_tasks - 1}%{min(n_tasks, params['array_parallelism'])}"
+    flags["output"] = stdout.replace("%t", "0")
+    flags["error"] = stderr.replace("%t", "0")
+    flags["open-mode"] = "append"
+    flags.update(params["additional_parameters"])
+    lines = ["#!/bin/bash", "", "# Parameters", *(_flag(k, flags[k]) for k in sorted(flags))]
+    if params.get("setup"):
+        lines += ["", "# setup", *params["setup"]]
+    srun = ["srun", "--unbuffered", "--output", stdout, "--error", stderr]
+    command = f"{python} -u -m {IN_JOB_MODULE} {shlex.quote(str(folder))}"
+    srun_line = shlex.join([*srun, *params.get("srun_args", ())]) + " " + command
+    lines += ["", "# command", "export SUBMITIT_EXECUTOR=slurm", srun_line, ""]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One chunk's sbatch array: ``script`` is the text sbatch gets; task ``i`` of the
+    array runs the in-job callable on ``trial_dirs[i]``."""
+
+    name: str
+    folder: Path  # absolute: scripts, pickles and logs
+    script: str
+    trial_dirs: tuple[Path, ...]
+    time_minutes: int
+
+
+def build_submission(request: JobRequest, throttle: int) -> Submission:
+    """The submission of ``request`` (one chunk: all its trial folders) run at most
+    ``throttle`` tasks at a time (0 = no limit); creates no files."""
+    n_tasks = len(request.trial_dirs)
     if n_tasks < 1:
         raise ValueError("a chunk needs at least one task")
-    # submitit pastes ``python`` into the script's command line as it is (it quotes
-    # only its own default, sys.executable): quote ours, or a path with spaces or
-    # ``$(...)`` in it would be split or run by the job's shell.
-    python = shlex.quote(request.python) if request.python else None
-    executor = ArrayExecutor(request.folder, python=python, run_sbatch=run_sbatch)
-    executor.update_parameters(**sbatch_parameters(request, n_tasks, throttle))
-    executor.parameters["map_count"] = n_tasks
-    return executor
+    params = sbatch_parameters(request, n_tasks, throttle)
+    folder = Path(request.folder).expanduser().absolute()
+    python = shlex.quote(request.python or sys.executable)
+    return Submission(
+        name=request.name,
+        folder=folder,
+        script=_script(params, n_tasks, folder, python),
+        trial_dirs=tuple(request.trial_dirs),
+        time_minutes=request.resources.time_minutes,
+    )
+
+
+def submit_array(
+    submission: Submission, fn: Callable[[str], object], run_sbatch: SbatchRunner
+) -> list[str]:
+    """Submit ``submission`` (its tasks call ``fn(str(trial_dir))``); returns the task
+    ids ``<array id>_<index>``. The script ends up as ``<array id>_submission.sh``,
+    task ``i``'s pickle as ``<array id>_<i>_submitted.pkl``, both in its folder; on
+    any failure neither is left behind."""
+    folder = submission.folder
+    folder.mkdir(parents=True, exist_ok=True)
+    uid = uuid.uuid4().hex
+    script = folder / f".submission_file_{uid}.sh"
+    pickles = [folder / f".{uid}_{i}.pkl" for i in range(len(submission.trial_dirs))]
+    try:
+        for path, trial in zip(pickles, submission.trial_dirs, strict=True):
+            task = DelayedSubmission(fn, str(trial))
+            task.set_timeout(submission.time_minutes, _MAX_NUM_TIMEOUT)
+            task.dump(path)
+        script.write_text(submission.script, encoding="utf-8")
+        output = run_sbatch(script)
+        found = _JOB_ID_RE.search(output)
+        if found is None:
+            raise SchedulerError(
+                f"sbatch gave no job id ({output.strip()!r}); the array may be queued "
+                f"(job name {submission.name!r})"
+            )
+    except BaseException:
+        for path in (script, *pickles):
+            path.unlink(missing_ok=True)
+        raise
+    array_id = found["id"]
+    script.rename(JobPaths(folder, job_id=array_id).submission_file)
+    ids = [f"{array_id}_{i}" for i in range(len(pickles))]
+    for path, job_id in zip(pickles, ids, strict=True):
+        path.rename(JobPaths(folder, job_id=job_id).submitted_pickle)
+    return ids

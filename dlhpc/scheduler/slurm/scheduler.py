@@ -1,4 +1,4 @@
-"""SlurmScheduler: job arrays through submitit; state through squeue and sacct.
+"""SlurmScheduler: job arrays (tasks run by submitit); state through squeue and sacct.
 
 Kindness to slurmctld, as a contract:
 
@@ -63,7 +63,7 @@ from dlhpc.scheduler.slurm.parse import (
     parse_max_array_size,
     parse_squeue,
 )
-from dlhpc.scheduler.slurm.sbatch import make_executor
+from dlhpc.scheduler.slurm.sbatch import build_submission, submit_array
 
 __all__ = ["SlurmScheduler", "DEFAULT_MAX_ARRAY_SIZE", "new_scheduler"]
 
@@ -175,13 +175,10 @@ class SlurmScheduler(SlurmCommands, BaseScheduler):
 
     def render(self, request: JobRequest) -> list[str]:
         """The sbatch script of each chunk, as submit writes it; no files, no sbatch."""
-        texts = []
-        for chunk, throttle in self._chunks(request):
-            part = replace(request, trial_dirs=chunk)  # the script maps its tasks to folders
-            executor = make_executor(part, len(chunk), throttle, self._sbatch)
-            command = executor._submitit_command_str
-            texts.append(executor._make_submission_file_text(command, "dry-run"))
-        return texts
+        return [
+            build_submission(replace(request, trial_dirs=chunk), throttle).script
+            for chunk, throttle in self._chunks(request)
+        ]
 
     def _callable(self) -> Callable[[str], None]:
         if self._fn is not None:
@@ -199,9 +196,8 @@ class SlurmScheduler(SlurmCommands, BaseScheduler):
         submitted: list[SubmittedTask] = []
         for n, (chunk, throttle) in enumerate(self._chunks(request)):
             try:
-                part = replace(request, trial_dirs=chunk)
-                executor = make_executor(part, len(chunk), throttle, self._sbatch_in(request))
-                jobs = executor.map_array(fn, [str(d) for d in chunk])
+                submission = build_submission(replace(request, trial_dirs=chunk), throttle)
+                job_ids = submit_array(submission, fn, self._sbatch_in(request))
             except Exception as err:
                 kind = SubmitLimitError if is_limit_refusal(str(err)) else SchedulerError
                 raise kind(
@@ -210,10 +206,10 @@ class SlurmScheduler(SlurmCommands, BaseScheduler):
                     submitted=submitted,
                 ) from err
             if self._held is not None:
-                self._held += len(jobs)
-            for trial, job in zip(chunk, jobs, strict=True):
-                out, err_path = self.log_paths(request.folder, job.job_id)
-                submitted.append(SubmittedTask(trial, job.job_id, out, err_path))
+                self._held += len(job_ids)
+            for trial, job_id in zip(chunk, job_ids, strict=True):
+                out, err_path = self.log_paths(request.folder, job_id)
+                submitted.append(SubmittedTask(trial, job_id, out, err_path))
         return submitted
 
     def poll(self, job_ids: Collection[str]) -> dict[str, JobStatus]:
