@@ -77,7 +77,7 @@ def launch(
         with Progress(
             SpinnerColumn(),
             TextColumn("{task.description}"),
-            BarColumn(),  # pulses: submitit submits the arrays in one call
+            BarColumn(),  # pulses: the launch submits its arrays in one call
             TimeElapsedColumn(),
             console=console,
             transient=True,
