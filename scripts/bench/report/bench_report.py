@@ -7,7 +7,7 @@ archives every trial's curves into its ``curves.h5`` the way a page build rewrit
 stale ones (batches of 64 trials), then writes the report page. Prints
 a JSON summary: archive time per trial, archive file size, page build time, page size.
 
-    .venv/bin/python scripts/bench_report.py --trials 1000 --points 100
+    .venv/bin/python scripts/bench/report/bench_report.py --trials 1000 --points 100
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from dlhpc.report._curves import archive_trials, curves_path  # noqa: E402
 from dlhpc.report.build import write_report  # noqa: E402

@@ -21,7 +21,7 @@ not appear in sdiag and is counted from the shim's log.
 
     eval "$(scripts/dev-cluster env)"; . .venv/bin/activate
     useradd -m dlhpcbench   # once; any unprivileged user that can run squeue
-    python scripts/bench_slurm_rpc.py --sizes 10,300 --ticks 5 --launch 1000 \\
+    python scripts/bench/slurm_rpc/bench_slurm_rpc.py --sizes 10,300 --ticks 5 --launch 1000 \\
         --max-array 100 --as-user dlhpcbench
 """
 
@@ -42,7 +42,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 EXPERIMENT = """\
 name: bench-rpc-{trials}
 entrypoint: sleep 5

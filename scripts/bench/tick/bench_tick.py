@@ -6,7 +6,7 @@ then ticks until it is over, recording per tick the wall time and the external S
 commands run (by name). Prints a JSON summary with medians.
 
     eval "$(scripts/dev-cluster env)"; . .venv/bin/activate
-    python scripts/bench_tick.py --trials 200
+    python scripts/bench/tick/bench_tick.py --trials 200
 """
 
 from __future__ import annotations

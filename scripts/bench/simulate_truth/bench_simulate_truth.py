@@ -1,4 +1,4 @@
-"""Issue 17: does ``dlhpc simulate`` tell the truth? (protocol: docs/BENCHMARKS.md)
+"""Does ``dlhpc simulate`` tell the truth? (protocol: docs/BENCHMARKS.md)
 
 Runs the digits ASHA example, shrunk to the ASHA smoke test's shape, on the dev
 cluster (``dlhpc launch``, then ``dlhpc tick -q`` every ``--tick`` seconds until
@@ -8,7 +8,8 @@ with the cluster's measured queue wait and start-up, and prints measured,
 predicted and their ratio. Run it inside the dev cluster's world::
 
     scripts/dev-cluster exec --slurm 24.11 --profile default -- \\
-      env -C "$PWD" PYTHONPATH="$PWD" .venv/bin/python scripts/bench_simulate_truth.py
+      env -C "$PWD" PYTHONPATH="$PWD" .venv/bin/python \\
+      scripts/bench/simulate_truth/bench_simulate_truth.py
 
 ``--home DIR --experiment ID`` skips the cluster run and simulates a finished one
 again (the same measurements; used to check a simulator fix on the same run).
@@ -29,7 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 DIGITS = REPO / "templates" / "examples" / "digits"
 SEARCHER = (
     "{name: asha, metric: val_accuracy, smaller_is_better: false, max_trials: 9,"

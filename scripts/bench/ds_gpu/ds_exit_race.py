@@ -11,7 +11,7 @@ times, alternating the handler's sleep between 0 and its default, and counts
 launches in which a rank exited non-zero.
 
     . .venv/bin/activate; pip install -e '.[torch,dev]'
-    python scripts/ds_exit_race.py --runs 200   # docs/BENCHMARKS.md
+    python scripts/bench/ds_gpu/ds_exit_race.py --runs 200
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
 from dlhpc.harness.deepspeed import SETTLE_S  # noqa: E402
 from tests.unit._ds_rank import spawn  # noqa: E402

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark: the crash-and-concurrency stress run, and one tick's ingest (issue 8).
+"""Benchmark: the crash-and-concurrency stress run, and one tick's ingest.
 
 ``stress`` runs tests/stress/_stress.py's run_stress ``--reps`` times (256 writers
 killed at random, reconcilers killed and restarted, then the exactly-once checks) and
@@ -8,8 +8,8 @@ prints the median wall time and the counts of each run. ``ingest`` times one
 (3 metric records of 2 metrics and 3 log records per file), median of ``--reps``.
 
     . .venv/bin/activate
-    python scripts/bench_stress.py stress --reps 3
-    python scripts/bench_stress.py ingest --writers 256 --files 8 --reps 5
+    python scripts/bench/stress/bench_stress.py stress --reps 3
+    python scripts/bench/stress/bench_stress.py ingest --writers 256 --files 8 --reps 5
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
 
 from dlhpc.orchestrator import tick  # noqa: E402
