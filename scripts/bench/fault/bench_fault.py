@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Benchmark: fault tolerance of the in-job harness. Prints a JSON summary
-(``--json PATH``: also writes it there).
+(``--json PATH``: also writes it there, with the date, command and machine).
 
     . .venv/bin/activate
     python scripts/bench/fault/bench_fault.py overhead  # harness step overhead vs the bare loop
@@ -48,10 +48,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _fault_common import _code_version  # noqa: E402
 from _fault_lost import LOST_MODELS, cmd_lost  # noqa: E402
 from _fault_overhead import cmd_overhead  # noqa: E402
 from _fault_requeue import cmd_requeue  # noqa: E402
+from _result import write_result  # noqa: E402
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -120,10 +122,9 @@ def main() -> int:
         "loadavg_1_5_15_min": {"start": load_start, "end": [round(x, 2) for x in os.getloadavg()]},
         **result,
     }
-    text = json.dumps(result, indent=1)
-    print(text)
+    print(json.dumps(result, indent=1))
     if args.json is not None:
-        args.json.write_text(text + "\n")
+        write_result(args.json, result)
     return 0
 
 

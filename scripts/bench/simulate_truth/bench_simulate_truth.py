@@ -30,6 +30,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _result import write_result  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[3]
 DIGITS = REPO / "templates" / "examples" / "digits"
 SEARCHER = (
@@ -219,6 +222,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=1200.0)
     ap.add_argument("--home", type=Path, default=None, help="a finished run's DLHPC_HOME")
     ap.add_argument("--experiment", type=int, default=None, help="its experiment id")
+    ap.add_argument("--json", type=Path, help="also write the result here")
     args = ap.parse_args()
     out = args.out or Path(f"/tmp/dlhpc-simtruth-{os.getpid()}")
     yaml = write_experiment(out / "digits")
@@ -240,6 +244,8 @@ def main() -> None:
     print(table(real, pred))
     result = {"experiment": exp_id, "home": str(home), "knobs": knobs, "measured": real, **pred}
     (out / "result.json").write_text(json.dumps(result, indent=1))
+    if args.json is not None:
+        write_result(args.json, {k: v for k, v in result.items() if k != "home"})
 
 
 if __name__ == "__main__":

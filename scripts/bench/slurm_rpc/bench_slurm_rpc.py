@@ -43,6 +43,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _result import write_result  # noqa: E402
+
 EXPERIMENT = """\
 name: bench-rpc-{trials}
 entrypoint: sleep 5
@@ -197,6 +200,7 @@ def main() -> int:
         "--run", type=int, default=10, help="trials of an experiment run to its end (0: none)"
     )
     parser.add_argument("--as-user", default=None, help="run Slurm queries as this user")
+    parser.add_argument("--json", type=Path, help="also write the summary here")
     args = parser.parse_args()
     if not os.environ.get("SLURM_CONF"):
         raise SystemExit('run eval "$(scripts/dev-cluster env)" first')
@@ -271,6 +275,8 @@ def main() -> int:
         summary["cancelled_arrays"] = len(arrays)
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(summary, indent=1))
+    if args.json is not None:
+        write_result(args.json, summary)
     return 0
 
 
