@@ -19,8 +19,8 @@ Layout of ``<trial run folder>/curves.h5``::
 
 Metric names are user strings, so they live in an attribute, never in an HDF5
 path. Datasets are gzip-compressed (with the shuffle filter); one (3, n) dataset
-rather than three per metric halves what a reader pays per file (HDF5 object
-opens dominate: about 4 ms against 10 ms per file on the 2-core dev machine). The file is built
+rather than three per metric keeps down what a reader pays per file (HDF5 object
+opens dominate it). The file is built
 in memory and published with :func:`dlhpc.protocol.atomic_write_bytes` (temp
 name, fsync, rename): a reader sees the previous archive or the new one, never
 half of one. ``rows`` and ``max_step`` let a reader tell a stale archive (newer
