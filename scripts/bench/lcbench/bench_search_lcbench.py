@@ -9,7 +9,7 @@ with the same W and the same epoch times (``_lcbench_peers.py``). Curves and epo
 come from the surrogate (``_lcbench_surrogate.py``: budget epochs 1..50 are its epochs
 2..51). Measures (``_lcbench_measures.py``): epochs, GPU-hours and wall time until a trial
 reports the task's best - 1 point (best of 2,000 random configurations), and normalised
-regret at a log-spaced set of budgets. Protocol: docs/BENCHMARKS.md, "LCBench search".
+regret at a log-spaced set of budgets. Protocol: docs/BENCHMARKS.md, "Search on LCBench".
 
     pip install -e '.[bench]'   # onnxruntime, optuna, syne-tune
     python scripts/bench/lcbench/bench_search_lcbench.py --tasks all --seeds 5 \\
