@@ -95,7 +95,7 @@ def encode_curves(trial_id: int, curves: Mapping[str, Curve]) -> bytes:
     max_step = max((c.steps[-1] for c in curves.values() if c.steps), default=0)
     names = sorted(curves)
     index = json.dumps({"rows": rows, "max_step": max_step, "metrics": names})
-    with h5py.File(buf, "w", libver="latest") as f:  # compact headers: ~3x smaller
+    with h5py.File(buf, "w", libver="latest") as f:  # compact headers, smaller files
         f.attrs.update({"format": _FORMAT, "trial_id": trial_id, "rows": rows})
         f.attrs.update({"max_step": max_step, "index": index})
         for i, name in enumerate(names):
