@@ -1,6 +1,6 @@
 """The rich console of the commands that draw tables and live views. Apart from
 ``_common`` so that the commands that only print lines (``tick``, cron's command)
-never import rich (start-up time: docs/BENCHMARKS.md)."""
+never import rich (its import is part of their start-up time)."""
 
 from __future__ import annotations
 

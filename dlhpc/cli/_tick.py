@@ -1,5 +1,5 @@
 """``dlhpc tick``: what cron runs. It imports no rich (it prints lines), and none of
-the launch and view code: its start-up is part of every pass (docs/BENCHMARKS.md)."""
+the launch and view code: its start-up is part of every pass."""
 
 from __future__ import annotations
 

@@ -24,8 +24,8 @@ __all__ = ["GC_THRESHOLD", "LAZY_COMMANDS", "cli", "main"]
 
 # The cyclic GC's thresholds while a command runs. A command allocates a few hundred
 # thousand objects that live to its end (imported modules, rows); at Python's default
-# (700, 10, 10) collections that find nothing cost 0.1-0.2 s of a `dlhpc status` or
-# `dlhpc tick` (docs/BENCHMARKS.md). Garbage cycles are still collected, only later.
+# (700, 10, 10) the collector runs often and finds nothing, which a short-lived
+# `dlhpc status` or `dlhpc tick` pays for. Garbage cycles are still collected, only later.
 GC_THRESHOLD = (100_000, 20, 100)
 
 # Command name -> (module under dlhpc.cli holding it in its COMMANDS, its short help).

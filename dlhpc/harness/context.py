@@ -76,10 +76,10 @@ class TrialContext:
     publishes them (atomically, in order) when ``flush_every`` are pending or
     ``flush_interval_s`` has passed; :meth:`flush`, :meth:`checkpoint`,
     :meth:`close`, the stop and the interpreter's exit return only once all
-    are published. So it is cheap to call every step (the default of 10,000
-    records a file keeps a file's write, fsync and rename to a fraction of a µs
-    per record: docs/BENCHMARKS.md, issue 16; ``flush_interval_s`` still bounds
-    how long a result waits for the reconciler). Only rank 0 publishes;
+    are published. So it is cheap to call every step (a file of up to
+    ``flush_every`` records spreads its write, fsync and rename over them;
+    ``flush_interval_s`` still bounds how long a result waits for the
+    reconciler). Only rank 0 publishes;
     other ranks' reports are dropped, so every rank may call it unconditionally.
 
     A SIGTERM (preemption) or SIGUSR2 (time limit near) makes :meth:`should_stop`

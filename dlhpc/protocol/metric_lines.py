@@ -1,8 +1,8 @@
 """``metrics`` lines: many ``metric`` records in one line of an event file.
 
 ``ctx.report`` every step makes one ``metric`` record per step; encoding each as
-its own JSON object (two float reprs, a dict with sorted keys) cost the publishing
-thread 7-8 µs of CPU per record on a loaded machine (issue 16). The harness instead
+its own JSON object (two float reprs, a dict with sorted keys) would cost the
+publishing thread more CPU per record than the step it reports. The harness instead
 buffers rows (:data:`MetricRow`) and writes each run of consecutive rows with the
 same metric names as one line, its columns packed as little-endian binary arrays
 in base64 (a C loop each, no float formatting)::

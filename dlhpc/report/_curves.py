@@ -19,8 +19,8 @@ Layout of ``<trial run folder>/curves.h5``::
 
 Metric names are user strings, so they live in an attribute, never in an HDF5
 path. Datasets are gzip-compressed (with the shuffle filter); one (3, n) dataset
-rather than three per metric halves what a reader pays per file (HDF5 object
-opens dominate: about 4 ms against 10 ms per file on the 2-core dev machine). The file is built
+rather than three per metric keeps down what a reader pays per file (HDF5 object
+opens dominate it). The file is built
 in memory and published with :func:`dlhpc.protocol.atomic_write_bytes` (temp
 name, fsync, rename): a reader sees the previous archive or the new one, never
 half of one. ``rows`` and ``max_step`` let a reader tell a stale archive (newer
@@ -95,7 +95,7 @@ def encode_curves(trial_id: int, curves: Mapping[str, Curve]) -> bytes:
     max_step = max((c.steps[-1] for c in curves.values() if c.steps), default=0)
     names = sorted(curves)
     index = json.dumps({"rows": rows, "max_step": max_step, "metrics": names})
-    with h5py.File(buf, "w", libver="latest") as f:  # compact headers: ~3x smaller
+    with h5py.File(buf, "w", libver="latest") as f:  # compact headers, smaller files
         f.attrs.update({"format": _FORMAT, "trial_id": trial_id, "rows": rows})
         f.attrs.update({"max_step": max_step, "index": index})
         for i, name in enumerate(names):

@@ -57,7 +57,7 @@ MAX_EVENTS = 300  # notable events shown, newest kept
 # left out: job log lines below warning, and the routine "trial is running" transitions
 _QUIET_EVENTS = ("log.info", "log.debug", "trial.running")
 REFRESH_ENDED = 256  # stale archives of ended trials rewritten per page
-REFRESH_RUNNING = 16  # ... of running trials (about 5 ms each, two fsyncs)
+REFRESH_RUNNING = 16  # ... of running trials (each costs two fsyncs)
 REFRESH_EVERY = 600.0  # seconds: a running trial's archive is not rewritten sooner
 
 

@@ -4,7 +4,7 @@ with the number of trials, and a launch uses ceil(N / chunk) sbatch calls.
 Counted at the process boundary: shims first on ``PATH`` log every Slurm command
 dlhpc starts, then run the real one. (sdiag's counters are per user and cluster-wide;
 other tests running as the same user at the same time would make them flaky here.
-``scripts/bench_slurm_rpc.py`` measures the RPCs themselves with sdiag.)
+``scripts/bench/slurm_rpc/bench_slurm_rpc.py`` measures the RPCs themselves with sdiag.)
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ staging folder, on every rank), roundtrip (then build a second engine in this
 process, restore the newest checkpoint into it and train it to ``steps`` too).
 Writes out/rank-<r>.json: per run, the step it started from, the losses by step,
 the world size and a weight checksum. :func:`spawn` starts the ranks (the unit tests
-and scripts/ds_exit_race.py).
+and scripts/bench/ds_gpu/ds_exit_race.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The README's "lines you add" table is what scripts/adapter_lines.py measures on the
+"""The README's "lines you add" table is what scripts/figures/adapter_lines.py measures on the
 adapter examples, and every adapter named there has its example with both scripts."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _script() -> ModuleType:
     spec = importlib.util.spec_from_file_location(
-        "adapter_lines", ROOT / "scripts/adapter_lines.py"
+        "adapter_lines", ROOT / "scripts/figures/adapter_lines.py"
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -1,4 +1,4 @@
-"""scripts/bench_search_lcbench.py: the LCBench surrogate wrapper, the measures on a tiny
+"""scripts/bench/lcbench: the LCBench surrogate wrapper, the measures on a tiny
 fake curve set, the worker simulation, and a smoke run of the driver (the benchmark
 itself is not run here)."""
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "lcbench"
 sys.path.insert(0, str(SCRIPTS))
 
 from _lcbench_measures import Trace, checkpoints, median_inf, ratio  # noqa: E402

@@ -1,4 +1,5 @@
-"""Smoke test of scripts/bench_search.py with tiny budgets (the benchmark itself is not run)."""
+"""Smoke test of scripts/bench/search/bench_search.py with tiny budgets (the benchmark
+itself is not run)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "search"
 
 
 def _load(name: str) -> ModuleType:

@@ -1,11 +1,11 @@
 """Scale: one tick and ``status_data`` cost a number of SQL statements that does not
 grow with the number of trials, and a tick at scale still ingests, decides and submits
-the right things. Timings are measured by ``scripts/bench_scale.py``, not here.
+the right things. Timings are measured by ``scripts/bench/scale/bench_scale.py``, not here.
 
 State is synthetic (bulk rows, as after a long random search): ``total`` trials of
 which ``LIVE`` run (each with one new event file; ``FINISHING`` of them exit 0 this
 tick), the rest COMPLETED. Slurm is faked at the backend boundary (the fake of
-``scripts/_bench_scale_state.py``: ``poll`` answers from a JSON file). ``--long`` runs
+``scripts/bench/scale/_bench_scale_state.py``: ``poll`` answers from a JSON file). ``--long`` runs
 10,000 trials against 200.
 """
 
@@ -40,7 +40,7 @@ from tests.unit._spec import make_spec
 LIVE = 12
 FINISHING = 4  # live trials whose job exits 0 this tick
 LENGTH = 5
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "scale"
 EXPERIMENT = """\
 name: scale
 entrypoint: python train.py
@@ -53,7 +53,7 @@ searcher: {{name: random, metric: loss, max_trials: {max_trials},
 
 
 def _bench_state() -> ModuleType:
-    """``scripts/_bench_scale_state.py`` (its fake Slurm backend)."""
+    """``scripts/bench/scale/_bench_scale_state.py`` (its fake Slurm backend)."""
     name = "_bench_scale_state"
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")

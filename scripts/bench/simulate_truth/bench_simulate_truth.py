@@ -1,4 +1,4 @@
-"""Issue 17: does ``dlhpc simulate`` tell the truth? (protocol: docs/BENCHMARKS.md)
+"""Does ``dlhpc simulate`` tell the truth? (protocol: docs/BENCHMARKS.md)
 
 Runs the digits ASHA example, shrunk to the ASHA smoke test's shape, on the dev
 cluster (``dlhpc launch``, then ``dlhpc tick -q`` every ``--tick`` seconds until
@@ -8,7 +8,8 @@ with the cluster's measured queue wait and start-up, and prints measured,
 predicted and their ratio. Run it inside the dev cluster's world::
 
     scripts/dev-cluster exec --slurm 24.11 --profile default -- \\
-      env -C "$PWD" PYTHONPATH="$PWD" .venv/bin/python scripts/bench_simulate_truth.py
+      env -C "$PWD" PYTHONPATH="$PWD" .venv/bin/python \\
+      scripts/bench/simulate_truth/bench_simulate_truth.py
 
 ``--home DIR --experiment ID`` skips the cluster run and simulates a finished one
 again (the same measurements; used to check a simulator fix on the same run).
@@ -29,7 +30,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _result import write_result  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[3]
 DIGITS = REPO / "templates" / "examples" / "digits"
 SEARCHER = (
     "{name: asha, metric: val_accuracy, smaller_is_better: false, max_trials: 9,"
@@ -218,6 +222,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=1200.0)
     ap.add_argument("--home", type=Path, default=None, help="a finished run's DLHPC_HOME")
     ap.add_argument("--experiment", type=int, default=None, help="its experiment id")
+    ap.add_argument("--json", type=Path, help="also write the result here")
     args = ap.parse_args()
     out = args.out or Path(f"/tmp/dlhpc-simtruth-{os.getpid()}")
     yaml = write_experiment(out / "digits")
@@ -239,6 +244,8 @@ def main() -> None:
     print(table(real, pred))
     result = {"experiment": exp_id, "home": str(home), "knobs": knobs, "measured": real, **pred}
     (out / "result.json").write_text(json.dumps(result, indent=1))
+    if args.json is not None:
+        write_result(args.json, {k: v for k, v in result.items() if k != "home"})
 
 
 if __name__ == "__main__":

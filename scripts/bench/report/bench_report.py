@@ -7,7 +7,8 @@ archives every trial's curves into its ``curves.h5`` the way a page build rewrit
 stale ones (batches of 64 trials), then writes the report page. Prints
 a JSON summary: archive time per trial, archive file size, page build time, page size.
 
-    .venv/bin/python scripts/bench_report.py --trials 1000 --points 100
+    .venv/bin/python scripts/bench/report/bench_report.py --trials 1000 --points 100 \
+        --json scripts/bench/report/result.json
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _result import write_result  # noqa: E402
 
 from dlhpc.report._curves import archive_trials, curves_path  # noqa: E402
 from dlhpc.report.build import write_report  # noqa: E402
@@ -157,6 +161,7 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=1000)
     parser.add_argument("--points", type=int, default=100)
     parser.add_argument("--keep", type=Path, default=None, help="Also copy the page here.")
+    parser.add_argument("--json", type=Path, help="also write the result (with its setting) here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="dlhpc-bench-report-") as tmp:
         root = Path(tmp)
@@ -180,22 +185,20 @@ def main() -> int:
         if args.keep is not None:
             args.keep.write_bytes(page.read_bytes())
         store.close()
-    print(
-        json.dumps(
-            {
-                "trials": args.trials,
-                "points_per_trial": args.points,
-                "db_build_s": round(build_s, 2),
-                "archive_ms_per_trial_median": round(statistics.median(per_batch) * 1000, 2),
-                "archive_ms_per_trial_max_batch": round(max(per_batch) * 1000, 2),
-                "curves_h5_bytes_median": int(statistics.median(sizes)),
-                "page_build_s": round(page_s, 2),
-                "page_bytes": size,
-                "page_mb": round(size / 1e6, 2),
-            },
-            indent=2,
-        )
-    )
+    result = {
+        "trials": args.trials,
+        "points_per_trial": args.points,
+        "db_build_s": round(build_s, 2),
+        "archive_ms_per_trial_median": round(statistics.median(per_batch) * 1000, 2),
+        "archive_ms_per_trial_max_batch": round(max(per_batch) * 1000, 2),
+        "curves_h5_bytes_median": int(statistics.median(sizes)),
+        "page_build_s": round(page_s, 2),
+        "page_bytes": size,
+        "page_mb": round(size / 1e6, 2),
+    }
+    print(json.dumps(result, indent=2))
+    if args.json is not None:
+        write_result(args.json, result)
     return 0
 
 

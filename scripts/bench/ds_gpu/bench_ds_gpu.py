@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""DeepSpeed under dlhpc on one GPU (issue 4): validation, throughput, telemetry. JSON out.
+"""DeepSpeed under dlhpc on one GPU: validation, throughput, telemetry. JSON out.
 
-    python scripts/bench_ds_gpu.py validate --out DIR   # the example through the worker
-    python scripts/bench_ds_gpu.py bench --out DIR      # tokens/s with and without the harness
+    python scripts/bench/ds_gpu/bench_ds_gpu.py validate --out DIR  # the example, worker
+    python scripts/bench/ds_gpu/bench_ds_gpu.py bench --out DIR     # tokens/s, +/- harness
 
 Both run without Slurm, the way the local backend does: a trial folder (``trial.json``,
 ``entry.sh``, a copy of ``templates/examples/deepspeed-lm`` as the code snapshot) run by
@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "templates" / "examples" / "deepspeed-lm"
 HERE = Path(__file__).resolve()
 if str(REPO) not in sys.path:  # dlhpc from this checkout when it is not installed

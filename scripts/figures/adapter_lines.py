@@ -6,8 +6,8 @@ wrote it before dlhpc (``train_plain.py``) beside the script that runs under dlh
 against ``train_plain.py`` (a unified diff's ``+`` lines; blank lines and comment-only
 lines are not counted) and prints the README's "lines you add" table.
 
-    python scripts/adapter_lines.py            # the markdown table
-    python scripts/adapter_lines.py --json     # {example: {"added": n, "removed": n}}
+    python scripts/figures/adapter_lines.py            # the markdown table
+    python scripts/figures/adapter_lines.py --json     # {example: {"added": n, "removed": n}}
 
 tests/unit/test_adapter_lines.py checks that the README's table is this script's output.
 """
@@ -19,7 +19,7 @@ import difflib
 import json
 from pathlib import Path
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "templates" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "templates" / "examples"
 PLAIN, ADAPTED = "train_plain.py", "train.py"
 
 # example folder -> (framework as the table names it, how it is brought under dlhpc)

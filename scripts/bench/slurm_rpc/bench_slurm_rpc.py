@@ -21,7 +21,7 @@ not appear in sdiag and is counted from the shim's log.
 
     eval "$(scripts/dev-cluster env)"; . .venv/bin/activate
     useradd -m dlhpcbench   # once; any unprivileged user that can run squeue
-    python scripts/bench_slurm_rpc.py --sizes 10,300 --ticks 5 --launch 1000 \\
+    python scripts/bench/slurm_rpc/bench_slurm_rpc.py --sizes 10,300 --ticks 5 --launch 1000 \\
         --max-array 100 --as-user dlhpcbench
 """
 
@@ -42,7 +42,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _result import write_result  # noqa: E402
+
 EXPERIMENT = """\
 name: bench-rpc-{trials}
 entrypoint: sleep 5
@@ -197,6 +200,7 @@ def main() -> int:
         "--run", type=int, default=10, help="trials of an experiment run to its end (0: none)"
     )
     parser.add_argument("--as-user", default=None, help="run Slurm queries as this user")
+    parser.add_argument("--json", type=Path, help="also write the summary here")
     args = parser.parse_args()
     if not os.environ.get("SLURM_CONF"):
         raise SystemExit('run eval "$(scripts/dev-cluster env)" first')
@@ -271,6 +275,8 @@ def main() -> int:
         summary["cancelled_arrays"] = len(arrays)
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(summary, indent=1))
+    if args.json is not None:
+        write_result(args.json, summary)
     return 0
 
 

@@ -3,10 +3,11 @@
 
 Launches a random search of N trials (a trivial entrypoint that reports one metric),
 then ticks until it is over, recording per tick the wall time and the external Slurm
-commands run (by name). Prints a JSON summary with medians.
+commands run (by name). Prints a JSON summary with medians (``--json PATH``: also
+writes it there).
 
     eval "$(scripts/dev-cluster env)"; . .venv/bin/activate
-    python scripts/bench_tick.py --trials 200
+    python scripts/bench/tick/bench_tick.py --trials 200
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _result import write_result  # noqa: E402
 
 EXPERIMENT = """\
 name: bench-tick
@@ -48,6 +52,7 @@ def main() -> int:
         help="do not tick until every job has left the queue, then time the ticks that ingest"
         " everything (a quiet machine: the jobs no longer compete for the CPUs)",
     )
+    parser.add_argument("--json", type=Path, help="also write the summary here")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="dlhpc-bench-"))
@@ -127,6 +132,8 @@ def main() -> int:
         "per_tick": ticks,
     }
     print(json.dumps(summary, indent=1))
+    if args.json is not None:
+        write_result(args.json, summary)
     return 0 if state == ExperimentState.COMPLETED.value else 1
 
 

@@ -8,10 +8,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 DIGITS = REPO / "templates" / "examples" / "digits"
-TRAINER = REPO / "scripts" / "bench_fault_train.py"
-ENTRY = REPO / "scripts" / "bench_fault_entry.py"
+TRAINER = Path(__file__).resolve().parent / "bench_fault_train.py"
+ENTRY = Path(__file__).resolve().parent / "bench_fault_entry.py"
 GRACE_TIME_S = 30.0  # the dev cluster's debug partition (PreemptMode=REQUEUE)
 
 

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 Data = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
-EXAMPLE = Path(__file__).resolve().parent.parent / "templates/examples/digits/train.py"
+EXAMPLE = Path(__file__).resolve().parents[3] / "templates/examples/digits/train.py"
 
 
 def load_data() -> Data:

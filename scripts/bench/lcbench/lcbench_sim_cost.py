@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""The simulation cost of one dlhpc run of ``bench_search_lcbench.py`` (issue 17): the
+"""The simulation cost of one dlhpc run of ``bench_search_lcbench.py``: the
 same run (method, task, seed, W, budget) with its store and files in each of the given
 scratch folders, one after the other in one process: wall and CPU seconds, ticks, and a
 digest of the trace (equal digests: the same epochs, times and values, so the folder
 changed nothing measured). ``--profile N`` prints the N most expensive functions of each
 run (cProfile, cumulative).
 
-    python scripts/lcbench_sim_cost.py --task 3945 --methods random,asha --scratch /tmp,/dev/shm
-    python scripts/lcbench_sim_cost.py --methods '' --searcher 'at={name: asha, proposer: tpe}'
+    cd scripts/bench/lcbench
+    python lcbench_sim_cost.py --task 3945 --methods random,asha --scratch /tmp,/dev/shm
+    python lcbench_sim_cost.py --methods '' --searcher 'at={name: asha, proposer: tpe}'
 """
 
 from __future__ import annotations

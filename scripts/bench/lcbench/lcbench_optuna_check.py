@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Diagnostic of the Optuna rows of ``bench_search_lcbench.py`` (issue 17): the best
+"""Diagnostic of the Optuna rows of ``bench_search_lcbench.py``: the best
 value each Optuna variant reaches on a task in one run (budget, W and seed as given),
 against the same study with the sampler or the pruner swapped, to tell a misuse of
 Optuna by the driver from Optuna's own behaviour. Variants: ``tpe-sha`` (the
@@ -7,7 +7,7 @@ benchmark's ``optuna-tpe-sha``), ``random-sha`` (RandomSampler instead of TPE),
 ``tpe-nop`` (no pruner: every trial trains 50 epochs), ``tpe-sha-w1`` (one worker, the
 sequential use Optuna's documentation shows).
 
-    python scripts/lcbench_optuna_check.py --tasks 7593,167184,189873
+    python scripts/bench/lcbench/lcbench_optuna_check.py --tasks 7593,167184,189873
 """
 
 from __future__ import annotations

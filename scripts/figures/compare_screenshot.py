@@ -9,7 +9,7 @@ pixels and reduced to a 256-colour palette so it stays small (under 250 KB).
 Needs chromium, websocket-client and Pillow (``pip install -e '.[dev]'``), and the
 digits example's torch and scikit-learn.
 
-    .venv/bin/python scripts/compare_screenshot.py [--out docs/img/compare.png] [--keep DIR]
+    .venv/bin/python scripts/figures/compare_screenshot.py [--out docs/img/compare.png] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from tests.unit._chromium import chromium  # noqa: E402

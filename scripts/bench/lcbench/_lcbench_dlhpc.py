@@ -86,8 +86,8 @@ def expected_spend(searcher: Any, divisor: int) -> float | None:
 def natural_trials(cfg: ExperimentConfig, budget: int, workers: int) -> int:
     """``max_trials`` for a run of ``budget`` epochs: for a searcher with rungs
     (``brackets``), the largest count whose :func:`expected_spend` fits the budget (as
-    scripts/bench_search.py); for any other, the full trainings the budget pays for plus
-    ``workers`` (the runs still going when it is spent)."""
+    scripts/bench/search/bench_search.py); for any other, the full trainings the budget
+    pays for plus ``workers`` (the runs still going when it is spent)."""
     sc = cfg.searcher
 
     def spend(n: int) -> float | None:

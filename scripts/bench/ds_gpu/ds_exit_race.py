@@ -11,7 +11,7 @@ times, alternating the handler's sleep between 0 and its default, and counts
 launches in which a rank exited non-zero.
 
     . .venv/bin/activate; pip install -e '.[torch,dev]'
-    python scripts/ds_exit_race.py --runs 200   # docs/BENCHMARKS.md
+    python scripts/bench/ds_gpu/ds_exit_race.py --runs 200
 """
 
 from __future__ import annotations
@@ -22,8 +22,11 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _result import write_result  # noqa: E402
+
 from dlhpc.harness.deepspeed import SETTLE_S  # noqa: E402
 from tests.unit._ds_rank import spawn  # noqa: E402
 
@@ -53,6 +56,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=40, help="launches in all (alternating)")
     parser.add_argument("--stage", type=int, default=3, help="ZeRO stage")
+    parser.add_argument("--json", type=Path, help="also write the counts here")
     args = parser.parse_args()
     failed: Counter[float] = Counter()
     done: Counter[float] = Counter()
@@ -67,6 +71,12 @@ def main() -> None:
     print("|---|---|---|")
     for settle in (0.0, SETTLE_S):
         print(f"| {settle} s | {done[settle]} | {failed[settle]} |")
+    if args.json is not None:
+        counts = [
+            {"sleep_s": s, "launches": done[s], "launches_with_an_abort": failed[s]}
+            for s in (0.0, SETTLE_S)
+        ]
+        write_result(args.json, {"stage": args.stage, "counts": counts})
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 A bare loop against the same loop with ``ctx.report`` and ``ctx.step`` every step (the
 mode's contract is in ``bench_fault.py``'s docstring): ABBA blocks, alternating steps,
 report() timed in the loop, the cost of each call alone, and with ``--report-on-cpu``
-only issue 16's second protocol (steps the scheduler did not preempt)."""
+the estimate made of medians, and the mean step over steps the scheduler did not
+preempt."""
 
 from __future__ import annotations
 
@@ -279,7 +280,7 @@ def cmd_overhead(args: argparse.Namespace) -> dict[str, Any]:
 
     for kind in args.models:
         loop = _Loop(kind, ctx)
-        if args.report_on_cpu:  # only the measure of issue 16's second protocol
+        if args.report_on_cpu:  # the medians estimate only
             loop.timed_on_cpu(False, args.block)
             loop.timed_on_cpu(True, args.block)  # warm-up
             out["models"][kind] = {

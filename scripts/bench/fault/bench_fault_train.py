@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Trainer used by ``scripts/bench_fault.py lost``: the digits example's loop, or a big MLP.
+"""Trainer of ``bench_fault.py lost``: the digits example's loop, or a big MLP.
 
 Runs inside a (fake or real) dlhpc trial: ``dlhpc.init()`` reads ``trial.json``. The loop is
 the one of ``templates/examples/digits/train.py`` (same data, split, model and epoch order for
@@ -40,7 +40,7 @@ from torch import nn  # noqa: E402
 import dlhpc  # noqa: E402
 
 DIGITS_TRAIN = (
-    Path(__file__).resolve().parents[1] / "templates" / "examples" / "digits" / "train.py"
+    Path(__file__).resolve().parents[3] / "templates" / "examples" / "digits" / "train.py"
 )
 
 

@@ -74,7 +74,7 @@ def data_dir(given: Path | None = None) -> Path:
     """The surrogate's folder: ``given``, else ``$DLHPC_LCBENCH_DIR``, else
     ``shared/benchmarks/yahpo-lcbench`` beside the checkout or one level above it.
     FileNotFoundError naming every place looked at when none has model.onnx."""
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[3]
     rel = Path("shared/benchmarks/yahpo-lcbench")
     env = os.environ.get(ENV)
     places = (

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Timing wrapper used by ``scripts/bench_fault.py requeue``: runs a training script unchanged.
+"""Timing wrapper of ``bench_fault.py requeue``: runs a training script unchanged.
 
     python bench_fault_entry.py train.py     (the experiment's entrypoint, in the code snapshot)
 

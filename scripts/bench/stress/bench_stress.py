@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark: the crash-and-concurrency stress run, and one tick's ingest (issue 8).
+"""Benchmark: the crash-and-concurrency stress run, and one tick's ingest.
 
 ``stress`` runs tests/stress/_stress.py's run_stress ``--reps`` times (256 writers
 killed at random, reconcilers killed and restarted, then the exactly-once checks) and
@@ -8,8 +8,9 @@ prints the median wall time and the counts of each run. ``ingest`` times one
 (3 metric records of 2 metrics and 3 log records per file), median of ``--reps``.
 
     . .venv/bin/activate
-    python scripts/bench_stress.py stress --reps 3
-    python scripts/bench_stress.py ingest --writers 256 --files 8 --reps 5
+    python scripts/bench/stress/bench_stress.py stress --reps 3
+    python scripts/bench/stress/bench_stress.py ingest --writers 256 --files 8 --reps 5 \
+        --json scripts/bench/stress/ingest.json
 """
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _result import write_result  # noqa: E402
 
 from dlhpc.orchestrator import tick  # noqa: E402
 from dlhpc.protocol import EventWriter  # noqa: E402
@@ -60,8 +64,10 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=20, help="stress: steps per writer")
     ap.add_argument("--reconcilers", type=int, default=3)
     ap.add_argument("--files", type=int, default=8, help="ingest: event files per trial")
+    ap.add_argument("--json", type=Path, help="also write the runs and the median here")
     args = ap.parse_args()
     times = []
+    runs: list[dict[str, object]] = []
     for rep in range(args.reps):
         with tempfile.TemporaryDirectory(prefix="dlhpc-bench-stress-") as tmp:
             if args.what == "stress":
@@ -72,15 +78,21 @@ def main() -> None:
                     reconcilers=args.reconcilers,
                     seed=rep,
                 )
-                print(json.dumps(dataclasses.asdict(res)), flush=True)
+                runs.append({"rep": rep, **dataclasses.asdict(res)})
+                print(json.dumps(runs[-1]), flush=True)
                 if res.problems:
                     sys.exit(f"rep {rep}: {len(res.problems)} problems")
                 times.append(res.seconds)
             else:
                 seconds, n = bench_ingest(Path(tmp), args.writers, args.files)
-                print(json.dumps({"rep": rep, "tick_s": seconds, "files": n}), flush=True)
+                runs.append({"rep": rep, "tick_s": round(seconds, 3), "files": n})
+                print(json.dumps(runs[-1]), flush=True)
                 times.append(seconds)
-    print(f"{args.what}: median {statistics.median(times):.2f} s over {args.reps} runs")
+    median = statistics.median(times)
+    print(f"{args.what}: median {median:.2f} s over {args.reps} runs")
+    if args.json is not None:
+        setting = {k: v for k, v in vars(args).items() if k != "json"}
+        write_result(args.json, {**setting, "median_s": round(median, 3), "runs": runs})
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark: hyperparameter search on the YAHPO Gym LCBench surrogate (issue 17).
+"""Benchmark: hyperparameter search on the YAHPO Gym LCBench surrogate.
 
 Every method gets the same budget of trial-epochs on each task, seed and worker count W.
 dlhpc's searchers run through the ``dlhpc simulate`` machinery (a real ``launch`` and
@@ -9,12 +9,12 @@ with the same W and the same epoch times (``_lcbench_peers.py``). Curves and epo
 come from the surrogate (``_lcbench_surrogate.py``: budget epochs 1..50 are its epochs
 2..51). Measures (``_lcbench_measures.py``): epochs, GPU-hours and wall time until a trial
 reports the task's best - 1 point (best of 2,000 random configurations), and normalised
-regret at a log-spaced set of budgets. Protocol: docs/BENCHMARKS.md, "Issue 17".
+regret at a log-spaced set of budgets. Protocol: docs/BENCHMARKS.md, "Search on LCBench".
 
     pip install -e '.[bench]'   # onnxruntime, optuna, syne-tune
-    python scripts/bench_search_lcbench.py --tasks all --seeds 5 --workers 1,4,16,64 \\
-        --json results.json --svg-dir docs
-    python scripts/bench_search_lcbench.py --report results.json   # the tables again
+    python scripts/bench/lcbench/bench_search_lcbench.py --tasks all --seeds 5 \\
+        --workers 1,4,16,64 --json results.json --svg-dir docs
+    python scripts/bench/lcbench/bench_search_lcbench.py --report results.json   # the tables again
     # on 2 cores: two processes with --shard 0/2 and --shard 1/2, then --report a.json,b.json
 
 A dlhpc method is a searcher name (``asha``) or ``LABEL={YAML searcher mapping}`` with

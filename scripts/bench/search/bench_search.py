@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark: hyperparameter search on the digits example (issue 5).
+"""Benchmark: hyperparameter search on the digits example.
 
 Runs dlhpc's searchers and Optuna's pruners side by side on one search space,
 one compute budget (trial-epochs) and the same seeds, with real PyTorch training
@@ -17,7 +17,7 @@ frees its slot; Continue resumes it where it stopped; Stop ends it. Optuna runs
 its usual sequential study (ask, report every epoch, ``should_prune``).
 
     . .venv/bin/activate; pip install -e '.[torch,bayes,bench]'
-    python scripts/bench_search.py --workers 4,1 --json /tmp/bench_search.json  # docs/BENCHMARKS.md
+    python scripts/bench/search/bench_search.py --workers 4,1 --json results.json
 """
 
 from __future__ import annotations
@@ -45,8 +45,7 @@ from dlhpc.search import make_searcher  # noqa: E402
 from dlhpc.search.base import Continue, Create, Stop  # noqa: E402
 
 # lr and weight_decay are log10 exponents (dlhpc's log type); count is for grid only.
-# "base" is the space of the first run; "wide" was declared afterwards, before it ran, as a
-# space where good configurations are rarer (docs/BENCHMARKS.md, issue 5).
+# "base" is the default space; "wide" is one where good configurations are rarer.
 SPACES: dict[str, dict[str, HParam]] = {
     "base": {
         "lr": HParam("lr", "log", minval=-4.5, maxval=-0.5, count=4),

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Benchmark: fault tolerance of the in-job harness (issue 3). Prints a JSON summary.
+"""Benchmark: fault tolerance of the in-job harness. Prints a JSON summary
+(``--json PATH``: also writes it there, with the date, command and machine).
 
     . .venv/bin/activate
-    python scripts/bench_fault.py overhead            # harness step overhead vs the bare loop
-    python scripts/bench_fault.py lost                # work lost per SIGTERM, checkpoint times
+    python scripts/bench/fault/bench_fault.py overhead  # harness step overhead vs the bare loop
+    python scripts/bench/fault/bench_fault.py lost      # work lost per SIGTERM, checkpoint times
     eval "$(scripts/dev-cluster env)"
-    python scripts/bench_fault.py requeue             # signal -> first step of the next attempt
+    python scripts/bench/fault/bench_fault.py requeue   # signal -> first step of the next attempt
 
 ``overhead`` runs in this process, one torch thread: a bare training loop and the same loop
 with ``ctx.report(step, ...)`` and ``ctx.step(state)`` every step (in a fake trial folder), for
@@ -15,7 +16,8 @@ and single steps in turn (medians per arm: robust on a noisy machine). Plus the 
 of each API alone, and of one flush of 1000 buffered records; ``estimate`` = the alternating
 steps' median difference + that flush spread over its 1000 steps.
 
-``lost`` runs ``scripts/bench_fault_train.py`` as a plain process in a fake trial folder,
+``lost`` runs ``bench_fault_train.py`` (beside this script) as a plain process in a fake trial
+folder,
 SIGTERMs it at a seeded random moment (uniform over two epochs, after the first epoch
 checkpoint), waits for the exit, then runs it again to resume (and stop after its first
 step). Two arms side by side, with the same moments: the harness (``ctx.step(state)``: a
@@ -24,8 +26,8 @@ checkpoint at the stop) and a baseline that checkpoints only at epoch ends
 parameter MLP with Adam (a ~450 MB checkpoint).
 
 ``requeue`` needs the dev cluster: launches the digits example (one trial, through
-``dlhpc launch``; the entrypoint runs train.py under ``scripts/bench_fault_entry.py``, which
-only timestamps it), ticks (``dlhpc tick`` every ``--interval`` s at a random phase, as cron
+``dlhpc launch``; the entrypoint runs train.py under ``bench_fault_entry.py``, which only
+timestamps it), ticks (``dlhpc tick`` every ``--interval`` s at a random phase, as cron
 would), interrupts the running job (``--mode term|usr2``: ``scancel --signal``; ``preempt``: a
 ``high`` job on the trial's node, only when no other job runs there) and times the way to the
 first training step of the next attempt, in parts. Repetitions that something else
@@ -46,10 +48,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _fault_common import _code_version  # noqa: E402
 from _fault_lost import LOST_MODELS, cmd_lost  # noqa: E402
 from _fault_overhead import cmd_overhead  # noqa: E402
 from _fault_requeue import cmd_requeue  # noqa: E402
+from _result import write_result  # noqa: E402
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -99,6 +103,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=240.0, help="per repetition")
+    for mode in sub.choices.values():
+        mode.add_argument("--json", type=Path, help="also write the JSON result to this file")
     return parser
 
 
@@ -117,6 +123,8 @@ def main() -> int:
         **result,
     }
     print(json.dumps(result, indent=1))
+    if args.json is not None:
+        write_result(args.json, result)
     return 0
 
 

@@ -1,0 +1,42 @@
+"""scripts/bench/_result.py: the JSON file a benchmark writes with ``--json PATH``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "scripts" / "bench"
+sys.path.insert(0, str(BENCH))
+
+from _result import write_result  # noqa: E402
+
+
+def test_the_result_is_written_with_its_date_command_and_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = BENCH / "report" / "bench_report.py"
+    monkeypatch.setattr(sys, "argv", [str(script), "--trials", "10", "--json", "out.json"])
+    out = tmp_path / "sub" / "out.json"
+    write_result(out, {"page_bytes": 123, "runs": [1.5, 2.5]})
+    record = json.loads(out.read_text())
+    assert record["result"] == {"page_bytes": 123, "runs": [1.5, 2.5]}
+    assert record["command"] == (
+        "python scripts/bench/report/bench_report.py --trials 10 --json out.json"
+    )
+    assert record["date_utc"].endswith("Z") and record["date_utc"][:2] == "20"
+    machine = record["machine"]
+    assert machine["cpus"] >= 1 and machine["python"].count(".") == 2
+    assert len(machine["loadavg_1_5_15_min_at_end"]) == 3
+
+
+def test_a_script_outside_the_repository_keeps_its_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "argv", [str(tmp_path / "x.py"), "a b"])
+    write_result(tmp_path / "r.json", {})
+    assert json.loads((tmp_path / "r.json").read_text())["command"] == (
+        f"python {tmp_path / 'x.py'} 'a b'"
+    )
