@@ -2,7 +2,7 @@
 nothing and ingest nothing twice; two reconcilers started together submit once.
 
 Bounded form in CI; ``pytest --long tests/stress`` (or DLHPC_LONG=1) runs the long
-form (docs/BENCHMARKS.md has both commands and their numbers).
+form (docs/BENCHMARKS.md has both commands).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def test_killed_writers_and_reconcilers_lose_nothing_and_ingest_nothing_twice(
         res = run_stress(tmp_path, writers=256, events=120, reconcilers=4, kill_writers=0.5)
     else:
         res = run_stress(tmp_path, writers=256, events=20, reconcilers=3)
-    print(dataclasses.asdict(res))  # the numbers for docs/BENCHMARKS.md (pytest -s)
+    print(dataclasses.asdict(res))  # the figures, shown with pytest -s
     assert res.problems == []
     assert res.writers_killed > 0 and res.reconcilers_killed > res.reconcilers  # kills mid-run
     assert res.files_by_reconcilers > 0  # the reconcilers ingested while writers wrote
