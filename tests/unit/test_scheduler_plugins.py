@@ -1,4 +1,4 @@
-"""The scheduler registry: built-ins, entry points, in-process additions, job environments."""
+"""The backend table: built-ins, entry points, in-process additions, job environments."""
 
 from __future__ import annotations
 
