@@ -40,23 +40,23 @@ TOY = Backend("toy", lambda root: LocalScheduler(root), environment=ToyJobEnviro
 
 
 def test_builtins_come_first_and_an_unknown_name_lists_the_valid_ones() -> None:
-    registry = BackendTable()
-    assert registry.names()[:2] == ["slurm", "local"]
+    table = BackendTable()
+    assert table.names()[:2] == ["slurm", "local"]
     with pytest.raises(ValueError, match=r"unknown scheduler backend 'pbs'; valid: local, slurm"):
-        registry.get("pbs")
+        table.get("pbs")
     assert isinstance(make_scheduler("slurm", local_root=Path("/x")), SlurmScheduler)
 
 
 def test_an_added_backend_builds_schedulers_and_is_found_inside_its_jobs(tmp_path: Path) -> None:
-    registry = BackendTable().with_backend(TOY)
-    assert registry.names()[-1] == "toy"
-    assert isinstance(make_scheduler("toy", local_root=tmp_path, registry=registry), LocalScheduler)
-    job = registry.job_environment({"TOY_JOB": "t-1"})
+    table = BackendTable().with_backend(TOY)
+    assert table.names()[-1] == "toy"
+    assert isinstance(make_scheduler("toy", local_root=tmp_path, registry=table), LocalScheduler)
+    job = table.job_environment({"TOY_JOB": "t-1"})
     assert isinstance(job, ToyJobEnvironment) and job.job_id == "t-1" and job.rank == 0
     with pytest.raises(ValueError, match="already registered"):
-        registry.with_backend(TOY)
+        table.with_backend(TOY)
     with pytest.raises(DlhpcError, match="no TOY_JOB or SLURM_JOB_ID or DLHPC_JOB_ID"):
-        registry.job_environment({})
+        table.job_environment({})
 
 
 def test_slurm_wins_over_local_inside_a_slurm_job() -> None:
@@ -72,12 +72,12 @@ def test_slurm_wins_over_local_inside_a_slurm_job() -> None:
 
 
 def test_auto_is_slurm_where_sbatch_is_on_path_else_local(tmp_path: Path) -> None:
-    registry = BackendTable()
-    assert registry.auto({"PATH": str(tmp_path)}) == "local"
+    table = BackendTable()
+    assert table.auto({"PATH": str(tmp_path)}) == "local"
     sbatch = tmp_path / "sbatch"
     sbatch.write_text("#!/bin/sh\n")
     sbatch.chmod(0o755)
-    assert registry.auto({"PATH": str(tmp_path)}) == "slurm"
+    assert table.auto({"PATH": str(tmp_path)}) == "slurm"
 
 
 def test_entry_points_register_third_parties_and_may_not_take_a_builtin_name(
@@ -91,11 +91,17 @@ def test_entry_points_register_third_parties_and_may_not_take_a_builtin_name(
         return entry_points
 
     monkeypatch.setattr(metadata, "entry_points", points("toy", f"{__name__}:TOY"))
-    registry = BackendTable()
-    assert registry.names() == ["slurm", "local", "toy"] and registry.get("toy") is TOY
+    table = BackendTable()
+    assert table.names() == ["slurm", "local", "toy"] and table.get("toy") is TOY
     monkeypatch.setattr(metadata, "entry_points", points("broken", "no_such_module:X"))
     with pytest.raises(DlhpcError, match="cannot load backend 'broken'"):
         BackendTable().get("broken")
+    monkeypatch.setattr(metadata, "entry_points", points("env", f"{__name__}:ToyJobEnvironment"))
+    with pytest.raises(DlhpcError, match="ToyJobEnvironment is not a dlhpc Backend descriptor"):
+        BackendTable().get("env")
+    monkeypatch.setattr(metadata, "entry_points", points("other", f"{__name__}:TOY"))
+    with pytest.raises(DlhpcError, match="TOY is named 'toy', not 'other'"):
+        BackendTable().get("other")
     monkeypatch.setattr(metadata, "entry_points", points("slurm", f"{__name__}:TOY"))
     with pytest.raises(DlhpcError, match="reuses the built-in backend name 'slurm'"):
         BackendTable().names()
@@ -115,10 +121,10 @@ def test_entry_points_are_scanned_only_when_a_name_is_not_built_in(
         ]
 
     monkeypatch.setattr(metadata, "entry_points", entry_points)
-    registry = BackendTable()
-    assert isinstance(registry.get("local"), Backend) and scans == []
+    table = BackendTable()
+    assert isinstance(table.get("local"), Backend) and scans == []
     with pytest.raises(DlhpcError, match=r"'twice' is registered more than once \(a:B, c:D\)"):
-        registry.get("toy")
+        table.get("toy")
     assert scans == [GROUP]
 
 
@@ -134,15 +140,17 @@ def test_slurm_request_check_refuses_a_percent_in_the_state_folder() -> None:
     assert state_dir_problem(Path("/home/a/.dlhpc")) is None
     assert "contains '%'" in (state_dir_problem(Path("/home/a%u/.dlhpc")) or "")
     assert BackendTable().get("local").request_problem(Path("/a%b")) is None
+    assert "contains '%'" in (BackendTable().get("slurm").request_problem(Path("/a%b")) or "")
 
 
-def test_importing_the_registry_inside_a_job_stays_light() -> None:
+def test_looking_up_a_job_environment_stays_light() -> None:
     code = (
         "import sys\n"
         "from dlhpc.scheduler.plugins import BackendTable\n"
         "BackendTable().job_environment({'SLURM_JOB_ID': '1'})\n"
         "heavy = ('submitit', 'sqlalchemy', 'dlhpc.config', 'dlhpc.scheduler.base',"
-        " 'dlhpc.scheduler.slurm.scheduler', 'dlhpc.scheduler.local.scheduler')\n"
+        " 'dlhpc.scheduler.slurm.scheduler', 'dlhpc.scheduler.slurm.checks',"
+        " 'dlhpc.scheduler.slurm.site', 'dlhpc.scheduler.local.scheduler')\n"
         "print(sorted(m for m in heavy if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
