@@ -28,7 +28,7 @@ def installed(group: str, kind: str, builtin: Collection[str]) -> dict[str, Entr
     registered twice (a package on the path twice) is one entry point. ``kind``
     names the plugins in messages (``searcher``).
     """
-    from importlib.metadata import entry_points  # a few ms: only when a scan is due
+    from importlib.metadata import entry_points  # imported only when a scan is due
 
     found: dict[str, list[EntryPoint]] = {}
     for ep in entry_points(group=group):
