@@ -15,7 +15,8 @@ from dlhpc.store.queries import experiment_owner
 
 if TYPE_CHECKING:  # the orchestrator loads only for the commands that act
     from dlhpc.orchestrator.common import SchedulerPool
-    from dlhpc.scheduler.registry import Registry
+    from dlhpc.scheduler.plugins import BackendTable
+    from dlhpc.search.plugins import SearcherTable
 
 __all__ = [
     "backends",
@@ -23,6 +24,7 @@ __all__ = [
     "echo_json",
     "open_store",
     "pool_for",
+    "searchers",
     "site_option",
     "use_site",
 ]
@@ -32,13 +34,21 @@ site_option = click.option(
 )
 
 
-def backends() -> Registry:
-    """The scheduler registry, for the config loaders (``backends=``): the backend
+def backends() -> BackendTable:
+    """The scheduler backends, for the config loaders (``backends=``): the backend
     names a site may use and what ``backend: auto`` means here (Slurm where ``sbatch``
-    is on ``PATH``, else local). Config, below the schedulers, gets it from the CLI."""
-    from dlhpc.scheduler.registry import default_registry  # light, but only when asked
+    is on ``PATH``, else local). Config, below the schedulers, gets them from the CLI."""
+    from dlhpc.scheduler.plugins import BackendTable  # light, but only when asked
 
-    return default_registry()
+    return BackendTable()
+
+
+def searchers() -> SearcherTable:
+    """The searchers, for the experiment loader (``searchers=``): the names a file may
+    use, each checking its own settings. Config, below the searchers, gets them here."""
+    from dlhpc.search.plugins import SearcherTable  # imports every built-in searcher
+
+    return SearcherTable()
 
 
 def use_site(cfg: SiteConfig) -> SiteConfig:

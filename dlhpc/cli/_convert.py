@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from dlhpc.cli._common import backends, site_option
+from dlhpc.cli._common import backends, searchers, site_option
 from dlhpc.config import load_experiment
 from dlhpc.convert import convert_determined, map_issues
 from dlhpc.errors import ConfigError, UsageError
@@ -79,7 +79,7 @@ def determined(
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         try:
-            load_experiment(tmp, site=site, backends=backends())
+            load_experiment(tmp, site=site, backends=backends(), searchers=searchers())
         except ConfigError as err:
             raise map_issues(result, err) from None
         os.replace(tmp, output)

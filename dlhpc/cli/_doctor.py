@@ -23,7 +23,7 @@ from dlhpc.config import Permissions, load_site
 from dlhpc.config.model import SiteConfig
 from dlhpc.errors import DlhpcError, UsageError
 from dlhpc.report.quota import lustre_quota, quota_warning
-from dlhpc.scheduler.registry import Check, Registry, default_registry
+from dlhpc.scheduler.plugins import BackendTable, Check
 from dlhpc.store import default_home
 from dlhpc.store.engine import SCHEMA_VERSION, make_engine, read_version
 from dlhpc.store.engine import migrate as run_migrations
@@ -63,7 +63,7 @@ def _writable(path: Path) -> tuple[bool, str]:
 def run_checks(site: SiteConfig) -> list[Check]:
     """Every registered backend's own checks (each skips a site that is not its), then
     the folders, quota, permissions and filesystems."""
-    registry = default_registry()
+    registry = BackendTable()
     checks = [c for name in registry.names() for c in registry.get(name).doctor_checks(site)]
     home = default_home(site.state_dir)
     for label, path in (("state folder", home), ("checkpoint folder", site.scratch.expanduser())):
@@ -77,7 +77,7 @@ def run_checks(site: SiteConfig) -> list[Check]:
     return checks
 
 
-def _jobs_elsewhere(registry: Registry, site: SiteConfig) -> bool:
+def _jobs_elsewhere(registry: BackendTable, site: SiteConfig) -> bool:
     """Whether the site's backend (``auto`` resolved here) can run jobs on other machines."""
     name = registry.auto(os.environ) if site.backend == "auto" else site.backend
     backend = registry.get(name)

@@ -165,12 +165,12 @@ def _compare(
     """``report --compare``: everything is checked and read before the page is written."""
     from dlhpc.orchestrator.reproduce import volatile_env
     from dlhpc.report.compare import compare_file, load_compare, write_compare
-    from dlhpc.scheduler.registry import default_registry
+    from dlhpc.scheduler.plugins import BackendTable
 
     if with_all:
         raise UsageError("--compare makes one page: not with --all, --out-dir or --force")
     store = open_store(site)
-    model = load_compare(store, experiment_ids, trial_ids, volatile_env(default_registry()))
+    model = load_compare(store, experiment_ids, trial_ids, volatile_env(BackendTable()))
     path = output or Path(compare_file(experiment_ids, trial_ids))
     size = write_compare(store, model, path)
     if not quiet:

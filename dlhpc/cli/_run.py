@@ -18,6 +18,7 @@ from dlhpc.cli._common import (
     echo_json,
     open_store,
     pool_for,
+    searchers,
     site_option,
     use_site,
 )
@@ -31,7 +32,7 @@ from dlhpc.orchestrator import launch as do_launch
 from dlhpc.orchestrator import tick as do_tick
 from dlhpc.orchestrator.common import SchedulerPool
 from dlhpc.report.status import status_data
-from dlhpc.scheduler.registry import default_registry
+from dlhpc.scheduler.plugins import BackendTable
 from dlhpc.search import expected_trials
 from dlhpc.states import ExperimentState
 from dlhpc.store import Store, default_home
@@ -54,12 +55,14 @@ def launch(
     """Launch EXPERIMENT (a YAML file) as Slurm job arrays."""
     rules = _ClusterRules(dry_run)
     try:
-        cfg = load_experiment(experiment, site=site, cluster=rules, backends=backends())
+        cfg = load_experiment(
+            experiment, site=site, cluster=rules, backends=backends(), searchers=searchers()
+        )
     finally:
         rules.warn()
     use_site(cfg.site)
     home = default_home(cfg.site.state_dir)
-    problem = default_registry().get(cfg.backend).request_problem(home)
+    problem = BackendTable().get(cfg.backend).request_problem(home)
     if problem is not None:  # e.g. Slurm's: '%' in a log path is a pattern to sbatch
         raise UsageError(problem)
     if dry_run:
@@ -111,7 +114,7 @@ class _ClusterRules:
         if self.dry_run and backend == "slurm" and shutil.which("sinfo") is None:
             self.skipped.append("partition, GPU type, account and QOS not checked: no sinfo here")
             return None
-        rules = default_registry().get(backend).cluster_rules()
+        rules = BackendTable().get(backend).cluster_rules()
         if rules is not None:
             self.made.append(rules)
         return rules

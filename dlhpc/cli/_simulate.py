@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from dlhpc.cli._common import backends, echo_json, site_option
+from dlhpc.cli._common import backends, echo_json, searchers, site_option
 from dlhpc.cli._console import console
 from dlhpc.config import load_experiment
 from dlhpc.errors import UsageError
@@ -176,7 +176,7 @@ def simulate(
     if top >= 1 or (epoch_seconds is not None and epoch_seconds <= 0):
         raise UsageError("--top must be in (0, 1) and --epoch-seconds > 0")
     names = _searchers(alternatives)
-    cfg = load_experiment(experiment, site=site, backends=backends())
+    cfg = load_experiment(experiment, site=site, backends=backends(), searchers=searchers())
     settings = SimSettings(
         gpus=gpus,
         queue_wait_s=queue_wait,

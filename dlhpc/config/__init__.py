@@ -10,9 +10,9 @@ Public API:
 * :func:`parse_slurm_time` / :func:`parse_duration_s` -- Slurm time limits and
   short durations (raise :class:`ValueError`).
 
-:mod:`dlhpc.config.searchers` finds searchers by name (built-ins and the
-``dlhpc.searchers`` entry points) and holds the settings rules the loader asks
-of each, without importing :mod:`dlhpc.search`.
+config sits below the searchers and the scheduler backends and never imports
+them: the loaders' callers pass them in (``searchers=``, ``backends=``).
+:mod:`dlhpc.config.searcher_rules` says what the loader asks of a searcher.
 
 Loading has no side effects and raises only :class:`~dlhpc.errors.ConfigError`
 (exit code 2), which lists every problem as ``file:line: field: message``.
@@ -39,6 +39,7 @@ from dlhpc.config.model import (
     SearcherConfig,
     SiteConfig,
 )
+from dlhpc.config.searcher_rules import Searchers
 
 __all__ = [
     "MAX_NAME_LENGTH",
@@ -57,6 +58,7 @@ __all__ = [
     "ReproducibilityConfig",
     "Resources",
     "SearcherConfig",
+    "Searchers",
     "SiteConfig",
     "association_problems",
     "list_sites",

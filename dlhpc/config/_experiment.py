@@ -53,6 +53,7 @@ from dlhpc.config.model import (
     SearcherConfig,
     SiteConfig,
 )
+from dlhpc.config.searcher_rules import Searchers
 from dlhpc.errors import ConfigError, ConfigIssue
 
 __all__ = ["load_experiment"]
@@ -120,14 +121,18 @@ def load_experiment(
     partitions: PartitionLister | None = None,
     backends: Backends | None = None,
     cluster: RulesFactory | None = None,
+    *,
+    searchers: Searchers,
 ) -> ExperimentConfig:
     """Load, validate and resolve the experiment file ``path``.
 
     The site is ``site`` (a name or path), else the file's ``site:`` key (a
     path relative to the file's folder), else ``$DLHPC_SITE``, else auto.
     ``environ`` (default ``os.environ``) is used for ``~``, ``${VAR}``,
-    ``$DLHPC_*`` and by ``backends`` (the scheduler registry: the backend names a
+    ``$DLHPC_*`` and by ``backends`` (the scheduler backends: the backend names a
     site may use, and what ``backend: auto`` means there; needed for ``auto``).
+    ``searchers``: the searchers the file may name; the named one checks its own
+    settings (:mod:`dlhpc.config.searcher_rules`).
     ``cluster``: the backend's :class:`ClusterRules` (for the resolved backend
     name): the partition, GPU type, account and QOS are checked against the
     cluster (see :mod:`dlhpc.config._cluster`); its errors propagate.
@@ -143,7 +148,7 @@ def load_experiment(
     top = read_section(issues, doc.data, (), _TOP)
     where = _placement(issues, top, site, base, env, backends, partitions, cluster)
     path_check = F.path(base, env)
-    sections = _sections(issues, top, where, base, env, path_check)
+    sections = _sections(issues, top, where, base, env, path_check, searchers)
     workdir = _workdir(issues, top["workdir"], base, path_check)
     other = list(where.issues)
     if isinstance(top["entrypoint"], str) and issues.ok(("workdir",)):
@@ -194,12 +199,13 @@ def _sections(
     base: Path,
     env: Mapping[str, str],
     path_check: Callable[[Any], Path],
+    searchers: Searchers,
 ) -> _Sections:
     """Read the sections after ``resources:``, in this order (an issue's place among
     those without a line is the order they were found)."""
     e = read_section(issues, top["environment"], ("environment",), _ENVIRONMENT)
     space = read_hyperparameters(issues, top["hyperparameters"])
-    searcher = read_searcher(issues, top["searcher"], space)
+    searcher = read_searcher(issues, top["searcher"], space, searchers)
     script = read_script(
         issues, top["entrypoint"], top["script"], "script" in top.given, space, searcher.metric
     )

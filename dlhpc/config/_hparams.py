@@ -29,14 +29,7 @@ from dlhpc.config._validate import (
     string,
 )
 from dlhpc.config.model import HParam, HParamType, SearcherConfig
-from dlhpc.config.searchers import (
-    SearcherRules,
-    default_concurrency,
-    is_searcher_name,
-    searcher_names,
-    searcher_rules,
-    searchers_knowing,
-)
+from dlhpc.config.searcher_rules import Report, SearcherRules, Searchers, default_concurrency
 
 __all__ = ["read_hyperparameters", "read_searcher"]
 
@@ -145,16 +138,13 @@ def _build(
     return HParam(name, typed, minval=lo, maxval=hi, base=s.get("base", 10.0), count=s["count"])
 
 
-def _searcher_name(value: Any) -> str:
-    """A registered searcher name (entry points are scanned only past the built-ins)."""
-    if isinstance(value, str) and is_searcher_name(value):
-        return value
-    raise Invalid(f"must be one of {', '.join(searcher_names())}, got {describe(value)}")
+def _as_given(value: Any) -> Any:
+    return value
 
 
 def _proposer(value: Any) -> tuple[str, dict[str, Any]]:
     """``name`` or ``{name: ..., setting: ...}``: the name and the settings (the
-    searcher's rules check both, :mod:`dlhpc.search._proposers`)."""
+    searcher's rules check both)."""
     if isinstance(value, str) and value:
         return value, {}
     if isinstance(value, dict) and isinstance(value.get("name"), str) and value["name"]:
@@ -163,7 +153,7 @@ def _proposer(value: Any) -> tuple[str, dict[str, Any]]:
 
 
 _SEARCHER_FIELDS = {
-    "name": Field(_searcher_name, default="single"),
+    "name": Field(_as_given, default="single"),  # checked by read_searcher
     "metric": Field(string(nonempty=True, single_line=True), default="val_loss"),
     "smaller_is_better": Field(boolean, default=True),
     "max_trials": Field(integer(min=1, cap=_MAX_TRIALS), nullable=True),
@@ -180,27 +170,26 @@ _SEARCHER_FIELDS = {
 }
 
 
-def read_searcher(issues: Issues, value: Any, space: Mapping[str, HParam]) -> SearcherConfig:
+def read_searcher(
+    issues: Issues, value: Any, space: Mapping[str, HParam], searchers: Searchers
+) -> SearcherConfig:
     """Validate ``searcher`` (``space``: the valid hyperparameters, for the searcher's rules).
 
-    The fields every searcher shares are checked here; then the searcher's own
-    rules (:class:`dlhpc.config.searchers.SearcherRules`) run and report to ``issues``.
+    The fields every searcher shares are checked here; then the searcher that
+    ``searchers`` finds by name applies its own rules
+    (:class:`~dlhpc.config.searcher_rules.SearcherRules`), reporting to ``issues``.
     """
     path = ("searcher",)
     s = read_section(issues, value, path, _SEARCHER_FIELDS)
-    name = s["name"]
-    try:
-        rules = searcher_rules(name)
-    except (ImportError, ValueError) as exc:  # an installed searcher that is broken
-        issues.add((*path, "name"), f"cannot load searcher {name!r}: {exc}")
-        rules = searcher_rules("single")  # only so that the other fields get checked
+    rules = _rules(issues, s["name"], searchers)
+    name = rules.kind
     max_length = s["max_length"]
     if max_length is None:
         if rules.default_max_length is not None:
             max_length = rules.default_max_length
         elif issues.ok((*path, "name"), (*path, "max_length")):
             issues.add((*path, "max_length"), f"required for searcher {name!r}")
-    _check_options(issues, s, rules)
+    _check_options(issues, s, rules, searchers)
     max_rungs, min_length = s["max_rungs"], s["min_length"]
     if max_rungs is not None and min_length is not None:
         issues.add((*path, "min_length"), "give 'max_rungs' or 'min_length', not both")
@@ -235,7 +224,40 @@ def read_searcher(issues: Issues, value: Any, space: Mapping[str, HParam]) -> Se
     return rules.check_settings(config, space, issues)
 
 
-def _check_options(issues: Issues, s: Section, rules: SearcherRules) -> None:
+class _Unchecked:
+    """Stands in for a searcher that could not be found, so that the shared fields
+    still get checked (the name's problem is reported; nothing else is added)."""
+
+    default_max_length: int | None = 1
+    options: frozenset[str] = frozenset()
+    learns: bool = False
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def check_settings(
+        self, config: SearcherConfig, space: Mapping[str, HParam], report: Report
+    ) -> SearcherConfig:
+        return config
+
+
+def _rules(issues: Issues, name: Any, searchers: Searchers) -> SearcherRules:
+    """The rules of the searcher ``name`` (a problem with the name is reported at
+    ``searcher.name``, and a stand-in is returned)."""
+    path = ("searcher", "name")
+    if not issues.ok(path):
+        return _Unchecked("single")
+    try:
+        rules = searchers.rules(name) if isinstance(name, str) else None
+        if rules is not None:
+            return rules
+        issues.add(path, f"must be one of {', '.join(searchers.names())}, got {describe(name)}")
+    except ValueError as exc:  # an installed searcher that is broken
+        issues.add(path, str(exc))
+    return _Unchecked(name if isinstance(name, str) else "single")
+
+
+def _check_options(issues: Issues, s: Section, rules: SearcherRules, searchers: Searchers) -> None:
     """Refuse the optional keys (``mode``, ``min_length``, ``stop_once``) the searcher
     does not know, naming the searchers that do."""
     path = ("searcher",)
@@ -244,10 +266,24 @@ def _check_options(issues: Issues, s: Section, rules: SearcherRules) -> None:
     for key in ("mode", "min_length", "stop_once", "proposer", "max_budget"):
         given = s[key] is not None and s[key] is not False
         if given and key not in rules.options:
-            known = searchers_knowing(key)
+            known = _knowing(searchers, key)
             quoted = ", ".join(repr(n) for n in known)
             takers = f"searcher {quoted}" if len(known) == 1 else f"searchers {quoted}"
             issues.add((*path, key), f"only applies to {takers}, not {rules.kind!r}")
+
+
+def _knowing(searchers: Searchers, option: str) -> list[str]:
+    """The searchers whose ``options`` include ``option``, in :meth:`Searchers.names`
+    order; one that fails to load is left out (asking for it by name reports why)."""
+    out = []
+    for name in searchers.names():
+        try:
+            rules = searchers.rules(name)
+        except ValueError:
+            continue
+        if rules is not None and option in rules.options:
+            out.append(name)
+    return out
 
 
 def _rungs_between(min_length: int, max_length: int, divisor: int) -> int:

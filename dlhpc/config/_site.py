@@ -5,8 +5,8 @@ or given as a path (the value contains ``/`` or ends in ``.yaml``/``.yml``).
 Without one, ``$DLHPC_SITE`` is used, else ``generic`` where ``backend: auto``
 means Slurm (``sbatch`` on ``$PATH``) and ``local`` otherwise (a built-in
 equivalent when that file is not on the search path). What ``auto`` means is
-the scheduler registry's to say, and so are the backend names a site may use:
-config sits below the schedulers, so its callers pass the registry in as
+the scheduler backends' to say, and so are the backend names a site may use:
+config sits below the schedulers, so its callers pass their table in as
 ``backends`` (:class:`Backends`). Errors in a site file name the site file and line.
 """
 
@@ -55,7 +55,7 @@ __all__ = [
 
 
 class Backends(Protocol):
-    """The scheduler backends a site may name (``dlhpc.scheduler.registry.Registry``).
+    """The scheduler backends a site may name (the scheduler layer's backend table).
 
     Without it (``None``), a site's backend name is taken as written (the scheduler
     layer refuses an unknown one) and ``auto`` cannot be resolved (ValueError).

@@ -19,7 +19,7 @@ from dlhpc.config._permissions import Permissions
 SCHEMA_VERSION = 1
 
 HParamType = Literal["const", "int", "double", "log", "categorical"]
-BackendName = str  # a scheduler backend registered in dlhpc.scheduler.registry
+BackendName = str  # a scheduler backend the loaders' caller knows (backends=)
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class Environment:
 
 @dataclass(frozen=True)
 class SearcherConfig:
-    name: str = "single"  # a registered searcher (see dlhpc.config.searchers)
+    name: str = "single"  # a searcher its caller passes to the loader (searchers=)
     metric: str = "val_loss"
     smaller_is_better: bool = True
     max_trials: int = 1
@@ -75,7 +75,7 @@ class SearcherConfig:
     mode: str | None = None  # hyperband: aggressive|standard|conservative
     min_length: int | None = None  # sha/asha/hyperband: the first rung's length (sets max_rungs)
     stop_once: bool = False  # sha/asha: never pause; stop weak trials while they run
-    # asha/hyperband: what to try (dlhpc.search._proposers): "random" or "tpe"
+    # asha/hyperband: what to try (their proposers): "random" or "tpe"
     proposer: str = "random"
     proposer_settings: dict[str, Any] = field(default_factory=dict)  # the proposer's, defaults in
     max_budget: int | None = None  # sha/asha/hyperband: total length over all trials; ends it

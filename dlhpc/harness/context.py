@@ -32,7 +32,7 @@ from dlhpc.protocol import (
     stop_requested,
 )
 from dlhpc.scheduler.environment import JobEnvironment
-from dlhpc.scheduler.registry import default_registry
+from dlhpc.scheduler.plugins import BackendTable
 
 if TYPE_CHECKING:
     from dlhpc.harness.state import TrainState
@@ -55,7 +55,7 @@ def _int_env(name: str, default: int) -> int:
 def _job_environment() -> JobEnvironment:
     """This process's job environment; outside any backend's job, one process here."""
     try:
-        return default_registry().job_environment(os.environ)
+        return BackendTable().job_environment(os.environ)
     except DlhpcError:
         return JobEnvironment(os.environ)
 

@@ -29,7 +29,7 @@ import socket
 from collections.abc import Mapping
 
 from dlhpc.errors import DlhpcError
-from dlhpc.scheduler.registry import default_registry
+from dlhpc.scheduler.plugins import BackendTable
 
 __all__ = [
     "RANK_VARS",
@@ -71,7 +71,7 @@ def rank_env(environ: Mapping[str, str]) -> dict[str, str]:
     is None). Raises DlhpcError when the variables are malformed or contradict each other.
     """
     try:
-        job = default_registry().job_environment(environ)
+        job = BackendTable().job_environment(environ)
     except DlhpcError:
         return {}  # not a job of any backend: nothing to derive
     try:

@@ -67,7 +67,7 @@ from dlhpc.protocol import (
 )
 from dlhpc.repro.job import attempt_record, deterministic_env
 from dlhpc.scheduler.environment import JobEnvironment
-from dlhpc.scheduler.registry import default_registry
+from dlhpc.scheduler.plugins import BackendTable
 
 __all__ = ["TrialFailed", "exit_reason", "job_identity", "run_trial"]
 
@@ -86,7 +86,7 @@ def job_identity(environ: Mapping[str, str]) -> tuple[str, int, int]:
 
 def _job(environ: Mapping[str, str]) -> JobEnvironment:
     try:
-        return default_registry().job_environment(environ)
+        return BackendTable().job_environment(environ)
     except DlhpcError as err:
         raise DlhpcError(f"worker: {err}") from None
 

@@ -24,7 +24,7 @@ from dlhpc.orchestrator.runfiles import trial_spec, write_trial_specs
 from dlhpc.protocol import TrialSpec, recorded_slug, trial_dir
 from dlhpc.scheduler import BaseScheduler, JobRequest, SubmittedTask, make_scheduler
 from dlhpc.scheduler.base import SubmitLimitError
-from dlhpc.scheduler.registry import Registry, default_registry
+from dlhpc.scheduler.plugins import BackendTable
 from dlhpc.search import BaseSearcher, Create, make_searcher
 from dlhpc.states import JobState, SubmissionState, TrialState
 from dlhpc.store import Attempt, Decision, Event, Experiment, Store, Submission, Trial, utcnow
@@ -48,10 +48,10 @@ __all__ = [
 class SchedulerPool:
     """One scheduler instance per backend for the life of a command, built from
     ``registry`` (default: the installed backends; the simulator passes one with
-    its cluster added through :meth:`Registry.with_backend`)."""
+    its cluster added through :meth:`BackendTable.with_backend`)."""
 
     local_root: Path
-    registry: Registry = field(default_factory=default_registry)
+    registry: BackendTable = field(default_factory=BackendTable)
     _by_name: dict[str, BaseScheduler] = field(default_factory=dict, init=False)
 
     def get(self, backend: str) -> BaseScheduler:

@@ -45,7 +45,7 @@ from dlhpc.repro import (
     fingerprint_data,
     trial_record,
 )
-from dlhpc.scheduler.registry import Registry, default_registry
+from dlhpc.scheduler.plugins import BackendTable
 from dlhpc.store import Experiment, Store, Trial
 from dlhpc.store.queries import trial_record_of
 
@@ -86,18 +86,18 @@ class ReproduceResult:
     job_ids: list[str]
 
 
-def volatile_env(registry: Registry) -> frozenset[str]:
+def volatile_env(registry: BackendTable) -> frozenset[str]:
     """Every registered backend's variables that differ between attempts by construction."""
     found: set[str] = set()
     for name in registry.names():
-        cls = registry.get(name).environment_class()
+        cls = registry.get(name).environment
         found |= cls.volatile_vars if cls is not None else set()
     return frozenset(found)
 
 
 def diff_trials(store: Store, a: int, b: int) -> list[Difference]:
     """The differences between trials ``a`` and ``b``'s records."""
-    volatile = volatile_env(default_registry())
+    volatile = volatile_env(BackendTable())
     with store.read() as session:
         return diff_records(
             trial_record_of(session, a), trial_record_of(session, b), volatile=volatile

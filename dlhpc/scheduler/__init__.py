@@ -2,10 +2,10 @@
 
 One backend is one subpackage (``scheduler/slurm``, ``scheduler/local``, or a
 third-party package registered through entry points): see
-:mod:`dlhpc.scheduler.registry`. :func:`make_scheduler` builds one by name.
+:mod:`dlhpc.scheduler.plugins`. :func:`make_scheduler` builds one by name.
 
-Importing this package is cheap (the in-job worker imports the registry): the
-names below load their modules on first access.
+Importing this package is cheap (the in-job worker imports the backend table):
+the names below load their modules on first access.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
         SubmittedTask,
     )
     from dlhpc.scheduler.local.scheduler import LocalScheduler
-    from dlhpc.scheduler.registry import Registry
+    from dlhpc.scheduler.plugins import BackendTable
     from dlhpc.scheduler.slurm.scheduler import SlurmScheduler
 
 __all__ = [
@@ -55,14 +55,12 @@ def __getattr__(name: str) -> Any:
 
 
 def make_scheduler(
-    backend: str, *, local_root: Path, registry: Registry | None = None
+    backend: str, *, local_root: Path, registry: BackendTable | None = None
 ) -> BaseScheduler:
-    """The backend named ``backend`` (from ``registry``, default: the installed ones);
-    ``local_root`` is where a backend may keep its own files (the local backend's
-    batch index: pass the same folder every time). ValueError for an unknown name."""
-    from dlhpc.scheduler.registry import default_registry
+    """The backend named ``backend`` (from the table ``registry``, default: the
+    installed ones); ``local_root`` is where a backend may keep its own files (the
+    local backend's batch index: pass the same folder every time). ValueError for
+    an unknown name."""
+    from dlhpc.scheduler.plugins import BackendTable
 
-    scheduler: BaseScheduler = (
-        (registry or default_registry()).get(backend).make_scheduler(local_root)
-    )
-    return scheduler
+    return (registry or BackendTable()).get(backend).scheduler(local_root)

@@ -5,7 +5,7 @@ Each backend subpackage defines one subclass (``scheduler/slurm/environment.py``
 do: the variable names of one scheduler live in one class, and the in-job code
 (:mod:`dlhpc.harness.worker`, :mod:`dlhpc.harness.distributed`,
 :mod:`dlhpc.harness.context`, :mod:`dlhpc.harness.telemetry`) asks the class.
-The job finds its class through :func:`dlhpc.scheduler.registry.job_environment`
+The job finds its class through :meth:`dlhpc.scheduler.plugins.BackendTable.job_environment`
 (the first registered backend whose :meth:`JobEnvironment.activated` is true).
 
 Standard library only (plus :mod:`dlhpc.errors`): imported inside every job,

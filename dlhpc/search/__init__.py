@@ -2,7 +2,8 @@
 
 One algorithm per private module; this is the public surface. Build one with
 :func:`make_searcher` from the experiment's space and searcher config; ask a
-searcher's class by name with :func:`searcher_class` (:mod:`dlhpc.search.registry`).
+searcher's class by name with :func:`searcher_class` (:mod:`dlhpc.search.plugins`: the
+built-ins and the installed packages' searchers).
 """
 
 from dlhpc.search._asha import ASHASearcher
@@ -15,7 +16,8 @@ from dlhpc.search._sha import SHASearcher
 from dlhpc.search._single import SingleSearcher
 from dlhpc.search._space import default_value, grid_points, sample
 from dlhpc.search.base import BaseSearcher, Continue, Create, Operation, Stop
-from dlhpc.search.registry import (
+from dlhpc.search.plugins import (
+    SearcherTable,
     expected_trials,
     make_searcher,
     rung_plan,
@@ -36,6 +38,7 @@ __all__ = [
     "Operation",
     "RandomSearcher",
     "SHASearcher",
+    "SearcherTable",
     "SingleSearcher",
     "Stop",
     "default_value",

@@ -37,7 +37,7 @@ import bisect
 from collections.abc import Mapping
 
 from dlhpc.config.model import HParam, SearcherConfig
-from dlhpc.config.searchers import Report
+from dlhpc.config.searcher_rules import Report
 from dlhpc.search._ashastate import ASHAState, _Bracket
 from dlhpc.search._budget import check_budget, check_budget_settings, unused
 from dlhpc.search._proposers import check_proposer, make_proposer

@@ -37,7 +37,7 @@ from fractions import Fraction
 from typing import Any
 
 from dlhpc.config.model import HParam, SearcherConfig
-from dlhpc.config.searchers import Report
+from dlhpc.config.searcher_rules import Report
 from dlhpc.search._asha import ASHASearcher
 from dlhpc.search._rungs import HYPERBAND_MODES, BracketPlan, hyperband_plan
 

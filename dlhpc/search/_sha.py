@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dlhpc.config.model import HParam, SearcherConfig
-from dlhpc.config.searchers import Report
+from dlhpc.config.searcher_rules import Report
 from dlhpc.search._budget import check_budget, check_budget_settings, sha_trials
 from dlhpc.search._rungs import (
     EXITED,

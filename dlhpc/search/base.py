@@ -46,7 +46,7 @@ simulator ask the class and never list searcher names themselves):
   read is refused with :class:`ValueError`, never misread; one it can, e.g. the
   rung searchers' version 1, is upgraded on load).
 * Its settings rules, applied by the experiment loader while it reads the
-  ``searcher`` section (:class:`dlhpc.config.searchers.SearcherRules`):
+  ``searcher`` section (:class:`dlhpc.config.searcher_rules.SearcherRules`):
   :attr:`BaseSearcher.default_max_length`, :attr:`BaseSearcher.options`,
   :attr:`BaseSearcher.learns` and :meth:`BaseSearcher.check_settings`, which
   reports problems to the loader as ``(key path, message)`` (the loader adds the
@@ -57,9 +57,9 @@ simulator ask the class and never list searcher names themselves):
 * :meth:`BaseSearcher.rung_plan`: the lengths at which it compares trials, for
   reports (``()`` for a searcher without rungs).
 
-Registering: built-ins are listed in :data:`dlhpc.config.searchers.BUILTIN`; a
+Registering: built-ins are listed in :data:`dlhpc.search.plugins.BUILTIN`; a
 third-party searcher is an entry point of the group ``dlhpc.searchers`` whose
-name is its :attr:`~BaseSearcher.kind` (see :mod:`dlhpc.search.registry`).
+name is its :attr:`~BaseSearcher.kind` (see :mod:`dlhpc.search.plugins`).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from dlhpc.config.model import HParam, SearcherConfig
-from dlhpc.config.searchers import Report
+from dlhpc.config.searcher_rules import Report
 
 __all__ = ["BaseSearcher", "Continue", "Create", "Operation", "Stop"]
 

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from dlhpc.config.model import ExperimentConfig, SearcherConfig
+from dlhpc.config.searcher_rules import default_concurrency
 from dlhpc.errors import DlhpcError, UsageError
 from dlhpc.search import make_searcher, searcher_class, searcher_names
-from dlhpc.search.registry import default_concurrency
 from dlhpc.simulate._curves import (
     BestReference,
     CurveSource,

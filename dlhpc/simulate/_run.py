@@ -40,7 +40,7 @@ from dlhpc.orchestrator import launch, tick
 from dlhpc.orchestrator.common import SchedulerPool
 from dlhpc.orchestrator.decide import STOP_GRACE
 from dlhpc.orchestrator.recovery import EXIT_RECORD_GRACE
-from dlhpc.scheduler.registry import Backend, default_registry
+from dlhpc.scheduler.plugins import Backend, BackendTable
 from dlhpc.simulate._clock import VirtualClock
 from dlhpc.simulate._cluster import SimCluster
 from dlhpc.simulate._curves import BestReference, CurveSource
@@ -159,7 +159,7 @@ def simulate_once(
         cluster = SimCluster(clock, source, spec)
         store = Store(root / "home")
         try:
-            registry = default_registry().with_backend(Backend("sim", lambda _root: cluster))
+            registry = BackendTable().with_backend(Backend("sim", lambda _root: cluster))
             pool = SchedulerPool(local_root=root / "home" / "local", registry=registry)
             exp_id = launch(run_cfg, store, pool).experiment_id
             state, ticks = _drive(store, pool, cluster, clock, settings, exp_id)

@@ -21,7 +21,8 @@ from dlhpc.orchestrator.common import SchedulerPool
 from dlhpc.orchestrator.launch import launch
 from dlhpc.protocol import TrialSpec
 from dlhpc.scheduler import BaseScheduler, JobRequest, JobState, JobStatus, SubmittedTask
-from dlhpc.scheduler.registry import Backend, default_registry
+from dlhpc.scheduler.plugins import Backend, BackendTable
+from dlhpc.search import SearcherTable
 from dlhpc.store import Attempt, Store, Trial
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,9 +62,7 @@ BACKEND = Backend("stress", lambda _root: StressBackend())
 
 
 def stress_pool(home: Path) -> SchedulerPool:
-    return SchedulerPool(
-        local_root=home / "local", registry=default_registry().with_backend(BACKEND)
-    )
+    return SchedulerPool(local_root=home / "local", registry=BackendTable().with_backend(BACKEND))
 
 
 def write_experiment(folder: Path, trials: int, backend_hint: str = "") -> Path:
@@ -93,7 +92,7 @@ def launch_stress(root: Path, trials: int) -> tuple[Path, list[TrialRun]]:
     """The state folder and its trials, launched by the real ``launch`` onto the
     stress backend (the reproducibility record is skipped: it is not under test)."""
     home = root / "home"
-    cfg = load_experiment(write_experiment(root, trials), site="local")
+    cfg = load_experiment(write_experiment(root, trials), site="local", searchers=SearcherTable())
     cfg = dataclasses.replace(
         cfg,
         backend="stress",  # type: ignore[arg-type]  # a backend only this test knows

@@ -27,6 +27,7 @@ from sqlalchemy import func, select
 from dlhpc.config import load_experiment
 from dlhpc.orchestrator.common import SchedulerPool
 from dlhpc.scheduler import JobState, LocalScheduler
+from dlhpc.search import SearcherTable
 from dlhpc.store import Attempt, Store, Submission
 from tests.stress._backend import REPO, write_experiment
 
@@ -58,7 +59,7 @@ def pending_experiment(
 ) -> Path:
     """A state folder with one experiment on ``site`` whose trials were never submitted."""
     home = root / "home"
-    cfg = load_experiment(write_experiment(root, trials), site=site)
+    cfg = load_experiment(write_experiment(root, trials), site=site, searchers=SearcherTable())
     cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, dir=root / "c"))
     store = Store(home)
     with monkeypatch.context() as m:

@@ -28,6 +28,7 @@ from dlhpc.protocol import EventWriter, TrialSpec
 from dlhpc.protocol.checkpoint import latest_verified, list_checkpoints, prune, publish_checkpoint
 from dlhpc.report.quota import Quota, parse_lfs_quota, quota_warning
 from dlhpc.report.status import status_data
+from dlhpc.search import SearcherTable
 from dlhpc.store import Attempt, Checkpoint, Decision, Experiment, Metric, Store, Trial, utcnow
 from dlhpc.store.ingest import ingest_attempt
 from tests.unit._db import add_experiment, add_trial
@@ -544,8 +545,8 @@ def test_config_keys_and_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     (tmp_path / "b.yaml").write_text(
         text + "checkpoint: {keep_best: 2, keep_latest: 3, keep_experiment_best: 4}\n"
     )
-    a = load_experiment(tmp_path / "a.yaml").checkpoint
-    b = load_experiment(tmp_path / "b.yaml").checkpoint
+    a = load_experiment(tmp_path / "a.yaml", searchers=SearcherTable()).checkpoint
+    b = load_experiment(tmp_path / "b.yaml", searchers=SearcherTable()).checkpoint
     assert (a.keep_experiment_best, a.keep_best, a.keep_latest) == (0, 1, 1)
     assert (b.keep_experiment_best, b.keep_best, b.keep_latest) == (4, 2, 3)
     assert GcPolicy.from_config({}) == GcPolicy(0, 1, 1)  # an older stored config

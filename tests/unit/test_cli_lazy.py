@@ -48,7 +48,8 @@ def test_help_and_status_import_no_other_command() -> None:
         "heavy = [m for m in ('sqlalchemy', 'rich.table') if m in sys.modules]\n"
         "cli.get_command(None, 'status')\n"
         "loaded = sorted(m for m in sys.modules if m.startswith(('dlhpc.orchestrator',"
-        " 'dlhpc.search', 'dlhpc.scheduler', 'dlhpc.simulate', 'dlhpc.report.build')))\n"
+        " 'dlhpc.search', 'dlhpc.scheduler', 'dlhpc.simulate', 'dlhpc.report.build',"
+        " 'dlhpc._entrypoints')))\n"
         "print(json.dumps([first, heavy, loaded]))\n"
     )
     out = subprocess.run(

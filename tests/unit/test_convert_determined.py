@@ -15,6 +15,7 @@ from click.testing import CliRunner, Result
 from dlhpc.cli.main import cli
 from dlhpc.config import load_experiment
 from dlhpc.convert import convert_determined
+from dlhpc.search import SearcherTable
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "templates" / "examples" / "determined-core"
 
@@ -37,7 +38,8 @@ def _convert(tmp_path: Path, text: str, *args: str) -> tuple[Result, Path]:
 def _ok(tmp_path: Path, text: str, *args: str) -> dict[str, Any]:
     res, out = _convert(tmp_path, text, *args)
     assert res.exit_code == 0, res.output
-    load_experiment(out)  # loads with dlhpc's loader (the command checked it too)
+    # loads with dlhpc's loader (the command checked it too)
+    load_experiment(out, searchers=SearcherTable())
     data = yaml.safe_load(out.read_text())
     assert isinstance(data, dict)
     return data
@@ -75,7 +77,7 @@ hyperparameters:
     assert hp["cat"] == {"type": "categorical", "vals": ["adam", "sgd"]}
     assert hp["optimizer.lr"]["type"] == "log" and hp["optimizer.momentum"] == 0.9
     assert data["environment"]["vars"]["DLHPC_DETERMINED_NESTED"] == '["optimizer"]'
-    cfg = load_experiment(tmp_path / "out" / "exp.yaml")
+    cfg = load_experiment(tmp_path / "out" / "exp.yaml", searchers=SearcherTable())
     assert cfg.hyperparameters["lg"].base == 2.0
 
 
@@ -258,7 +260,7 @@ def test_the_output_is_never_the_input(tmp_path: Path) -> None:
 def test_the_example_asha_yaml_is_the_commands_output(tmp_path: Path) -> None:
     got = convert_determined(EXAMPLE / "determined.yaml", out_dir=EXAMPLE, slot_type="cpu")
     assert (EXAMPLE / "asha.yaml").read_text() == got.render()
-    cfg = load_experiment(EXAMPLE / "asha.yaml")
+    cfg = load_experiment(EXAMPLE / "asha.yaml", searchers=SearcherTable())
     assert cfg.searcher.name == "asha" and cfg.entrypoint.startswith(
         "python -m dlhpc.integrations.determined "
     )

@@ -17,7 +17,8 @@ from dlhpc.orchestrator.launch import launch
 from dlhpc.protocol import TrialSpec, experiment_dir_name, recorded_slug
 from dlhpc.protocol.layout import FOLDER_SLUG_MAX
 from dlhpc.report._status_sql import disk_usage
-from dlhpc.scheduler.registry import Backend, Registry
+from dlhpc.scheduler.plugins import Backend, BackendTable
+from dlhpc.search import SearcherTable
 from dlhpc.store import Experiment, Store
 from tests.unit._db import add_experiment, add_trial
 from tests.unit.test_site_limits import Limited
@@ -75,7 +76,7 @@ def _setup(tmp_path: Path) -> tuple[Path, SchedulerPool, Limited]:
     backend = Limited()
     pool = SchedulerPool(
         local_root=tmp_path / "local",
-        registry=Registry({"local": Backend("local", lambda _r: backend)}),
+        registry=BackendTable([Backend("local", lambda _r: backend)]),
     )
     return yaml, pool, backend
 
@@ -84,7 +85,7 @@ def test_a_new_experiment_names_its_run_and_checkpoint_folders_with_its_slug(
     tmp_path: Path,
 ) -> None:
     yaml, pool, backend = _setup(tmp_path)
-    cfg = load_experiment(yaml, site="local")
+    cfg = load_experiment(yaml, site="local", searchers=SearcherTable())
     store = Store(tmp_path / "home")
     exp_id = launch(cfg, store, pool, record={}).experiment_id
     name = f"exp-{exp_id:06d}-{cfg.slug}"
@@ -102,7 +103,7 @@ def test_a_new_experiment_names_its_run_and_checkpoint_folders_with_its_slug(
 
 def test_an_experiment_launched_before_slugs_keeps_its_folders(tmp_path: Path) -> None:
     yaml, pool, backend = _setup(tmp_path)
-    cfg = load_experiment(yaml, site="local")
+    cfg = load_experiment(yaml, site="local", searchers=SearcherTable())
     store = Store(tmp_path / "home")
     old = store.runs_root / "exp-000001"  # as the earlier code recorded it
     with store.write() as s:

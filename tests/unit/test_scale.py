@@ -32,8 +32,8 @@ from dlhpc.orchestrator.common import SchedulerPool, searcher_of
 from dlhpc.orchestrator.runfiles import write_trial_specs
 from dlhpc.protocol import trial_dir
 from dlhpc.report.status import status_data
-from dlhpc.scheduler.registry import Backend, Registry
-from dlhpc.search import Create
+from dlhpc.scheduler.plugins import Backend, BackendTable
+from dlhpc.search import Create, SearcherTable
 from dlhpc.store import Attempt, IngestedFile, Metric, Store, Trial, models, utcnow
 from tests.unit._spec import make_spec
 
@@ -71,7 +71,7 @@ def _build(home: Path, total: int) -> Store:
     """``total`` trials: ``total - LIVE`` COMPLETED, ``LIVE`` RUNNING (see the module doc)."""
     yaml = home.parent / f"exp-{total}.yaml"
     yaml.write_text(EXPERIMENT.format(max_trials=total + 50, live=LIVE, length=LENGTH))
-    cfg = load_experiment(yaml, site="local")
+    cfg = load_experiment(yaml, site="local", searchers=SearcherTable())
     searcher = searcher_of(cfg, "{}")
     creates = [op for op in searcher.ask(total) if isinstance(op, Create)]
     store = Store(home)
@@ -213,7 +213,7 @@ def _run(tmp_path: Path, total: int) -> dict[str, Any]:
     store = _build(home, total)
     fake = _bench_state().fake_backend(home / "jobs.json")()
     pool = SchedulerPool(
-        local_root=home / "local", registry=Registry({"local": Backend("local", lambda _r: fake)})
+        local_root=home / "local", registry=BackendTable([Backend("local", lambda _r: fake)])
     )
     with _statements() as tick_sql:
         report = tick(store, pool)

@@ -161,12 +161,13 @@ def test_an_entry_point_that_is_no_searcher_is_refused(
     monkeypatch.syspath_prepend(str(tmp_path / "bad"))
     with pytest.raises(ValueError, match="registered for a class of kind 'tpairs'"):
         searcher_class("wrongkind")
-    with pytest.raises(ValueError, match="lacks kind, default_max_length"):
+    with pytest.raises(ValueError, match=r"'notone' .*BUILTINS\) is not a dlhpc.search.BaseSea"):
         searcher_class("notone")
     # the loader reports it like any bad value (exit 2), and still checks the rest
     lines = problems(env, EXP.replace("tpairs", "broken") % 2 + "  divisor: 1\n")
     assert lines[0].startswith(
-        "exp.yaml:6: searcher.name: cannot load searcher 'broken': No module named"
+        "exp.yaml:6: searcher.name: cannot load searcher 'broken' "
+        "(dlhpc_no_such_module:Searcher): No module named"
     ), lines
     assert lines[1] == "exp.yaml:8: searcher.divisor: must be an integer >= 2, got 1", lines
     # the searchers a message lists leave the broken ones out
@@ -174,3 +175,26 @@ def test_an_entry_point_that_is_no_searcher_is_refused(
     assert lines == [
         "exp.yaml:8: searcher.mode: only applies to searcher 'hyperband', not 'random'"
     ]
+
+
+def test_a_built_in_name_cannot_be_taken(
+    tmp_path: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dist = tmp_path / "taker" / "dlhpc_taker-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: dlhpc-taker\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(
+        "[dlhpc.searchers]\ngrid = dlhpc_testplugins.searcher:PairsSearcher\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path / "taker"))
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    # the built-in is what the name means (asking for it reads no entry point) ...
+    assert searcher_class("grid").__name__ == "GridSearcher"
+    # ... and listing the searchers refuses the package that takes its name
+    taken = "entry point grid = dlhpc_testplugins.searcher:PairsSearcher .*built-in searcher name"
+    with pytest.raises(ValueError, match=taken):
+        searcher_names()
+    with pytest.raises(ValueError, match=taken):
+        searcher_class("tpairs")
+    lines = problems(env, EXP % 2)
+    assert lines[0].startswith("exp.yaml:6: searcher.name: entry point grid = "), lines

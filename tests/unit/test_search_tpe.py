@@ -24,6 +24,7 @@ from dlhpc.search import (
     Continue,
     Create,
     HyperbandSearcher,
+    SearcherTable,
     SHASearcher,
     Stop,
     make_searcher,
@@ -374,7 +375,7 @@ def test_tpe_with_a_budget_through_the_orchestrator(tmp_path: Path) -> None:
         "searcher:\n  name: asha\n  metric: loss\n  max_length: 9\n  max_budget: 120\n"
         "  proposer: {name: tpe, min_points: 4}\n  max_concurrent_trials: 3\n"
     )
-    cfg = load(path, site="local")
+    cfg = load(path, site="local", searchers=SearcherTable())
     src = SyntheticCurves(cfg.hyperparameters, 9, True, 120.0)
     ref = best_reference(src, cfg.hyperparameters, 9, True)
     settings = SimSettings(gpus=4, queue_wait_s=30.0, tick_interval_s=120.0)

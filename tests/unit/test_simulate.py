@@ -17,6 +17,7 @@ from dlhpc.config import ExperimentConfig, load_experiment
 from dlhpc.config.model import PreemptionConfig, Resources, SiteConfig
 from dlhpc.protocol import STOP_FILE, TrialSpec, read_event_batches
 from dlhpc.scheduler import JobRequest, JobState
+from dlhpc.search import SearcherTable
 from dlhpc.simulate import (
     SIM_EPOCH,
     ClusterSpec,
@@ -50,7 +51,7 @@ def _yaml(tmp_path: Path, searcher: str, time: str = "01:00:00", gpus: int = 0) 
 
 
 def _load(path: Path) -> ExperimentConfig:
-    return load_experiment(path, site="local")
+    return load_experiment(path, site="local", searchers=SearcherTable())
 
 
 def _run(

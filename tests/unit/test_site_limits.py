@@ -28,7 +28,7 @@ from dlhpc.orchestrator.recovery import judge, superseded_cause
 from dlhpc.orchestrator.trials import TrialPass, reconcile_trial
 from dlhpc.scheduler import BaseScheduler, JobRequest, JobState, JobStatus, SubmittedTask
 from dlhpc.scheduler.base import SubmitLimitError
-from dlhpc.scheduler.registry import Backend, Registry
+from dlhpc.scheduler.plugins import Backend, BackendTable
 from dlhpc.scheduler.slurm.limits import (
     Limits,
     is_limit_refusal,
@@ -38,6 +38,7 @@ from dlhpc.scheduler.slurm.limits import (
 )
 from dlhpc.scheduler.slurm.parse import parse_sacct_runs
 from dlhpc.scheduler.slurm.scheduler import SlurmScheduler
+from dlhpc.search import SearcherTable
 from dlhpc.states import SUPERSEDED, SubmissionState, TrialState
 from dlhpc.store import Attempt, Event, Store, Submission, Trial, utcnow
 from tests.unit._db import add_experiment, add_trial
@@ -311,12 +312,12 @@ def site(tmp_path: Path) -> tuple[Store, SchedulerPool, Limited, int]:
     """A store with one experiment of 5 PENDING trials, and the limited backend."""
     yaml = tmp_path / "exp.yaml"
     yaml.write_text(YAML)
-    cfg = load_experiment(yaml, site="local")
+    cfg = load_experiment(yaml, site="local", searchers=SearcherTable())
     store = Store(tmp_path / "home")
     backend = Limited()
     pool = SchedulerPool(
         local_root=tmp_path / "local",
-        registry=Registry({"local": Backend("local", lambda _r: backend)}),
+        registry=BackendTable([Backend("local", lambda _r: backend)]),
     )
     with store.write() as s:
         exp = add_experiment(
@@ -372,7 +373,7 @@ def test_a_time_above_max_wall_is_a_config_error_and_nothing_is_recorded(
 ) -> None:
     store, pool, backend, _ = site
     backend.wall = "03:00:00 exceeds the site's MaxWall 02:00:00"
-    cfg = load_experiment(tmp_path / "exp.yaml", site="local")
+    cfg = load_experiment(tmp_path / "exp.yaml", site="local", searchers=SearcherTable())
     with pytest.raises(ConfigError) as info:
         launch(cfg, store, pool)
     assert info.value.exit_code == 2

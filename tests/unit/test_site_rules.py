@@ -16,7 +16,7 @@ from dlhpc import config
 from dlhpc.config.model import PreemptionConfig, Resources, SiteConfig
 from dlhpc.errors import ConfigError, SchedulerError
 from dlhpc.scheduler import JobRequest
-from dlhpc.scheduler.registry import default_registry
+from dlhpc.scheduler.plugins import BackendTable
 from dlhpc.scheduler.slurm.sbatch import sbatch_parameters
 from dlhpc.scheduler.slurm.site import (
     SINFO_GRES,
@@ -25,6 +25,7 @@ from dlhpc.scheduler.slurm.site import (
     parse_associations,
     parse_sinfo_gres,
 )
+from dlhpc.search import SearcherTable
 
 # sinfo --all --noheader --format=%P|%G, as printed by the dev cluster's versions.
 SINFO_2205_UNTYPED = "debug*|gpu:2\nhigh|gpu:2\n"
@@ -130,8 +131,8 @@ def test_sacctmgr_missing_is_a_warning_and_sinfo_failing_an_error() -> None:
 
 
 def test_the_slurm_backend_offers_its_rules() -> None:
-    assert isinstance(default_registry().get("slurm").cluster_rules(), SlurmRules)
-    assert default_registry().get("local").cluster_rules() is None
+    assert isinstance(BackendTable().get("slurm").cluster_rules(), SlurmRules)
+    assert BackendTable().get("local").cluster_rules() is None
 
 
 # --- the loader ----------------------------------------------------------------
@@ -191,7 +192,7 @@ def _load(
     env = {"HOME": str(tmp_path), "PATH": "/nonexistent"}
     factory = None if rules is None else (lambda backend: rules if backend == "slurm" else None)
     return config.load_experiment(
-        str(exp), environ=env, backends=default_registry(), cluster=factory
+        str(exp), environ=env, backends=BackendTable(), cluster=factory, searchers=SearcherTable()
     )
 
 

@@ -1,21 +1,33 @@
 """The local backend: job arrays mirrored by detached runner processes.
 
-:data:`BACKEND` is its registry descriptor (:mod:`dlhpc.scheduler.registry`);
-importing this package is cheap, the scheduler loads on first use.
+:data:`BACKEND` is its descriptor (:mod:`dlhpc.scheduler.plugins`); importing
+this package is cheap, the scheduler loads on first use.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from dlhpc.scheduler.registry import Backend
+from dlhpc.scheduler.local.environment import LocalJobEnvironment
+from dlhpc.scheduler.plugins import Backend
+
+if TYPE_CHECKING:
+    from dlhpc.scheduler.local.scheduler import LocalScheduler
 
 __all__ = ["BACKEND", "LocalScheduler"]
 
+
+def _scheduler(root: Path) -> LocalScheduler:
+    from dlhpc.scheduler.local.scheduler import LocalScheduler
+
+    return LocalScheduler(root)
+
+
 BACKEND = Backend(
     name="local",
-    scheduler="dlhpc.scheduler.local.scheduler:LocalScheduler",
-    environment="dlhpc.scheduler.local.environment:LocalJobEnvironment",
+    scheduler=_scheduler,
+    environment=LocalJobEnvironment,
     runs_here=True,
     auto_priority=0,
 )

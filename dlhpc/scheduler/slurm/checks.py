@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dlhpc.config.model import SiteConfig
-from dlhpc.scheduler.registry import Check
+from dlhpc.scheduler.plugins import Check
 from dlhpc.scheduler.slurm import sbatch_on_path
 from dlhpc.scheduler.slurm import site as site_rules
 from dlhpc.scheduler.slurm._pyslurm import poll_path

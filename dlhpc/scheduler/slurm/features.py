@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from dlhpc.scheduler.registry import Check
+from dlhpc.scheduler.plugins import Check
 
 __all__ = ["feature_checks", "parse_config"]
 

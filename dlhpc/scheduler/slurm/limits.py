@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from dlhpc.config import parse_slurm_time
 from dlhpc.config.model import SiteConfig
 from dlhpc.errors import SchedulerError
-from dlhpc.scheduler.registry import Check
+from dlhpc.scheduler.plugins import Check
 
 __all__ = [
     "ASSOC_FORMAT",

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from dlhpc._perms import current_user
 from dlhpc.config import SiteConfig, association_problems
 from dlhpc.errors import SchedulerError
-from dlhpc.scheduler.registry import Check
+from dlhpc.scheduler.plugins import Check
 from dlhpc.scheduler.slurm.commands import one_line, run
 
 __all__ = [

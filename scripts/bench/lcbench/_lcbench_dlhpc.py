@@ -35,8 +35,8 @@ from dlhpc.config import load_experiment
 from dlhpc.config.model import ExperimentConfig
 from dlhpc.orchestrator import launch
 from dlhpc.orchestrator.common import SchedulerPool
-from dlhpc.scheduler.registry import Backend, default_registry
-from dlhpc.search import make_searcher
+from dlhpc.scheduler.plugins import Backend, BackendTable
+from dlhpc.search import SearcherTable, make_searcher
 from dlhpc.simulate import ClusterSpec, SimCluster, VirtualClock, drive, sim_config
 from dlhpc.store import Store
 
@@ -131,7 +131,7 @@ def load_method(section: Mapping[str, Any], folder: Path) -> ExperimentConfig:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "experiment.yaml"
     path.write_text(experiment_text(section))
-    return load_experiment(path, site="local")
+    return load_experiment(path, site="local", searchers=SearcherTable())
 
 
 def method_config(
@@ -212,7 +212,7 @@ def run_dlhpc(
         source.cluster = cluster
         store = Store(root / "home")
         try:
-            registry = default_registry().with_backend(Backend("sim", lambda _root: cluster))
+            registry = BackendTable().with_backend(Backend("sim", lambda _root: cluster))
             pool = SchedulerPool(local_root=root / "home" / "local", registry=registry)
             exp_id = launch(cfg, store, pool).experiment_id
             end, ticks = _drive(store, pool, cluster, clock, knobs, exp_id, trace)

@@ -108,7 +108,7 @@ def install_fake(jobs_file: Path) -> None:
 def __getattr__(name: str) -> Any:
     """``BACKEND``: the fake's registry descriptor, answering from ``$DLHPC_FAKE_JOBS``."""
     if name == "BACKEND":
-        from dlhpc.scheduler.registry import Backend
+        from dlhpc.scheduler.plugins import Backend
 
         jobs_file = Path(os.environ["DLHPC_FAKE_JOBS"])
         return Backend("local", lambda _root: fake_backend(jobs_file)())
@@ -165,13 +165,19 @@ def build(home: Path, trials: int = 10_000, concurrent: int = 400, seed: int = 1
     from dlhpc.config import load_experiment
     from dlhpc.config.serde import to_jsonable
     from dlhpc.report._curves import archive_trials
+    from dlhpc.search import SearcherTable
     from dlhpc.store import Store, models
 
     rng = random.Random(seed)
     home.mkdir(parents=True, exist_ok=True)
     yaml_path = home / "exp.yaml"
     yaml_path.write_text(EXPERIMENT.format(max_trials=trials + 50, concurrent=concurrent))
-    cfg = load_experiment(yaml_path, site="local", environ={**os.environ, "DLHPC_HOME": str(home)})
+    cfg = load_experiment(
+        yaml_path,
+        site="local",
+        environ={**os.environ, "DLHPC_HOME": str(home)},
+        searchers=SearcherTable(),
+    )
     searcher, recs = _history(cfg, trials, rng)
     live = [r for r in recs if r["state"] == "RUNNING"]
     queued = {r["rid"] for r in live if r["steps"] == 0}  # created last: still in the queue

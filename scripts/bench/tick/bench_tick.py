@@ -64,12 +64,15 @@ def main() -> int:
     from dlhpc.config import load_experiment
     from dlhpc.orchestrator import launch, tick
     from dlhpc.orchestrator.common import SchedulerPool
-    from dlhpc.scheduler.registry import default_registry
+    from dlhpc.scheduler.plugins import BackendTable
+    from dlhpc.search import SearcherTable
     from dlhpc.states import ExperimentState
     from dlhpc.store import Experiment, Store
 
-    registry = default_registry()
-    cfg = load_experiment(work / "exp" / "exp.yaml", site=args.site, backends=registry)
+    registry = BackendTable()
+    cfg = load_experiment(
+        work / "exp" / "exp.yaml", site=args.site, backends=registry, searchers=SearcherTable()
+    )
     store = Store(Path(os.environ["DLHPC_HOME"]))
     pool = SchedulerPool(local_root=store.home / "local")
     t0 = time.monotonic()

@@ -16,7 +16,7 @@ from typing import ClassVar
 from dlhpc.scheduler import JobRequest, SubmittedTask
 from dlhpc.scheduler.local.environment import LocalJobEnvironment
 from dlhpc.scheduler.local.scheduler import LocalScheduler
-from dlhpc.scheduler.registry import Backend, Check
+from dlhpc.scheduler.plugins import Backend, Check
 
 __all__ = ["BACKEND", "ToyJobEnvironment", "ToyScheduler"]
 

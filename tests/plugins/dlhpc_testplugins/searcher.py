@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dlhpc.config import HParam, SearcherConfig
-from dlhpc.config.searchers import Report
+from dlhpc.config.searcher_rules import Report
 from dlhpc.search import BaseSearcher, Create, Operation, sample
 
 __all__ = ["PairsSearcher"]

@@ -1,4 +1,4 @@
-"""The scheduler registry: built-ins, entry points, in-process additions, job environments."""
+"""The backend table: built-ins, entry points, in-process additions, job environments."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from dlhpc.errors import ConfigError, DlhpcError
 from dlhpc.scheduler import LocalScheduler, SlurmScheduler, make_scheduler
 from dlhpc.scheduler.environment import JobEnvironment
 from dlhpc.scheduler.local.environment import LocalJobEnvironment
-from dlhpc.scheduler.registry import GROUP, Backend, Registry, default_registry
+from dlhpc.scheduler.plugins import GROUP, Backend, BackendTable
 from dlhpc.scheduler.slurm.checks import state_dir_problem
 from dlhpc.scheduler.slurm.environment import SlurmJobEnvironment
 
@@ -40,30 +40,30 @@ TOY = Backend("toy", lambda root: LocalScheduler(root), environment=ToyJobEnviro
 
 
 def test_builtins_come_first_and_an_unknown_name_lists_the_valid_ones() -> None:
-    registry = default_registry()
-    assert registry.names()[:2] == ["slurm", "local"]
+    table = BackendTable()
+    assert table.names()[:2] == ["slurm", "local"]
     with pytest.raises(ValueError, match=r"unknown scheduler backend 'pbs'; valid: local, slurm"):
-        registry.get("pbs")
+        table.get("pbs")
     assert isinstance(make_scheduler("slurm", local_root=Path("/x")), SlurmScheduler)
 
 
 def test_an_added_backend_builds_schedulers_and_is_found_inside_its_jobs(tmp_path: Path) -> None:
-    registry = default_registry().with_backend(TOY)
-    assert registry.names()[-1] == "toy"
-    assert isinstance(make_scheduler("toy", local_root=tmp_path, registry=registry), LocalScheduler)
-    job = registry.job_environment({"TOY_JOB": "t-1"})
+    table = BackendTable().with_backend(TOY)
+    assert table.names()[-1] == "toy"
+    assert isinstance(make_scheduler("toy", local_root=tmp_path, registry=table), LocalScheduler)
+    job = table.job_environment({"TOY_JOB": "t-1"})
     assert isinstance(job, ToyJobEnvironment) and job.job_id == "t-1" and job.rank == 0
     with pytest.raises(ValueError, match="already registered"):
-        registry.with_backend(TOY)
+        table.with_backend(TOY)
     with pytest.raises(DlhpcError, match="no TOY_JOB or SLURM_JOB_ID or DLHPC_JOB_ID"):
-        registry.job_environment({})
+        table.job_environment({})
 
 
 def test_slurm_wins_over_local_inside_a_slurm_job() -> None:
     env = {"SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "2", "DLHPC_JOB_ID": "local-a_0"}
-    job = default_registry().job_environment({**env, "SLURM_JOB_ID": "9"})
+    job = BackendTable().job_environment({**env, "SLURM_JOB_ID": "9"})
     assert isinstance(job, SlurmJobEnvironment) and job.job_id == "7_2"
-    local = default_registry().job_environment({"DLHPC_JOB_ID": "local-a_0", "DLHPC_RESTART": "2"})
+    local = BackendTable().job_environment({"DLHPC_JOB_ID": "local-a_0", "DLHPC_RESTART": "2"})
     assert isinstance(local, LocalJobEnvironment) and (local.job_id, local.restart) == (
         "local-a_0",
         2,
@@ -72,12 +72,12 @@ def test_slurm_wins_over_local_inside_a_slurm_job() -> None:
 
 
 def test_auto_is_slurm_where_sbatch_is_on_path_else_local(tmp_path: Path) -> None:
-    registry = default_registry()
-    assert registry.auto({"PATH": str(tmp_path)}) == "local"
+    table = BackendTable()
+    assert table.auto({"PATH": str(tmp_path)}) == "local"
     sbatch = tmp_path / "sbatch"
     sbatch.write_text("#!/bin/sh\n")
     sbatch.chmod(0o755)
-    assert registry.auto({"PATH": str(tmp_path)}) == "slurm"
+    assert table.auto({"PATH": str(tmp_path)}) == "slurm"
 
 
 def test_entry_points_register_third_parties_and_may_not_take_a_builtin_name(
@@ -91,14 +91,20 @@ def test_entry_points_register_third_parties_and_may_not_take_a_builtin_name(
         return entry_points
 
     monkeypatch.setattr(metadata, "entry_points", points("toy", f"{__name__}:TOY"))
-    registry = Registry()
-    assert registry.names() == ["slurm", "local", "toy"] and registry.get("toy") is TOY
+    table = BackendTable()
+    assert table.names() == ["slurm", "local", "toy"] and table.get("toy") is TOY
     monkeypatch.setattr(metadata, "entry_points", points("broken", "no_such_module:X"))
     with pytest.raises(DlhpcError, match="cannot load backend 'broken'"):
-        Registry().get("broken")
+        BackendTable().get("broken")
+    monkeypatch.setattr(metadata, "entry_points", points("env", f"{__name__}:ToyJobEnvironment"))
+    with pytest.raises(DlhpcError, match="ToyJobEnvironment is not a dlhpc Backend descriptor"):
+        BackendTable().get("env")
+    monkeypatch.setattr(metadata, "entry_points", points("other", f"{__name__}:TOY"))
+    with pytest.raises(DlhpcError, match="TOY is named 'toy', not 'other'"):
+        BackendTable().get("other")
     monkeypatch.setattr(metadata, "entry_points", points("slurm", f"{__name__}:TOY"))
     with pytest.raises(DlhpcError, match="reuses the built-in backend name 'slurm'"):
-        Registry().names()
+        BackendTable().names()
 
 
 def test_entry_points_are_scanned_only_when_a_name_is_not_built_in(
@@ -115,34 +121,36 @@ def test_entry_points_are_scanned_only_when_a_name_is_not_built_in(
         ]
 
     monkeypatch.setattr(metadata, "entry_points", entry_points)
-    registry = default_registry()
-    assert isinstance(registry.get("local"), Backend) and scans == []
+    table = BackendTable()
+    assert isinstance(table.get("local"), Backend) and scans == []
     with pytest.raises(DlhpcError, match=r"'twice' is registered more than once \(a:B, c:D\)"):
-        registry.get("toy")
+        table.get("toy")
     assert scans == [GROUP]
 
 
 def test_the_environment_hook_adds_or_replaces_a_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DLHPC_SCHEDULERS", f"toy={__name__}:TOY")
-    assert default_registry().get("toy") is TOY
+    assert BackendTable().get("toy") is TOY
     monkeypatch.setenv("DLHPC_SCHEDULERS", "toy")
     with pytest.raises(DlhpcError, match="not name=module:attribute"):
-        default_registry()
+        BackendTable()
 
 
 def test_slurm_request_check_refuses_a_percent_in_the_state_folder() -> None:
     assert state_dir_problem(Path("/home/a/.dlhpc")) is None
     assert "contains '%'" in (state_dir_problem(Path("/home/a%u/.dlhpc")) or "")
-    assert default_registry().get("local").request_problem(Path("/a%b")) is None
+    assert BackendTable().get("local").request_problem(Path("/a%b")) is None
+    assert "contains '%'" in (BackendTable().get("slurm").request_problem(Path("/a%b")) or "")
 
 
-def test_importing_the_registry_inside_a_job_stays_light() -> None:
+def test_looking_up_a_job_environment_stays_light() -> None:
     code = (
         "import sys\n"
-        "from dlhpc.scheduler.registry import default_registry\n"
-        "default_registry().job_environment({'SLURM_JOB_ID': '1'})\n"
+        "from dlhpc.scheduler.plugins import BackendTable\n"
+        "BackendTable().job_environment({'SLURM_JOB_ID': '1'})\n"
         "heavy = ('submitit', 'sqlalchemy', 'dlhpc.config', 'dlhpc.scheduler.base',"
-        " 'dlhpc.scheduler.slurm.scheduler', 'dlhpc.scheduler.local.scheduler')\n"
+        " 'dlhpc.scheduler.slurm.scheduler', 'dlhpc.scheduler.slurm.checks',"
+        " 'dlhpc.scheduler.slurm.site', 'dlhpc.scheduler.local.scheduler')\n"
         "print(sorted(m for m in heavy if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -153,8 +161,8 @@ def test_config_asks_its_caller_what_auto_means(tmp_path: Path) -> None:
     env = {"HOME": str(tmp_path), "PATH": str(tmp_path)}  # no site named, no sbatch
     with pytest.raises(ValueError, match="backend 'auto' needs the scheduler backends"):
         load_site(None, env)
-    assert load_site(None, env, backends=default_registry()).name == "local"
-    toy = default_registry().with_backend(
+    assert load_site(None, env, backends=BackendTable()).name == "local"
+    toy = BackendTable().with_backend(
         Backend("toy", lambda root: LocalScheduler(root), auto_priority=100)
     )
     site = load_site(None, env, backends=toy)  # no toy.yaml: a built-in site of that name
@@ -163,4 +171,4 @@ def test_config_asks_its_caller_what_auto_means(tmp_path: Path) -> None:
     site_file.write_text("name: s\nbackend: toy\n")
     assert load_site(str(site_file), env, backends=toy).backend == "toy"
     with pytest.raises(ConfigError, match="backend: must be one of auto, slurm, local, got 'toy'"):
-        load_site(str(site_file), env, backends=default_registry())
+        load_site(str(site_file), env, backends=BackendTable())
