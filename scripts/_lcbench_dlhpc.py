@@ -34,7 +34,7 @@ from _lcbench_surrogate import MAX_LENGTH, SPACE, Curve, Surrogate
 from dlhpc.config import load_experiment
 from dlhpc.config.model import ExperimentConfig
 from dlhpc.orchestrator import launch
-from dlhpc.orchestrator.common import SchedulerPool
+from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.scheduler.registry import Backend, default_registry
 from dlhpc.search import make_searcher
 from dlhpc.simulate import ClusterSpec, SimCluster, VirtualClock, drive, sim_config

@@ -58,7 +58,7 @@ def main() -> int:
 
     from dlhpc.config import load_experiment
     from dlhpc.orchestrator import launch, tick
-    from dlhpc.orchestrator.common import SchedulerPool
+    from dlhpc.orchestrator.pool import SchedulerPool
     from dlhpc.scheduler.registry import default_registry
     from dlhpc.states import ExperimentState
     from dlhpc.store import Experiment, Store

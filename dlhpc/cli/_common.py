@@ -14,7 +14,7 @@ from dlhpc.store import Store, default_home
 from dlhpc.store.queries import experiment_owner
 
 if TYPE_CHECKING:  # the orchestrator loads only for the commands that act
-    from dlhpc.orchestrator.common import SchedulerPool
+    from dlhpc.orchestrator.pool import SchedulerPool
     from dlhpc.scheduler.registry import Registry
 
 __all__ = [
@@ -76,7 +76,7 @@ def check_owner(
 
 
 def pool_for(store: Store) -> SchedulerPool:
-    from dlhpc.orchestrator.common import SchedulerPool
+    from dlhpc.orchestrator.pool import SchedulerPool
 
     return SchedulerPool(local_root=store.home / "local")
 

@@ -37,8 +37,8 @@ from sqlalchemy import select
 
 from dlhpc.config.model import ExperimentConfig
 from dlhpc.orchestrator import launch, tick
-from dlhpc.orchestrator.common import SchedulerPool
 from dlhpc.orchestrator.decide import STOP_GRACE
+from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.orchestrator.recovery import EXIT_RECORD_GRACE
 from dlhpc.scheduler.registry import Backend, default_registry
 from dlhpc.simulate._clock import VirtualClock

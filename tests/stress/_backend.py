@@ -17,8 +17,8 @@ from pathlib import Path
 from sqlalchemy import select
 
 from dlhpc.config import load_experiment
-from dlhpc.orchestrator.common import SchedulerPool
 from dlhpc.orchestrator.launch import launch
+from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.protocol import TrialSpec
 from dlhpc.scheduler import BaseScheduler, JobRequest, JobState, JobStatus, SubmittedTask
 from dlhpc.scheduler.registry import Backend, default_registry
