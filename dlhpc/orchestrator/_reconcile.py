@@ -44,6 +44,7 @@ class _Tally(Protocol):
 class Decided:
     """What an experiment's decide step committed and leaves to the act step."""
 
+    exp_id: int
     cfg: ExperimentConfig  # the experiment's config, as parsed for the pass
     backend: str
     stopping: list[Trial]  # running trials asked to stop: their stop files
@@ -68,7 +69,8 @@ def reconcile_experiment(
     runs: dict[str, list[str]],
 ) -> Decided | None:
     """Reconcile the experiment's live trials and let its searcher decide, in one
-    commit; returns what the act step must do (None: the experiment is not ACTIVE).
+    commit; returns what the act step must do (None: the experiment is not ACTIVE,
+    nothing to do).
     Only the trials not terminal yet and not settled are loaded (with their
     attempts), and those an operation of the searcher names."""
     now = clock.now()
@@ -87,7 +89,7 @@ def reconcile_experiment(
         stopping = [*rec.trials.stopping, *search.stopped_running]
         cancels = [*rec.trials.cancels, *search.cancels]
         _close_if_done(s, exp, searcher, rec, report, now)
-        return Decided(cfg, exp.backend, stopping, cancels)
+        return Decided(exp_id, cfg, exp.backend, stopping, cancels)
 
 
 def _reconcile_trials(

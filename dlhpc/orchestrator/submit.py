@@ -6,6 +6,9 @@ scheduler's free slots; the submission row (its unique job name) is committed
 before the scheduler is asked and the attempt rows right after, so a crash in
 between leaves a SUBMITTING row that :mod:`~dlhpc.orchestrator.adopt` resolves
 by name on the next tick. Submitting again submits nothing twice.
+
+:func:`first_attempt` and :func:`mark_promotions_acted` write the rows of a job
+once it is known to exist: here, and when adopt finds an orphan's jobs.
 """
 
 from __future__ import annotations

@@ -127,15 +127,6 @@ def _ingest(
     return _requeued_runs(pool, todo, read.done_files, trial_backend, report)
 
 
-@dataclass(frozen=True)
-class _Queued:
-    """An experiment the decide step left to the act step (``decided`` None: it was
-    not ACTIVE any more; only its submission and keep policy run)."""
-
-    exp_id: int
-    decided: Decided | None
-
-
 def _decide(
     store: Store,
     pool: SchedulerPool,
@@ -143,12 +134,13 @@ def _decide(
     runs: dict[str, list[str]],
     report: TickReport,
     clock: Clock,
-) -> list[_Queued]:
+) -> list[Decided]:
     """Decide, per experiment: adopt the jobs of a submission a crash left unrecorded
     (:func:`recover_submissions`), then reconcile its trials and let its searcher
-    decide (:func:`reconcile_experiment`, one commit). An experiment whose step
-    fails with an error it expects (the scheduler's; a DlhpcError or ValueError
-    while deciding) is not queued; its error goes into ``report``."""
+    decide (:func:`reconcile_experiment`, one commit). Returns what the act step
+    must do, per experiment; one whose step fails with an error it expects (the
+    scheduler's; a DlhpcError or ValueError while deciding) is left out, its error
+    in ``report``."""
     queued = []
     for exp_id in polled.scan.exp_ids:
         try:
@@ -163,31 +155,31 @@ def _decide(
             # not load: keep the other experiments moving, and say so every pass
             report.errors.append(f"experiment {exp_id}: {type(err).__name__}: {err}")
             continue
-        queued.append(_Queued(exp_id, decided))
+        if decided is not None:
+            queued.append(decided)
     failpoint("tick.after_decide")
     return queued
 
 
 def _act(
-    store: Store, pool: SchedulerPool, queued: list[_Queued], report: TickReport, clock: Clock
+    store: Store, pool: SchedulerPool, queued: list[Decided], report: TickReport, clock: Clock
 ) -> None:
     """Act, per queued experiment, after its decision committed: stop what it decided
     to stop (:func:`_stop`), submit its pending trials (:func:`submit_pending`: the
     pass's one submission step), apply the checkpoint keep policy. The scheduler's
     errors go into ``report``; a failed stop leaves the experiment's submission and
     keep policy to the next pass."""
-    for q in queued:
-        if q.decided is not None and not _stop(pool, q.exp_id, q.decided, report):
+    for d in queued:
+        if not _stop(pool, d, report):
             continue
-        cfg = q.decided.cfg if q.decided is not None else None
         try:
-            report.submitted += len(submit_pending(store, pool, q.exp_id, clock, cfg=cfg))
+            report.submitted += len(submit_pending(store, pool, d.exp_id, clock, cfg=d.cfg))
         except SchedulerError as err:
-            report.errors.append(f"experiment {q.exp_id}: {err}")
-        gc_pass(store, q.exp_id, report)  # the checkpoint keep policy; errors into the report
+            report.errors.append(f"experiment {d.exp_id}: {err}")
+        gc_pass(store, d.exp_id, report)  # the checkpoint keep policy; errors into the report
 
 
-def _stop(pool: SchedulerPool, exp_id: int, decided: Decided, report: TickReport) -> bool:
+def _stop(pool: SchedulerPool, decided: Decided, report: TickReport) -> bool:
     """Write the stop files of the running trials asked to stop (rewritten each pass)
     and cancel the jobs that must stop; False, with the error in ``report``, when
     that fails for a reason it expects."""
@@ -196,7 +188,7 @@ def _stop(pool: SchedulerPool, exp_id: int, decided: Decided, report: TickReport
         if decided.cancels:
             pool.get(decided.backend).cancel(decided.cancels)
     except (DlhpcError, ValueError) as err:
-        report.errors.append(f"experiment {exp_id}: {type(err).__name__}: {err}")
+        report.errors.append(f"experiment {decided.exp_id}: {type(err).__name__}: {err}")
         return False
     return True
 
