@@ -14,7 +14,7 @@ from dlhpc.store import Store, default_home
 from dlhpc.store.queries import experiment_owner
 
 if TYPE_CHECKING:  # the orchestrator loads only for the commands that act
-    from dlhpc.orchestrator.common import SchedulerPool
+    from dlhpc.orchestrator.pool import SchedulerPool
     from dlhpc.scheduler.plugins import BackendTable
     from dlhpc.search.plugins import SearcherTable
 
@@ -86,7 +86,7 @@ def check_owner(
 
 
 def pool_for(store: Store) -> SchedulerPool:
-    from dlhpc.orchestrator.common import SchedulerPool
+    from dlhpc.orchestrator.pool import SchedulerPool
 
     return SchedulerPool(local_root=store.home / "local")
 

@@ -63,8 +63,8 @@ def _writable(path: Path) -> tuple[bool, str]:
 def run_checks(site: SiteConfig) -> list[Check]:
     """Every registered backend's own checks (each skips a site that is not its), then
     the folders, quota, permissions and filesystems."""
-    registry = BackendTable()
-    checks = [c for name in registry.names() for c in registry.get(name).doctor_checks(site)]
+    backends = BackendTable()
+    checks = [c for name in backends.names() for c in backends.get(name).doctor_checks(site)]
     home = default_home(site.state_dir)
     for label, path in (("state folder", home), ("checkpoint folder", site.scratch.expanduser())):
         ok, detail = _writable(path)
@@ -73,14 +73,14 @@ def run_checks(site: SiteConfig) -> list[Check]:
     checks += permission_checks(site)
     mounts = read_mounts()
     checks.append(db_filesystem_check(home, site.journal_mode, mounts))
-    checks += shared_folder_checks(site, home, mounts, _jobs_elsewhere(registry, site))
+    checks += shared_folder_checks(site, home, mounts, _jobs_elsewhere(backends, site))
     return checks
 
 
-def _jobs_elsewhere(registry: BackendTable, site: SiteConfig) -> bool:
+def _jobs_elsewhere(backends: BackendTable, site: SiteConfig) -> bool:
     """Whether the site's backend (``auto`` resolved here) can run jobs on other machines."""
-    name = registry.auto(os.environ) if site.backend == "auto" else site.backend
-    backend = registry.get(name)
+    name = backends.auto(os.environ) if site.backend == "auto" else site.backend
+    backend = backends.get(name)
     return not backend.runs_here and backend.available(os.environ)
 
 

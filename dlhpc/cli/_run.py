@@ -30,7 +30,7 @@ from dlhpc.errors import LeaseHeldError, UsageError
 from dlhpc.orchestrator import kill_experiment, kill_trial, plan_launch
 from dlhpc.orchestrator import launch as do_launch
 from dlhpc.orchestrator import tick as do_tick
-from dlhpc.orchestrator.common import SchedulerPool
+from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.report.status import status_data
 from dlhpc.scheduler.plugins import BackendTable
 from dlhpc.search import expected_trials

@@ -2,11 +2,10 @@
 
 One write transaction brings the experiment's live trials up to date
 (:func:`~dlhpc.orchestrator.trials.reconcile_trial`), tells its searcher the
-results and acts on its answer (:class:`~dlhpc.orchestrator.decide.SearchPass`),
-saves the searcher's state and closes the experiment when it is done. Only after
-that commit are the stop files written and the jobs that must stop cancelled; a
-pass killed at any line is recomputed from the scheduler, the files and the DB on
-the next one.
+results and records its answer (:class:`~dlhpc.orchestrator.decide.SearchPass`),
+saves the searcher's state and closes the experiment when it is done. It touches
+no job and no file: what must reach them (stop files, jobs to cancel) is returned
+as a :class:`Decided`, for the tick's act step to carry out after that commit.
 """
 
 from __future__ import annotations
@@ -18,18 +17,18 @@ from typing import Protocol
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session, selectinload
 
-from dlhpc._failpoints import failpoint
 from dlhpc.config.model import ExperimentConfig
 from dlhpc.orchestrator.clock import Clock
-from dlhpc.orchestrator.common import SchedulerPool, config_of, log_event, searcher_of, state_json
-from dlhpc.orchestrator.decide import SearchPass, pending_promotions, write_stop_files
+from dlhpc.orchestrator.common import config_of, searcher_of, state_json
+from dlhpc.orchestrator.decide import SearchPass, pending_promotions
+from dlhpc.orchestrator.eventlog import log_event
 from dlhpc.orchestrator.trials import TrialPass, reconcile_trial, settled_paused_ids
 from dlhpc.scheduler import JobStatus
 from dlhpc.search import BaseSearcher
 from dlhpc.states import TERMINAL_TRIAL_STATES, ExperimentState, SubmissionState, TrialState
 from dlhpc.store import Experiment, Store, Submission, Trial
 
-__all__ = ["reconcile_experiment"]
+__all__ = ["Decided", "reconcile_experiment"]
 
 _MAX_FAILED_SUBMISSIONS = 3
 
@@ -39,6 +38,17 @@ class _Tally(Protocol):
 
     decisions: int
     finished: list[int]
+
+
+@dataclass(frozen=True)
+class Decided:
+    """What an experiment's decide step committed and leaves to the act step."""
+
+    exp_id: int
+    cfg: ExperimentConfig  # the experiment's config, as parsed for the pass
+    backend: str
+    stopping: list[Trial]  # running trials asked to stop: their stop files
+    cancels: list[str]  # job ids to cancel: resubmitted (zombies), stopped early, or stuck
 
 
 @dataclass(frozen=True)
@@ -52,17 +62,17 @@ class _Reconciled:
 
 def reconcile_experiment(
     store: Store,
-    pool: SchedulerPool,
     exp_id: int,
     statuses: dict[str, JobStatus],
     report: _Tally,
     clock: Clock,
     runs: dict[str, list[str]],
-) -> ExperimentConfig | None:
-    """Reconcile the experiment's live trials and let its searcher decide; returns the
-    experiment's config as parsed (None: the experiment is not ACTIVE). Only the
-    trials not terminal yet and not settled are loaded (with their attempts), and
-    those an operation of the searcher names."""
+) -> Decided | None:
+    """Reconcile the experiment's live trials and let its searcher decide, in one
+    commit; returns what the act step must do (None: the experiment is not ACTIVE,
+    nothing to do).
+    Only the trials not terminal yet and not settled are loaded (with their
+    attempts), and those an operation of the searcher names."""
     now = clock.now()
     with store.write() as s:
         exp = s.get(Experiment, exp_id)
@@ -79,13 +89,7 @@ def reconcile_experiment(
         stopping = [*rec.trials.stopping, *search.stopped_running]
         cancels = [*rec.trials.cancels, *search.cancels]
         _close_if_done(s, exp, searcher, rec, report, now)
-        backend = exp.backend
-    failpoint("tick.after_decide")
-    write_stop_files(stopping)  # after the decision committed; rewritten each pass
-    if cancels:
-        # trials resubmitted (stop the zombies), stopped early, or stuck
-        pool.get(backend).cancel(cancels)
-    return cfg
+        return Decided(exp_id, cfg, exp.backend, stopping, cancels)
 
 
 def _reconcile_trials(

@@ -1,7 +1,7 @@
 """Adopt the jobs of a submission that a crashed launch or tick left SUBMITTING.
 
 The submission row (with its unique job name) is committed before ``sbatch`` and
-its attempt rows after (:func:`~dlhpc.orchestrator.common.submit_pending`), so a
+its attempt rows after (:func:`~dlhpc.orchestrator.submit.submit_pending`), so a
 process killed in between leaves a SUBMITTING row. Its jobs are found by name
 (:meth:`~dlhpc.scheduler.base.BaseScheduler.find_jobs`) and by their own files:
 the tick's ingest has already recorded an attempt for every task that started
@@ -27,13 +27,10 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from dlhpc.orchestrator.common import (
-    SchedulerPool,
-    config_of,
-    first_attempt,
-    log_event,
-    mark_promotions_acted,
-)
+from dlhpc.orchestrator.common import config_of
+from dlhpc.orchestrator.eventlog import log_event
+from dlhpc.orchestrator.pool import SchedulerPool
+from dlhpc.orchestrator.submit import first_attempt, mark_promotions_acted
 from dlhpc.states import SubmissionState
 from dlhpc.store import Attempt, Experiment, Store, Submission, Trial, utcnow
 

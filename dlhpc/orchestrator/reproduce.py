@@ -31,8 +31,10 @@ from dlhpc.config import MAX_NAME_LENGTH
 from dlhpc.config.model import ExperimentConfig, HParam
 from dlhpc.config.serde import to_jsonable
 from dlhpc.errors import UsageError
-from dlhpc.orchestrator.common import SchedulerPool, config_of, log_event
+from dlhpc.orchestrator.common import config_of
+from dlhpc.orchestrator.eventlog import log_event
 from dlhpc.orchestrator.launch import launch
+from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.orchestrator.runfiles import trial_spec
 from dlhpc.protocol import layout
 from dlhpc.protocol.checkpoint import latest_verified
@@ -86,11 +88,11 @@ class ReproduceResult:
     job_ids: list[str]
 
 
-def volatile_env(registry: BackendTable) -> frozenset[str]:
+def volatile_env(backends: BackendTable) -> frozenset[str]:
     """Every registered backend's variables that differ between attempts by construction."""
     found: set[str] = set()
-    for name in registry.names():
-        cls = registry.get(name).environment
+    for name in backends.names():
+        cls = backends.get(name).environment
         found |= cls.volatile_vars if cls is not None else set()
     return frozenset(found)
 
@@ -173,13 +175,13 @@ def plan_reproduce(
         checkpoint = _original_checkpoint(store, orig, trial_id, hp, length, seed)
     notes: list[str] = []
     record = _launch_record(pool, cfg, orig, code_dir, trial_id, checkpoint, notes)
-    local = pool.registry.get(cfg.backend).runs_here
+    local = pool.backends.get(cfg.backend).runs_here
     now_attempt = _attempt_now(record, local, trial_id, notes)
     if not original["attempt"]:
         notes.append(f"trial {trial_id} has no attempt record: its GPU and data are not compared")
     now = trial_record(record, to_jsonable(cfg), hp, seed, length, now_attempt)
     sections = LOCAL_NOW_SECTIONS if local else NOW_SECTIONS
-    diffs = diff_records(original, now, sections, volatile_env(pool.registry))
+    diffs = diff_records(original, now, sections, volatile_env(pool.backends))
     return ReproducePlan(
         trial_id, exp_id, cfg, hp, seed, length, code_dir, orig.yaml_text, record, checkpoint,
         diffs, notes,

@@ -1,7 +1,7 @@
 """The one place a submission's :class:`~dlhpc.scheduler.JobRequest` is built.
 
 ``dlhpc launch --dry-run`` (:func:`dlhpc.orchestrator.launch.plan_launch`) and the
-real submission (:func:`dlhpc.orchestrator.common.submit_pending`) both call
+real submission (:func:`dlhpc.orchestrator.submit.submit_pending`) both call
 :func:`job_request`, and the backend renders the dry run with the same code that
 writes the submitted script, so the dry run is what submit sends. Only the
 submission's unique id differs: the real one is drawn at submit time

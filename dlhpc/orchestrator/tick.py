@@ -1,41 +1,45 @@
 """``dlhpc tick``: one idempotent reconciliation pass over all active experiments.
 
-Poll the schedulers (a constant number of queries: one ``poll`` per backend for
-all jobs), ingest new event files, derive attempt and trial states, let each
-searcher decide, submit what it asked for, close finished experiments, and
-apply the checkpoint keep policy (:mod:`dlhpc.orchestrator.checkpoints`).
-Each step commits on its own; killing the process at any line loses nothing,
-because every step is recomputed from Slurm, the files and the DB on the next
-pass, and ingest is keyed per file.
+The pass (:func:`_tick`) is four steps, as in docs/ARCHITECTURE.md; each commits on
+its own and reads only what the steps before it committed or returned:
+
+* **poll** (:func:`_poll`): this user's ACTIVE experiments and their live jobs, and
+  one ``poll`` per backend for all those jobs (a constant number of queries);
+* **ingest** (:func:`_ingest`): the event files not ingested yet (keyed per file);
+* **decide** (:func:`_decide`): per experiment, adopt what a crash left submitting,
+  reconcile its trials and let its searcher decide (one commit each);
+* **act** (:func:`_act`): per experiment decided, stop files and cancels, then the
+  submission of its pending trials (:mod:`dlhpc.orchestrator.submit`), then the
+  checkpoint keep policy (:mod:`dlhpc.orchestrator.checkpoints`).
+
+Killing the process at any line loses nothing: every step is recomputed from the
+scheduler, the files and the DB on the next pass.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
-from typing import NamedTuple
 
-from sqlalchemy import DateTime, Select, case, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import select
 
-from dlhpc import _perms
 from dlhpc._failpoints import failpoint
 from dlhpc.errors import DlhpcError, LeaseHeldError, SchedulerError
-from dlhpc.orchestrator._reconcile import reconcile_experiment
+from dlhpc.orchestrator._reconcile import Decided, reconcile_experiment
+from dlhpc.orchestrator._scan import Scan, pending_attempt_dirs, scan
 from dlhpc.orchestrator.adopt import recover_submissions
 from dlhpc.orchestrator.checkpoints import gc_pass
 from dlhpc.orchestrator.clock import SYSTEM_CLOCK, Clock
-from dlhpc.orchestrator.common import SchedulerPool, log_event, submit_pending
-from dlhpc.protocol import EVENT_FILE_RE, iter_attempt_dirs, split_attempt_key
+from dlhpc.orchestrator.decide import write_stop_files
+from dlhpc.orchestrator.eventlog import log_event
+from dlhpc.orchestrator.pool import SchedulerPool
+from dlhpc.orchestrator.submit import submit_pending
+from dlhpc.protocol import split_attempt_key
 from dlhpc.scheduler import JobStatus
-from dlhpc.states import LIVE_ATTEMPT_STATES, TERMINAL_TRIAL_STATES, ExperimentState
-from dlhpc.store import Attempt, Event, Experiment, IngestedFile, Store, Trial
-from dlhpc.store.ingest import SETTLE_WINDOW, ingest_attempts
-from dlhpc.store.ingest import settling as settling_trials
+from dlhpc.store import Event, Store, Trial
+from dlhpc.store.ingest import ingest_attempts
 from dlhpc.store.summaries import refresh_metrics
 
 __all__ = ["TickReport", "tick"]
@@ -79,84 +83,117 @@ def tick(store: Store, pool: SchedulerPool, clock: Clock = SYSTEM_CLOCK) -> Tick
 
 
 def _tick(store: Store, pool: SchedulerPool, report: TickReport, clock: Clock) -> None:
-    """The pass under the lease: read, poll, ingest, then decide and act per experiment
-    (each step commits on its own; see the module docstring)."""
-    scan = _scan(store, clock.now())
-    report.experiments = len(scan.exp_ids)
-    statuses = _poll(pool, scan.jobs, report)
-    _note_no_accounting(store, pool, scan.jobs, scan.backend_of)
-    failpoint("tick.after_poll")
-    todo = _pending_attempt_dirs([*scan.scanned, *scan.settling], scan.done_files)
-    _ingest(store, todo, report, clock)
-    failpoint("tick.after_ingest")
-    # only a scanned live trial's folders can be in todo (a settling trial's are not
-    # looked up: it is terminal)
-    trial_backend = {t.id: scan.backend_of[t.experiment_id] for t in scan.scanned}
-    runs = _requeued_runs(pool, todo, scan.done_files, trial_backend, report)
-    for exp_id in scan.exp_ids:
-        _experiment_step(store, pool, exp_id, statuses, report, clock, runs)
-
-
-class _TrialRef(NamedTuple):
-    """The columns of a trial the tick's scan needs (no ORM object)."""
-
-    id: int
-    experiment_id: int
-    run_dir: str
+    """The pass under the lease: poll, ingest, decide, act (see the module docstring)."""
+    polled = _poll(store, pool, report, clock)
+    runs = _ingest(store, pool, polled, report, clock)
+    queued = _decide(store, pool, polled, runs, report, clock)
+    _act(store, pool, queued, report, clock)
 
 
 @dataclass(frozen=True)
-class _Scan:
-    """What the pass reads first (:func:`_scan`), columns only."""
+class _Polled:
+    """What the poll step read (:func:`scan`) and the polled jobs' states, by job id."""
 
-    exp_ids: list[int]  # this user's ACTIVE experiments
-    backend_of: dict[int, str]  # their backends, by experiment
-    jobs: dict[str, list[str]]  # the live trials' live attempts' jobs, by backend
-    scanned: list[_TrialRef]  # live trials whose folders are listed
-    settling: list[_TrialRef]  # ended trials still listed (files show late)
-    done_files: dict[tuple[int, str], set[str]]  # their ingested files, by attempt
+    scan: Scan
+    statuses: dict[str, JobStatus]
 
 
-def _scan(store: Store, now: datetime) -> _Scan:
-    """One read transaction: this user's ACTIVE experiments (or unrecorded: Slurm would
-    submit and scancel as us), their live trials' live jobs (grouped by backend once
-    read), the trials whose folders are listed this pass, and the files already
-    ingested from them."""
-    users = ("", _perms.current_user())
-    with store.read() as s:
-        exps = s.scalars(
-            select(Experiment).where(
-                Experiment.state == ExperimentState.ACTIVE.value, Experiment.user.in_(users)
-            )
-        ).all()
-        exp_ids = [e.id for e in exps]
-        backend_of = {e.id: e.backend for e in exps}
-        live = Trial.experiment_id.in_(exp_ids), Trial.state.not_in(TERMINAL_TRIAL_STATES)
-        # (job id, experiment) of the live trials' live attempts: columns, no ORM objects
-        live_jobs = s.execute(
-            select(Attempt.job_id, Trial.experiment_id)
-            .join(Trial, Trial.id == Attempt.trial_id)
-            .where(*live, Attempt.state.in_(LIVE_ATTEMPT_STATES))
-        ).all()
-        # the live trials whose folders are listed: not those quiet (see _quiet_trials)
-        scanned = [
-            _TrialRef(tid, eid, run_dir)
-            for tid, eid, run_dir in s.execute(
-                select(Trial.id, Trial.experiment_id, Trial.run_dir)
-                .where(*live, Trial.id.not_in(_quiet_trials(exp_ids, now)))
-                .order_by(Trial.id)
-            )
-        ]
-        # ended trials keep being listed for a while: shared filesystems show files late
-        settling = [_TrialRef(*row) for row in settling_trials(s, now, users)]
-        done_files = _ingested_names(s, [t.id for t in (*scanned, *settling)])
-    by_backend: dict[str, list[str]] = defaultdict(list)
-    for job_id, exp_id in live_jobs:
-        by_backend[backend_of[exp_id]].append(job_id)
-    return _Scan(exp_ids, backend_of, by_backend, scanned, settling, done_files)
+def _poll(store: Store, pool: SchedulerPool, report: TickReport, clock: Clock) -> _Polled:
+    """Poll: read the ACTIVE experiments and their live jobs (one read transaction),
+    poll each backend once for all its jobs (:func:`_poll_jobs`), and tell, once per
+    experiment, when its backend cannot read ended jobs' states."""
+    read = scan(store, clock.now())
+    report.experiments = len(read.exp_ids)
+    statuses = _poll_jobs(pool, read.jobs, report)
+    _note_no_accounting(store, pool, read.jobs, read.backend_of)
+    failpoint("tick.after_poll")
+    return _Polled(read, statuses)
 
 
-def _poll(
+def _ingest(
+    store: Store, pool: SchedulerPool, polled: _Polled, report: TickReport, clock: Clock
+) -> dict[str, list[str]]:
+    """Ingest: every event file not ingested yet in the listed trials' attempt folders
+    (:func:`_ingest_batches`); then, for the jobs the scheduler restarted under the
+    same id, its record of their runs (:func:`_requeued_runs`), returned for the
+    decide step."""
+    read = polled.scan
+    todo = pending_attempt_dirs([*read.scanned, *read.settling], read.done_files)
+    _ingest_batches(store, todo, report, clock)
+    failpoint("tick.after_ingest")
+    # only a scanned live trial's folders can be in todo (a settling trial's are not
+    # looked up: it is terminal)
+    trial_backend = {t.id: read.backend_of[t.experiment_id] for t in read.scanned}
+    return _requeued_runs(pool, todo, read.done_files, trial_backend, report)
+
+
+def _decide(
+    store: Store,
+    pool: SchedulerPool,
+    polled: _Polled,
+    runs: dict[str, list[str]],
+    report: TickReport,
+    clock: Clock,
+) -> list[Decided]:
+    """Decide, per experiment: adopt the jobs of a submission a crash left unrecorded
+    (:func:`recover_submissions`), then reconcile its trials and let its searcher
+    decide (:func:`reconcile_experiment`, one commit). Returns what the act step
+    must do, per experiment; one whose step fails with an error it expects (the
+    scheduler's; a DlhpcError or ValueError while deciding) is left out, its error
+    in ``report``."""
+    queued = []
+    for exp_id in polled.scan.exp_ids:
+        try:
+            recover_submissions(store, pool, exp_id)
+        except SchedulerError as err:
+            report.errors.append(f"experiment {exp_id}: recovering a submission: {err}")
+            continue  # never resubmit while the orphan's jobs may exist
+        try:
+            decided = reconcile_experiment(store, exp_id, polled.statuses, report, clock, runs)
+        except (DlhpcError, ValueError) as err:
+            # e.g. its searcher's optional dependency vanished, or its saved state does
+            # not load: keep the other experiments moving, and say so every pass
+            report.errors.append(f"experiment {exp_id}: {type(err).__name__}: {err}")
+            continue
+        if decided is not None:
+            queued.append(decided)
+    failpoint("tick.after_decide")
+    return queued
+
+
+def _act(
+    store: Store, pool: SchedulerPool, queued: list[Decided], report: TickReport, clock: Clock
+) -> None:
+    """Act, per queued experiment, after its decision committed: stop what it decided
+    to stop (:func:`_stop`), submit its pending trials (:func:`submit_pending`: the
+    pass's one submission step), apply the checkpoint keep policy. The scheduler's
+    errors go into ``report``; a failed stop leaves the experiment's submission and
+    keep policy to the next pass."""
+    for d in queued:
+        if not _stop(pool, d, report):
+            continue
+        try:
+            report.submitted += len(submit_pending(store, pool, d.exp_id, clock, cfg=d.cfg))
+        except SchedulerError as err:
+            report.errors.append(f"experiment {d.exp_id}: {err}")
+        gc_pass(store, d.exp_id, report)  # the checkpoint keep policy; errors into the report
+
+
+def _stop(pool: SchedulerPool, decided: Decided, report: TickReport) -> bool:
+    """Write the stop files of the running trials asked to stop (rewritten each pass)
+    and cancel the jobs that must stop; False, with the error in ``report``, when
+    that fails for a reason it expects."""
+    try:
+        write_stop_files(decided.stopping)
+        if decided.cancels:
+            pool.get(decided.backend).cancel(decided.cancels)
+    except (DlhpcError, ValueError) as err:
+        report.errors.append(f"experiment {decided.exp_id}: {type(err).__name__}: {err}")
+        return False
+    return True
+
+
+def _poll_jobs(
     pool: SchedulerPool, by_backend: dict[str, list[str]], report: TickReport
 ) -> dict[str, JobStatus]:
     """One ``poll`` per backend for all its live jobs: their states, by job id. A
@@ -169,38 +206,6 @@ def _poll(
         except SchedulerError as err:
             report.errors.append(f"poll {backend}: {err}")  # no states this pass, retry next
     return statuses
-
-
-def _experiment_step(
-    store: Store,
-    pool: SchedulerPool,
-    exp_id: int,
-    statuses: dict[str, JobStatus],
-    report: TickReport,
-    clock: Clock,
-    runs: dict[str, list[str]],
-) -> None:
-    """Decide and act for one experiment: recover its unrecorded submissions, reconcile
-    and decide (:func:`reconcile_experiment`), submit its pending trials, apply the
-    checkpoint keep policy. The errors it expects (the scheduler's; a DlhpcError or
-    ValueError while deciding) go into ``report`` and the other experiments go on."""
-    try:
-        recover_submissions(store, pool, exp_id)
-    except SchedulerError as err:
-        report.errors.append(f"experiment {exp_id}: recovering a submission: {err}")
-        return  # never resubmit while the orphan's jobs may exist
-    try:
-        cfg = reconcile_experiment(store, pool, exp_id, statuses, report, clock, runs)
-    except (DlhpcError, ValueError) as err:
-        # e.g. its searcher's optional dependency vanished, or its saved state does
-        # not load: keep the other experiments moving, and say so every pass
-        report.errors.append(f"experiment {exp_id}: {type(err).__name__}: {err}")
-        return
-    try:
-        report.submitted += len(submit_pending(store, pool, exp_id, clock, cfg=cfg))
-    except SchedulerError as err:
-        report.errors.append(f"experiment {exp_id}: {err}")
-    gc_pass(store, exp_id, report)  # the checkpoint keep policy; errors into the report
 
 
 _NO_ACCOUNTING = "scheduler.no_accounting"
@@ -259,61 +264,9 @@ def _requeued_runs(
     return runs
 
 
-def _ingested_names(s: Session, trial_ids: list[int]) -> dict[tuple[int, str], set[str]]:
-    rows = s.execute(
-        select(Attempt.trial_id, Attempt.attempt_key, IngestedFile.name)
-        .join(IngestedFile, IngestedFile.attempt_id == Attempt.id)
-        .where(Attempt.trial_id.in_(trial_ids))
-    ).all()
-    out: dict[tuple[int, str], set[str]] = defaultdict(set)
-    for trial_id, key, name in rows:
-        out[(trial_id, key)].add(name)
-    return out
-
-
-def _quiet_trials(exp_ids: list[int], now: datetime) -> Select[int]:
-    """The live trials of ``exp_ids`` whose folders need no listing, as one SQL
-    aggregate: every attempt ended (no live job) before the settle window (e.g. a
-    PAUSED trial, or one waiting for a new job). An attempt without an end time
-    (neither ``ended_at`` nor ``terminal_seen_at``), and a trial without attempts,
-    are listed. An attempt's end is the later of the two times it has."""
-    open_ = Attempt.state.in_(LIVE_ATTEMPT_STATES) | (
-        Attempt.ended_at.is_(None) & Attempt.terminal_seen_at.is_(None)
-    )
-    # SQLite's two-argument max() is a scalar: the later of the two (the one set, if one)
-    end = func.max(
-        func.coalesce(Attempt.ended_at, Attempt.terminal_seen_at),
-        func.coalesce(Attempt.terminal_seen_at, Attempt.ended_at),
-        type_=DateTime,
-    )
-    return (
-        select(Attempt.trial_id)
-        .join(Trial, Trial.id == Attempt.trial_id)
-        .where(Trial.experiment_id.in_(exp_ids), Trial.state.not_in(TERMINAL_TRIAL_STATES))
-        .group_by(Attempt.trial_id)
-        .having(
-            func.sum(case((open_, 1), else_=0)) == 0,
-            func.max(end, type_=DateTime) < now - SETTLE_WINDOW,
-        )
-    )
-
-
-def _pending_attempt_dirs(
-    trials: list[_TrialRef], done: dict[tuple[int, str], set[str]]
-) -> list[tuple[int, Path]]:
-    """(trial id, attempt folder) pairs that hold event files not ingested yet."""
-    todo = []
-    for t in trials:
-        if not t.run_dir:
-            continue
-        for adir in iter_attempt_dirs(Path(t.run_dir)):
-            names = {n for n in os.listdir(adir) if EVENT_FILE_RE.match(n)}  # no Path each
-            if names - done.get((t.id, adir.name), set()):
-                todo.append((t.id, adir))
-    return todo
-
-
-def _ingest(store: Store, todo: list[tuple[int, Path]], report: TickReport, clock: Clock) -> None:
+def _ingest_batches(
+    store: Store, todo: list[tuple[int, Path]], report: TickReport, clock: Clock
+) -> None:
     """Ingest in batches: one transaction per batch (a commit costs fsyncs on NFS).
     The trials' metric summaries are refreshed per batch in three grouped queries.
     (The curve archives are the reports' to rewrite: ``report._load``.)"""

@@ -18,8 +18,8 @@ from sqlalchemy import Select, case, func, select
 from sqlalchemy.orm import Session
 
 from dlhpc.orchestrator.clock import Clock
-from dlhpc.orchestrator.common import log_event
 from dlhpc.orchestrator.decide import STOP_GRACE, pending_promotion
+from dlhpc.orchestrator.eventlog import log_event
 from dlhpc.orchestrator.recovery import Verdict, judge, superseded_cause
 from dlhpc.protocol import HEARTBEAT_FILE, PROGRESS_FILE, attempt_dir, read_small_json
 from dlhpc.scheduler import JobState, JobStatus

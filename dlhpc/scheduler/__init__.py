@@ -55,12 +55,12 @@ def __getattr__(name: str) -> Any:
 
 
 def make_scheduler(
-    backend: str, *, local_root: Path, registry: BackendTable | None = None
+    backend: str, *, local_root: Path, backends: BackendTable | None = None
 ) -> BaseScheduler:
-    """The backend named ``backend`` (from the table ``registry``, default: the
+    """The backend named ``backend`` (from the table ``backends``, default: the
     installed ones); ``local_root`` is where a backend may keep its own files (the
     local backend's batch index: pass the same folder every time). ValueError for
     an unknown name."""
     from dlhpc.scheduler.plugins import BackendTable
 
-    return (registry or BackendTable()).get(backend).scheduler(local_root)
+    return (backends or BackendTable()).get(backend).scheduler(local_root)

@@ -37,8 +37,8 @@ from sqlalchemy import select
 
 from dlhpc.config.model import ExperimentConfig
 from dlhpc.orchestrator import launch, tick
-from dlhpc.orchestrator.common import SchedulerPool
 from dlhpc.orchestrator.decide import STOP_GRACE
+from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.orchestrator.recovery import EXIT_RECORD_GRACE
 from dlhpc.scheduler.plugins import Backend, BackendTable
 from dlhpc.simulate._clock import VirtualClock
@@ -159,8 +159,8 @@ def simulate_once(
         cluster = SimCluster(clock, source, spec)
         store = Store(root / "home")
         try:
-            registry = BackendTable().with_backend(Backend("sim", lambda _root: cluster))
-            pool = SchedulerPool(local_root=root / "home" / "local", registry=registry)
+            backends = BackendTable().with_backend(Backend("sim", lambda _root: cluster))
+            pool = SchedulerPool(local_root=root / "home" / "local", backends=backends)
             exp_id = launch(run_cfg, store, pool).experiment_id
             state, ticks = _drive(store, pool, cluster, clock, settings, exp_id)
             cluster.finalize()

@@ -17,8 +17,8 @@ from pathlib import Path
 from sqlalchemy import select
 
 from dlhpc.config import load_experiment
-from dlhpc.orchestrator.common import SchedulerPool
 from dlhpc.orchestrator.launch import launch
+from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.protocol import TrialSpec
 from dlhpc.scheduler import BaseScheduler, JobRequest, JobState, JobStatus, SubmittedTask
 from dlhpc.scheduler.plugins import Backend, BackendTable
@@ -57,12 +57,12 @@ class StressBackend(BaseScheduler):
         return [folder / f"{job_id}.out"]
 
 
-#: The registry descriptor (``$DLHPC_SCHEDULERS=stress=tests.stress._backend:BACKEND``).
+#: The backend descriptor (``$DLHPC_SCHEDULERS=stress=tests.stress._backend:BACKEND``).
 BACKEND = Backend("stress", lambda _root: StressBackend())
 
 
 def stress_pool(home: Path) -> SchedulerPool:
-    return SchedulerPool(local_root=home / "local", registry=BackendTable().with_backend(BACKEND))
+    return SchedulerPool(local_root=home / "local", backends=BackendTable().with_backend(BACKEND))
 
 
 def write_experiment(folder: Path, trials: int, backend_hint: str = "") -> Path:

@@ -25,7 +25,7 @@ import pytest
 from sqlalchemy import func, select
 
 from dlhpc.config import load_experiment
-from dlhpc.orchestrator.common import SchedulerPool
+from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.scheduler import JobState, LocalScheduler
 from dlhpc.search import SearcherTable
 from dlhpc.store import Attempt, Store, Submission

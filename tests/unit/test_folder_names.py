@@ -12,8 +12,9 @@ import pytest
 from dlhpc.config import load_experiment, name_slug
 from dlhpc.config.serde import to_jsonable
 from dlhpc.orchestrator.checkpoints import checkpoint_root
-from dlhpc.orchestrator.common import SchedulerPool, submit_pending
 from dlhpc.orchestrator.launch import launch
+from dlhpc.orchestrator.pool import SchedulerPool
+from dlhpc.orchestrator.submit import submit_pending
 from dlhpc.protocol import TrialSpec, experiment_dir_name, recorded_slug
 from dlhpc.protocol.layout import FOLDER_SLUG_MAX
 from dlhpc.report._status_sql import disk_usage
@@ -76,7 +77,7 @@ def _setup(tmp_path: Path) -> tuple[Path, SchedulerPool, Limited]:
     backend = Limited()
     pool = SchedulerPool(
         local_root=tmp_path / "local",
-        registry=BackendTable([Backend("local", lambda _r: backend)]),
+        backends=BackendTable([Backend("local", lambda _r: backend)]),
     )
     return yaml, pool, backend
 

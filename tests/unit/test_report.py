@@ -21,7 +21,7 @@ from sqlalchemy import delete, select
 
 from dlhpc.cli.main import cli
 from dlhpc.orchestrator.clock import SYSTEM_CLOCK
-from dlhpc.orchestrator.tick import TickReport, _ingest
+from dlhpc.orchestrator.tick import TickReport, _ingest_batches
 from dlhpc.protocol import EventWriter
 from dlhpc.report._curves import (
     Curve,
@@ -214,7 +214,7 @@ def test_the_tick_writes_no_archive_and_the_report_keeps_them(store: Store, tmp_
         w.add("metric", step=step, metrics={"val_loss": 1.0 / step, "acc": step / 10})
     w.flush()
     report = TickReport()
-    _ingest(store, [(tid, adir)], report, SYSTEM_CLOCK)
+    _ingest_batches(store, [(tid, adir)], report, SYSTEM_CLOCK)
     assert report.metrics == 6 and report.errors == []
     assert not curves_path(tmp_path / f"trial-{tid}").exists()
     page = load_page(store, exp_id, T0 + timedelta(hours=3))

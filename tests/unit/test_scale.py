@@ -28,7 +28,8 @@ from sqlalchemy import Engine, event, func, insert, select
 from dlhpc.config import load_experiment
 from dlhpc.config.serde import to_jsonable
 from dlhpc.orchestrator import tick
-from dlhpc.orchestrator.common import SchedulerPool, searcher_of
+from dlhpc.orchestrator.common import searcher_of
+from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.orchestrator.runfiles import write_trial_specs
 from dlhpc.protocol import trial_dir
 from dlhpc.report.status import status_data
@@ -213,7 +214,7 @@ def _run(tmp_path: Path, total: int) -> dict[str, Any]:
     store = _build(home, total)
     fake = _bench_state().fake_backend(home / "jobs.json")()
     pool = SchedulerPool(
-        local_root=home / "local", registry=BackendTable([Backend("local", lambda _r: fake)])
+        local_root=home / "local", backends=BackendTable([Backend("local", lambda _r: fake)])
     )
     with _statements() as tick_sql:
         report = tick(store, pool)

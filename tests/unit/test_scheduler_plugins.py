@@ -50,7 +50,7 @@ def test_builtins_come_first_and_an_unknown_name_lists_the_valid_ones() -> None:
 def test_an_added_backend_builds_schedulers_and_is_found_inside_its_jobs(tmp_path: Path) -> None:
     table = BackendTable().with_backend(TOY)
     assert table.names()[-1] == "toy"
-    assert isinstance(make_scheduler("toy", local_root=tmp_path, registry=table), LocalScheduler)
+    assert isinstance(make_scheduler("toy", local_root=tmp_path, backends=table), LocalScheduler)
     job = table.job_environment({"TOY_JOB": "t-1"})
     assert isinstance(job, ToyJobEnvironment) and job.job_id == "t-1" and job.rank == 0
     with pytest.raises(ValueError, match="already registered"):

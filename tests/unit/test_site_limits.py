@@ -22,9 +22,10 @@ from dlhpc.config.serde import to_jsonable
 from dlhpc.errors import ConfigError, SchedulerError
 from dlhpc.orchestrator.adopt import match_tasks, recover_submissions
 from dlhpc.orchestrator.clock import SYSTEM_CLOCK
-from dlhpc.orchestrator.common import SchedulerPool, submit_pending
 from dlhpc.orchestrator.launch import launch
+from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.orchestrator.recovery import judge, superseded_cause
+from dlhpc.orchestrator.submit import submit_pending
 from dlhpc.orchestrator.trials import TrialPass, reconcile_trial
 from dlhpc.scheduler import BaseScheduler, JobRequest, JobState, JobStatus, SubmittedTask
 from dlhpc.scheduler.base import SubmitLimitError
@@ -317,7 +318,7 @@ def site(tmp_path: Path) -> tuple[Store, SchedulerPool, Limited, int]:
     backend = Limited()
     pool = SchedulerPool(
         local_root=tmp_path / "local",
-        registry=BackendTable([Backend("local", lambda _r: backend)]),
+        backends=BackendTable([Backend("local", lambda _r: backend)]),
     )
     with store.write() as s:
         exp = add_experiment(

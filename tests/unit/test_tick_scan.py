@@ -1,6 +1,6 @@
 """The tick's scan and tell skip rules, on a real SQLite store:
 
-* ``tick._quiet_trials`` (one SQL aggregate) names exactly the live trials whose
+* ``_scan.quiet_trials`` (one SQL aggregate) names exactly the live trials whose
   folders need no listing: every attempt ended before the settle window. A trial it
   names wrongly would have files that are never ingested (a lost result).
 * ``SearchPass.tell`` tells the new points of the settled PAUSED trials the pass did
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from dlhpc.orchestrator._scan import quiet_trials
 from dlhpc.orchestrator.decide import SearchPass
-from dlhpc.orchestrator.tick import _quiet_trials
 from dlhpc.scheduler import JobState
 from dlhpc.store import Attempt, Metric, Store, Trial
 from dlhpc.store.ingest import SETTLE_WINDOW
@@ -76,7 +76,7 @@ def test_quiet_trials_are_exactly_those_ended_before_the_settle_window(tmp_path:
             s.add(_attempt(t.id, 0, ENDED, OLD, OLD))
             exp_id = exp.id
         with store.read() as s:
-            quiet = set(s.scalars(_quiet_trials([exp_id], NOW)))
+            quiet = set(s.scalars(quiet_trials([exp_id], NOW)))
         assert quiet == {ids[name] for name, (_, _, q) in CASES.items() if q}
     finally:
         store.close()

@@ -34,7 +34,7 @@ from _lcbench_surrogate import MAX_LENGTH, SPACE, Curve, Surrogate
 from dlhpc.config import load_experiment
 from dlhpc.config.model import ExperimentConfig
 from dlhpc.orchestrator import launch
-from dlhpc.orchestrator.common import SchedulerPool
+from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.scheduler.plugins import Backend, BackendTable
 from dlhpc.search import SearcherTable, make_searcher
 from dlhpc.simulate import ClusterSpec, SimCluster, VirtualClock, drive, sim_config
@@ -212,8 +212,8 @@ def run_dlhpc(
         source.cluster = cluster
         store = Store(root / "home")
         try:
-            registry = BackendTable().with_backend(Backend("sim", lambda _root: cluster))
-            pool = SchedulerPool(local_root=root / "home" / "local", registry=registry)
+            backends = BackendTable().with_backend(Backend("sim", lambda _root: cluster))
+            pool = SchedulerPool(local_root=root / "home" / "local", backends=backends)
             exp_id = launch(cfg, store, pool).experiment_id
             end, ticks = _drive(store, pool, cluster, clock, knobs, exp_id, trace)
             cluster.finalize()

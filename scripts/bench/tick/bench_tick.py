@@ -63,7 +63,7 @@ def main() -> int:
 
     from dlhpc.config import load_experiment
     from dlhpc.orchestrator import launch, tick
-    from dlhpc.orchestrator.common import SchedulerPool
+    from dlhpc.orchestrator.pool import SchedulerPool
     from dlhpc.scheduler.plugins import BackendTable
     from dlhpc.search import SearcherTable
     from dlhpc.states import ExperimentState
