@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import gc
 import json
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -73,34 +70,18 @@ def config_of(exp: Experiment) -> ExperimentConfig:
     return from_jsonable(ExperimentConfig, json.loads(exp.config_json))
 
 
-@contextmanager
-def _acyclic() -> Iterator[None]:
-    """Pause the cycle collector while a searcher's state is decoded or encoded: 100,000s
-    of lists and tuples without cycles (reference counting frees them), whose creation
-    sets off collector passes over the whole heap that cost more than the work itself
-    (0.3 of 0.5 s CPU per pass at 100,000 trials, docs/BENCHMARKS.md)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def searcher_of(cfg: ExperimentConfig, state_json: str) -> BaseSearcher:
+    """The experiment's searcher, restored from its stored state (``""`` or ``"{}"``: new)."""
     searcher = make_searcher(cfg.hyperparameters, cfg.searcher)
-    with _acyclic():
-        state = json.loads(state_json or "{}")
-        if state:
-            searcher.load_state_dict(state)
+    state = json.loads(state_json or "{}")
+    if state:
+        searcher.load_state_dict(state)
     return searcher
 
 
 def state_json(searcher: BaseSearcher) -> str:
-    """The searcher's state as stored (``experiments.searcher_state``)."""
-    with _acyclic():
-        return json.dumps(searcher.state_dict())
+    """The searcher's state as stored (``experiments.searcher_state``): strict JSON."""
+    return json.dumps(searcher.state_dict(), allow_nan=False)
 
 
 def trial_seed(experiment_seed: int, request_id: int) -> int:
