@@ -14,7 +14,7 @@ from abc import abstractmethod
 from typing import Any
 
 from dlhpc.config.model import HParam, SearcherConfig
-from dlhpc.search._plain import decode_metric, encode_metric
+from dlhpc.search._columns import decode_metric, encode_metric
 from dlhpc.search.base import BaseSearcher, Create, Operation
 
 __all__ = ["FixedListSearcher"]

@@ -2,7 +2,7 @@
 
 A long search restores its searcher and saves it again on every busy pass, so
 the state holds its bulk (a row per trial, a result per trial and rung) as
-plain JSON columns (:mod:`dlhpc.search._plain`), not as rows: decoding a column
+plain JSON columns (:mod:`dlhpc.search._columns`), not as rows: decoding a column
 is one C loop into an :class:`array.array`, and the searcher builds a Python
 object only for the trials a pass touches (:class:`TrialTable`).
 
@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from itertools import islice, repeat
 from typing import Any, ClassVar
 
-from dlhpc.search._plain import decode_floats, decode_ints, encode_floats
+from dlhpc.search._columns import decode_floats, decode_ints, encode_floats
 from dlhpc.search._rungs import (
     EXITED,
     FINISHED,
@@ -151,7 +151,7 @@ class TrialTable:
         or a status or ``has_last`` is unknown."""
         if not isinstance(data, dict):
             raise TypeError("trials: expected the table of columns")
-        cols = {name: decode_ints(data[name]) for name in cls._INTS}
+        cols: dict[str, array[Any]] = {name: decode_ints(data[name]) for name in cls._INTS}
         if not isinstance(data["status"], list):
             raise TypeError("trials: expected a list of statuses")
         cols["status"] = array("B", map(_CODE.get, data["status"], repeat(_UNKNOWN)))

@@ -32,6 +32,7 @@ from typing import Any
 from dlhpc.config.model import HParam, SearcherConfig
 from dlhpc.config.searchers import Report
 from dlhpc.search._budget import check_budget, check_budget_settings, sha_trials
+from dlhpc.search._columns import decode_ints
 from dlhpc.search._rungs import (
     EXITED,
     FINISHED,
@@ -46,7 +47,6 @@ from dlhpc.search._rungs import (
     rung_results,
     sample_config,
 )
-from dlhpc.search._plain import decode_ints
 from dlhpc.search._rungstate import (
     RungState,
     TrialTable,
