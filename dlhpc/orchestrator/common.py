@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+import msgspec
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
@@ -73,15 +74,17 @@ def config_of(exp: Experiment) -> ExperimentConfig:
 def searcher_of(cfg: ExperimentConfig, state_json: str) -> BaseSearcher:
     """The experiment's searcher, restored from its stored state (``""`` or ``"{}"``: new)."""
     searcher = make_searcher(cfg.hyperparameters, cfg.searcher)
-    state = json.loads(state_json or "{}")
+    state = msgspec.json.decode(state_json or "{}")
     if state:
         searcher.load_state_dict(state)
     return searcher
 
 
 def state_json(searcher: BaseSearcher) -> str:
-    """The searcher's state as stored (``experiments.searcher_state``): strict JSON."""
-    return json.dumps(searcher.state_dict(), allow_nan=False)
+    """The searcher's state as stored (``experiments.searcher_state``): compact JSON.
+    msgspec would write a NaN or infinite float as ``null``: by the searcher contract a
+    state holds none (:mod:`dlhpc.search.base`)."""
+    return msgspec.json.encode(searcher.state_dict()).decode()
 
 
 def trial_seed(experiment_seed: int, request_id: int) -> int:
