@@ -3,9 +3,10 @@
 A saved state is strict JSON (no ``NaN`` or ``Infinity`` tokens). A column of
 integers is a list of integers; a column of floats is a list of numbers with the
 non-finite ones as the strings ``"nan"``, ``"inf"`` and ``"-inf"``. Every float
-comes back as the same double (Python's JSON writes the shortest text that reads
-back as it: -0.0 and subnormals included); a NaN comes back as NaN (its sign and
-payload bits are not kept: no searcher tells NaNs apart).
+comes back as the same double (a JSON number is written as the shortest text that
+reads back as it, by :mod:`json` and msgspec alike: -0.0 and subnormals included); a
+NaN comes back as NaN (its sign and payload bits are not kept: no searcher tells
+NaNs apart).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def decode_metric(value: Any) -> float:
 def encode_floats(values: Iterable[float]) -> list[float | str]:
     """A column of floats (:func:`encode_metric` of each; C loops but for the
     non-finite ones)."""
-    out: list[float | str] = list(values)
+    out: list[Any] = list(values)  # floats, the non-finite ones then replaced by text
     for i in list(compress(count(), map(operator.not_, map(math.isfinite, out)))):
         out[i] = repr(out[i])
     return out

@@ -34,7 +34,6 @@ from dlhpc.search._rungs import (
     STOPPING,
     RankKey,
     TrialRecord,
-    rank_key,
     rung_lengths,
 )
 
@@ -46,7 +45,6 @@ __all__ = [
     "encode_ranked",
     "encode_results",
     "rank_order",
-    "rank_sorted",
     "results_dict",
 ]
 
@@ -99,15 +97,10 @@ def results_dict(ids: array[int], metrics: array[float]) -> dict[int, float]:
     return out
 
 
-def rank_sorted(results: Mapping[int, float], smaller_is_better: bool) -> list[int]:
-    """The request ids of ``results``, best first (:func:`~dlhpc.search._rungs.rank_key`)."""
-    return sorted(results, key=lambda rid: rank_key(results[rid], rid, smaller_is_better))
-
-
 def rank_order(ids: array[int], metrics: array[float], smaller_is_better: bool) -> list[RankKey]:
-    """The rank keys of a rung's results given best first (as :func:`rank_sorted` orders
-    them), built and checked in C loops: a :class:`ValueError` unless they are strictly
-    increasing, i.e. the stored order is the ranking (NaN last, ties by request id)."""
+    """The rank keys (:func:`~dlhpc.search._rungs.rank_key`) of a rung's results given
+    best first, built and checked in C loops: a :class:`ValueError` unless they are
+    strictly increasing, i.e. the stored order is the ranking (NaN last, ties by id)."""
     nans = sum(map(math.isnan, metrics))
     finite = len(ids) - nans
     if not all(map(math.isnan, islice(metrics, finite, None))):
