@@ -5,10 +5,9 @@
 
 from __future__ import annotations
 
-import gc
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
+
+import msgspec
 
 from dlhpc.config.model import ExperimentConfig
 from dlhpc.config.serde import from_jsonable
@@ -19,34 +18,21 @@ __all__ = ["config_of", "searcher_of", "state_json"]
 
 
 def config_of(exp: Experiment) -> ExperimentConfig:
+    """The experiment's config as launched (it never changes after launch)."""
     return from_jsonable(ExperimentConfig, json.loads(exp.config_json))
 
 
-@contextmanager
-def _acyclic() -> Iterator[None]:
-    """Pause the cycle collector while a searcher's state is decoded or encoded: 100,000s
-    of lists and tuples without cycles (reference counting frees them), whose creation
-    sets off collector passes over the whole heap that cost more than the work itself
-    (0.3 of 0.5 s CPU per pass at 100,000 trials, docs/BENCHMARKS.md)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def searcher_of(cfg: ExperimentConfig, state_json: str) -> BaseSearcher:
+    """The experiment's searcher, restored from its stored state (``""`` or ``"{}"``: new)."""
     searcher = make_searcher(cfg.hyperparameters, cfg.searcher)
-    with _acyclic():
-        state = json.loads(state_json or "{}")
-        if state:
-            searcher.load_state_dict(state)
+    state = msgspec.json.decode(state_json or "{}")
+    if state:
+        searcher.load_state_dict(state)
     return searcher
 
 
 def state_json(searcher: BaseSearcher) -> str:
-    """The searcher's state as stored (``experiments.searcher_state``)."""
-    with _acyclic():
-        return json.dumps(searcher.state_dict())
+    """The searcher's state as stored (``experiments.searcher_state``): compact JSON.
+    msgspec would write a NaN or infinite float as ``null``: by the searcher contract a
+    state holds none (:mod:`dlhpc.search.base`)."""
+    return msgspec.json.encode(searcher.state_dict()).decode()

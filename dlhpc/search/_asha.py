@@ -71,9 +71,6 @@ class ASHASearcher(ASHAState, BaseSearcher):
     """
 
     kind = "asha"
-    # 2: columns (dlhpc.search._rungstate); 3: "spent", the proposer's keys, hyperband's
-    # "allocation". Versions 1 and 2 still load.
-    state_version = 3
     options = frozenset({"min_length", "stop_once", "proposer", "max_budget"})
     _other = "rungs or brackets"
 

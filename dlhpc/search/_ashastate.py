@@ -1,11 +1,10 @@
-"""ASHA's and Hyperband's saved state (version 3) and their per-bracket bookkeeping.
+"""ASHA's and Hyperband's saved state and their per-bracket bookkeeping.
 
 :class:`ASHAState` is the :class:`~dlhpc.search._rungstate.RungState` part of
 :class:`~dlhpc.search._asha.ASHASearcher`: the fingerprint (the config the state
-belongs to; ``max_budget`` and ``proposer`` only when given, so that a version 2
-state matches a config without them), the searcher's own keys (results per bracket
-and rung, best first; pending stops; finalised brackets; ``spent``; the proposer's
-keys), the upgrade of versions 1 and 2, and the checked load.
+belongs to), the searcher's own keys (results per bracket and rung, best first;
+pending stops; finalised brackets; ``spent``; the proposer's keys), and the
+checked load.
 """
 
 from __future__ import annotations
@@ -16,17 +15,14 @@ from typing import Any
 
 from dlhpc.config.model import SearcherConfig
 from dlhpc.search._proposers import Proposer
-from dlhpc.search._rungs import EXITED, PAUSED, RUNNING, BracketPlan, RankKey, TrialRecord
+from dlhpc.search._rungs import EXITED, PAUSED, RUNNING, BracketPlan, RankKey
 from dlhpc.search._rungstate import (
     RungState,
     TrialTable,
     decode_results,
     encode_ranked,
-    encode_results,
     rank_order,
-    rank_sorted,
     results_dict,
-    results_from_rows,
 )
 
 __all__ = ["ASHAState"]
@@ -60,27 +56,15 @@ class ASHAState(RungState):
     _stop_once: bool
     _proposer: Proposer
 
-    def _unused(self, t: TrialRecord) -> int:
-        raise NotImplementedError
-
     def _fingerprint(self) -> dict[str, Any]:
         return {
             "lengths": list(self.lengths),
             "brackets": [[p.s, p.trials] for p in self.brackets],
             "stop_once": self._stop_once,
             "smaller_is_better": self.config.smaller_is_better,
-            **self._new_settings(),
+            "max_budget": self.config.max_budget,
+            "proposer": {"name": self.config.proposer, **self.config.proposer_settings},
         }
-
-    def _new_settings(self) -> dict[str, Any]:
-        """The settings newer than version 2, in the fingerprint only when not the default
-        (so that a version 2 state matches a config that leaves them out)."""
-        c, out = self.config, dict[str, Any]()
-        if c.max_budget is not None:
-            out["max_budget"] = c.max_budget
-        if c.proposer != "random" or c.proposer_settings:
-            out["proposer"] = {"name": c.proposer, **c.proposer_settings}
-        return out
 
     def _state(self) -> dict[str, Any]:
         sib = self.config.smaller_is_better
@@ -94,26 +78,6 @@ class ASHAState(RungState):
             "spent": self._spent,
             **self._proposer.state(),
         }
-
-    def _upgrade(self, state: dict[str, Any]) -> dict[str, Any]:
-        """Version 1 to 2 (columns), then 2 to 3: ``spent`` is what the trials were granted
-        less what the exited ones did not reach (an old config has no budget and the
-        default proposer, which keeps no state)."""
-        if state["version"] == 1:
-            sib = self.config.smaller_is_better
-            results = [[results_from_rows(rows) for rows in rungs] for rungs in state["results"]]
-            state = {
-                **state,
-                "trials": TrialTable.from_rows(state["trials"]).encode(),
-                "results": [[encode_results(rank_sorted(r, sib), r) for r in rs] for rs in results],
-            }
-        trials, _ = TrialTable.decode(state["trials"])
-        spent = 0
-        for rid in range(len(trials)):
-            t = trials[rid]
-            spent += self._b[t.bracket].lengths[t.grant]
-            spent -= self._unused(t) if t.status == EXITED else 0
-        return {**state, "version": self.state_version, "spent": spent}
 
     def _load(self, state: dict[str, Any]) -> None:
         """Counters from the trial columns, rankings checked in their stored order

@@ -157,9 +157,8 @@ class BayesSearcher(BaseSearcher):
 
     Creates ``max_trials`` trials, each training to ``max_length`` (no early
     stopping). The first :func:`initial_points` trials are random (skopt's
-    ``n_initial_points``: a third of ``max_trials``, at most 10; a state of
-    version 1 keeps its ``min(10, max_trials)``); once that many results and
-    lies are known, a GP (``base_estimator="GP"``,
+    ``n_initial_points``: a third of ``max_trials``, at most 10); once that many
+    results and lies are known, a GP (``base_estimator="GP"``,
     skopt's default ``gp_hedge`` acquisition, refit per proposal) proposes.
 
     ``ask(max_new)`` proposes ``min(max_new, max_trials - created)`` trials at
@@ -179,7 +178,6 @@ class BayesSearcher(BaseSearcher):
 
     kind = "bayes"
     learns = True
-    state_version = 2  # 2: "n_initial_points"; version 1 states load with min(10, max_trials)
 
     def __init__(self, space: dict[str, HParam], config: SearcherConfig) -> None:
         super().__init__(space, config)
@@ -329,7 +327,6 @@ class BayesSearcher(BaseSearcher):
     def state_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
-            "version": self.state_version,
             "max_trials": self.config.max_trials,
             "space": self._signature(),
             "points": [list(p) for p in self._points],
@@ -340,11 +337,8 @@ class BayesSearcher(BaseSearcher):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("kind") != self.kind or state.get("version") not in (1, self.state_version):
-            raise ValueError(
-                f"bayes searcher: cannot load state of kind {state.get('kind')!r} "
-                f"version {state.get('version')!r}"
-            )
+        if state.get("kind") != self.kind:
+            raise ValueError(f"bayes searcher: cannot load state of kind {state.get('kind')!r}")
         if state.get("max_trials") != self.config.max_trials:
             raise ValueError(
                 f"bayes searcher: state is for {state.get('max_trials')} trials, "
@@ -363,8 +357,7 @@ class BayesSearcher(BaseSearcher):
         exited = {int(rid) for rid in state["exited"]}
         if any(not 0 <= rid < len(points) for rid in (*results, *latest, *exited)):
             raise ValueError("bayes searcher: state names a request never created")
-        old_rule = min(MAX_INITIAL_POINTS, self.config.max_trials)
-        initial = int(state["n_initial_points"]) if state["version"] != 1 else old_rule
+        initial = int(state["n_initial_points"])
         if not 1 <= initial <= MAX_INITIAL_POINTS:
             raise ValueError("bayes searcher: bad n_initial_points in state")
         self._points, self._results, self._latest, self._exited = points, results, latest, exited

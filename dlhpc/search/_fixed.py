@@ -14,6 +14,7 @@ from abc import abstractmethod
 from typing import Any
 
 from dlhpc.config.model import HParam, SearcherConfig
+from dlhpc.search._columns import decode_metric, encode_metric
 from dlhpc.search.base import BaseSearcher, Create, Operation
 
 __all__ = ["FixedListSearcher"]
@@ -93,18 +94,16 @@ class FixedListSearcher(BaseSearcher):
     def state_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
-            "version": self.state_version,
             "total": self.total,
             "next": self._next,
-            "best": [[rid, m] for rid, m in sorted(self._best.items())],
+            "best": [[rid, encode_metric(m)] for rid, m in sorted(self._best.items())],
             "exited": sorted(self._exited),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("kind") != self.kind or state.get("version") != self.state_version:
+        if state.get("kind") != self.kind:
             raise ValueError(
-                f"{self.kind} searcher: cannot load state of kind {state.get('kind')!r} "
-                f"version {state.get('version')!r}"
+                f"{self.kind} searcher: cannot load state of kind {state.get('kind')!r}"
             )
         if state.get("total") != self.total:
             raise ValueError(
@@ -114,7 +113,7 @@ class FixedListSearcher(BaseSearcher):
         nxt = int(state["next"])
         if not 0 <= nxt <= self.total:
             raise ValueError(f"{self.kind} searcher: bad counter {nxt} in state")
-        best = {int(rid): float(m) for rid, m in state["best"]}
+        best = {int(rid): decode_metric(m) for rid, m in state["best"]}
         exited = {int(rid) for rid in state["exited"]}
         if any(not 0 <= rid < nxt for rid in (*best, *exited)):
             raise ValueError(f"{self.kind} searcher: state names a request never created")

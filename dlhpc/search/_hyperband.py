@@ -21,9 +21,7 @@ next one goes to the open bracket with the smallest ``created / n_s`` (ties: the
 more aggressive), so every bracket starts within its first ``n_s`` trials and
 the order does not depend on ``max_trials`` (which only caps each bracket).
 Each bracket of the paper spends about the same budget, so this spreads the
-compute evenly over them. A search saved before version 3 keeps the rule it
-started with (the bracket with the most creations left; state key
-``allocation``: ``most_left``), so its decisions stay as they were.
+compute evenly over them.
 Request ids are global across brackets.
 Everything else (pausing, ranking, ending) is :class:`ASHASearcher`'s.
 ``stop_once`` is refused.
@@ -34,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from fractions import Fraction
-from typing import Any
 
 from dlhpc.config.model import HParam, SearcherConfig
 from dlhpc.config.searcher_rules import Report
@@ -50,7 +47,6 @@ class HyperbandSearcher(ASHASearcher):
     kind = "hyperband"
     # It knows stop_once (a rung searcher) but refuses it, naming the ones that take it.
     options = frozenset({"mode", "min_length", "stop_once", "proposer", "max_budget"})
-    _allocations = ("interleave", "most_left")  # how new trials pick a bracket; see module doc
 
     @classmethod
     def check_settings(
@@ -82,24 +78,7 @@ class HyperbandSearcher(ASHASearcher):
     def _plan(self, lengths: list[int]) -> list[BracketPlan]:
         return hyperband_plan(lengths, self.config.divisor, self.mode, self.config.max_trials)
 
-    def _reset(self) -> None:
-        super()._reset()
-        self.allocation = "interleave"
-
     def _pick(self, open_: list[int]) -> int:
-        if self.allocation == "most_left":
-            return super()._pick(open_)
+        """The open bracket with the smallest ``created / n_s`` (ties: the more aggressive)."""
         plans = self.brackets
         return min(open_, key=lambda i: (Fraction(self._b[i].created, plans[i].paper_trials), i))
-
-    def _state(self) -> dict[str, Any]:
-        return {**super()._state(), "allocation": self.allocation}
-
-    def _upgrade(self, state: dict[str, Any]) -> dict[str, Any]:
-        return {**super()._upgrade(state), "allocation": "most_left"}
-
-    def _load(self, state: dict[str, Any]) -> None:
-        super()._load(state)
-        if state["allocation"] not in self._allocations:
-            raise ValueError(f"unknown allocation {state['allocation']!r}")
-        self.allocation = state["allocation"]

@@ -10,8 +10,7 @@ Everything here is a pure function of its arguments:
 * :func:`rank_key`: the order of results within a rung (NaN worst, ties by
   request id);
 * :class:`TrialRecord`: the per-trial bookkeeping (grant, status, results);
-* :func:`sample_config`, :func:`check_max_new`, :func:`encode_metric` /
-  :func:`decode_metric`: shared plumbing.
+* :func:`sample_config`, :func:`check_max_new`: shared plumbing.
 
 The searchers' saved state is :mod:`dlhpc.search._rungstate`'s.
 """
@@ -39,8 +38,6 @@ __all__ = [
     "bracket_size",
     "check_adaptive_config",
     "check_max_new",
-    "decode_metric",
-    "encode_metric",
     "hyperband_plan",
     "rank_key",
     "rung_lengths",
@@ -59,7 +56,6 @@ PAUSED = "paused"  # reached a grant below max_length; checkpointed, no slot
 FINISHED = "finished"  # reached max_length; waiting for tell_exited
 STOPPING = "stopping"  # the searcher stopped it; waiting for tell_exited
 EXITED = "exited"  # tell_exited came
-_STATUSES = frozenset({RUNNING, PAUSED, FINISHED, STOPPING, EXITED})
 
 
 @dataclass(slots=True)  # slots: a long search holds 100,000s
@@ -76,14 +72,6 @@ class TrialRecord:
     status: str = RUNNING
     resolved: int = 0
     last: tuple[int, float] | None = None
-
-    @classmethod
-    def from_row(cls, row: Any) -> TrialRecord:
-        bracket, grant, status, resolved, last = row
-        if not (isinstance(status, str) and status in _STATUSES):
-            raise ValueError(f"unknown trial status {status!r}")
-        point = None if last is None else (int(last[0]), decode_metric(last[1]))
-        return cls(int(bracket), int(grant), status, int(resolved), point)
 
 
 def rung_lengths(max_length: int, divisor: int, max_rungs: int, min_length: int = 1) -> list[int]:
@@ -242,13 +230,3 @@ def check_adaptive_config(kind: str, config: SearcherConfig) -> list[int]:
             f"{kind} searcher: min_length {min_length} > max_length {config.max_length}"
         )
     return rung_lengths(config.max_length, config.divisor, config.max_rungs, min_length)
-
-
-def encode_metric(metric: float) -> float | str:
-    """A JSON-safe metric: finite floats as they are, NaN and infinities as strings."""
-    return metric if math.isfinite(metric) else repr(metric)
-
-
-def decode_metric(value: float | str) -> float:
-    """Inverse of :func:`encode_metric`."""
-    return float(value)

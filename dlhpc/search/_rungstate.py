@@ -1,42 +1,31 @@
-"""The saved state of the rung searchers (SHA, ASHA, Hyperband): format and trial table.
+"""The saved state of the rung searchers (SHA, ASHA, Hyperband): layout and trial table.
 
 A long search restores its searcher and saves it again on every busy pass, so
 the state holds its bulk (a row per trial, a result per trial and rung) as
-columns, not as JSON rows: each column is a string ``"<typecode>:<base64>"`` of
-a little-endian :class:`array.array`, integers in the smallest of ``B``, ``H``,
-``I``, ``q`` that holds them (so the text depends only on the values), metrics
-as ``d`` (IEEE doubles: NaN and the infinities round-trip exactly). Decoding
-and encoding are C loops; the searcher builds a Python object only for the
-trials a pass touches (:class:`TrialTable`).
+plain JSON columns (:mod:`dlhpc.search._columns`), not as rows: decoding a column
+is one C loop into an :class:`array.array`, and the searcher builds a Python
+object only for the trials a pass touches (:class:`TrialTable`).
 
-Version 2 (this module's):
-
-* ``trials``: the columns ``bracket``, ``grant``, ``resolved``, ``status``
-  (the index in :data:`STATUS_CODES`), ``has_last`` (0 or 1), ``last_length``
-  and ``last_metric``, indexed by request id;
-* a rung's results: ``{"ids", "metrics"}`` columns (:func:`encode_results`),
-  in the order the searcher gives (ASHA: best first, so that its ranking is
-  checked, not sorted, on load: :func:`rank_order`).
-
-Version 1 (JSON rows) still loads: :meth:`RungState.load_state_dict` has the
-searcher upgrade it (:meth:`RungState._upgrade`) and loads the result. ASHA and
-Hyperband's version 3 adds keys to version 2 (``spent``, the proposer's, and
-Hyperband's ``allocation``); their versions 1 and 2 load the same way.
+* ``trials``: the columns ``bracket``, ``grant``, ``resolved``, ``status`` (one
+  of :data:`STATUS_CODES`), ``has_last`` (booleans), ``last_length`` and
+  ``last_metric``, indexed by request id;
+* a rung's results: ``{"ids", "metrics"}`` (:func:`encode_results`), in the
+  order the searcher gives (ASHA: best first, so that its ranking is checked,
+  not sorted, on load: :func:`rank_order`).
 """
 
 from __future__ import annotations
 
-import base64
 import bisect
 import math
 import operator
-import sys
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from itertools import islice, repeat
 from typing import Any, ClassVar
 
+from dlhpc.search._columns import decode_floats, decode_ints, encode_floats
 from dlhpc.search._rungs import (
     EXITED,
     FINISHED,
@@ -45,8 +34,6 @@ from dlhpc.search._rungs import (
     STOPPING,
     RankKey,
     TrialRecord,
-    decode_metric,
-    rank_key,
     rung_lengths,
 )
 
@@ -54,104 +41,50 @@ __all__ = [
     "STATUS_CODES",
     "RungState",
     "TrialTable",
-    "decode_floats",
-    "decode_ints",
     "decode_results",
-    "encode_floats",
-    "encode_ints",
     "encode_ranked",
     "encode_results",
     "rank_order",
-    "rank_sorted",
     "results_dict",
-    "results_from_rows",
 ]
 
-#: Status codes in the ``status`` column: the index in this tuple.
+#: The statuses a trial can have; in memory, a status is its index in this tuple.
 STATUS_CODES = (RUNNING, PAUSED, FINISHED, STOPPING, EXITED)
 _CODE = {status: code for code, status in enumerate(STATUS_CODES)}
-_SIZES = {"B": 1, "H": 2, "I": 4, "q": 8, "d": 8}
-# The integer typecodes, narrowest first; a platform whose C int is not 4 bytes never
-# writes "I" (and refuses to read it: the bytes would be misread).
-_INT_CODES = tuple(c for c in "BHIq" if array(c).itemsize == _SIZES[c])
-_SWAP = sys.byteorder == "big"  # the stored bytes are little-endian
+_UNKNOWN = len(STATUS_CODES)  # the code of a stored status that is none of them
 
 #: How many trials have each ``(bracket, grant, resolved, status)``.
 Combos = Counter[tuple[int, int, int, str]]
 
 
-def _encode(values: array[Any]) -> str:
-    if _SWAP:
-        values = array(values.typecode, values)
-        values.byteswap()
-    return f"{values.typecode}:{base64.b64encode(values.tobytes()).decode('ascii')}"
-
-
-def _decode(text: Any, codes: Iterable[str]) -> array[Any]:
-    if not isinstance(text, str) or text[1:2] != ":" or text[0] not in codes:
-        raise ValueError(f"not a column of typecode {'/'.join(codes)}: {str(text)[:20]!r}")
-    values = array(text[0])
-    values.frombytes(base64.b64decode(text[2:], validate=True))
-    if _SWAP:
-        values.byteswap()
-    return values
-
-
-def encode_ints(values: Iterable[int]) -> str:
-    """Integers as a column, in the narrowest typecode that holds them all."""
-    wide = values if isinstance(values, array) else array("q", values)
-    for code in _INT_CODES[: _INT_CODES.index(wide.typecode)]:
-        try:
-            return _encode(array(code, wide))
-        except OverflowError:
-            continue
-    return _encode(wide)
-
-
-def decode_ints(text: Any) -> array[int]:
-    """Inverse of :func:`encode_ints` (the array keeps the stored typecode)."""
-    return _decode(text, _INT_CODES)
-
-
-def encode_floats(values: Iterable[float]) -> str:
-    """Floats as a column of IEEE doubles (NaN and the infinities round-trip exactly)."""
-    return _encode(array("d", values))
-
-
-def decode_floats(text: Any) -> array[float]:
-    """Inverse of :func:`encode_floats`."""
-    return _decode(text, "d")
-
-
-def encode_results(order: Iterable[int], results: Mapping[int, float]) -> dict[str, str]:
+def encode_results(order: Iterable[int], results: Mapping[int, float]) -> dict[str, list[Any]]:
     """A rung's ``results`` (request id -> metric) as columns, the ids in ``order``."""
-    ids = array("q", order)
-    return {"ids": encode_ints(ids), "metrics": _encode(array("d", map(results.__getitem__, ids)))}
+    ids = list(order)
+    return {"ids": ids, "metrics": encode_floats(map(results.__getitem__, ids))}
 
 
 def encode_ranked(
     keys: list[RankKey], results: Mapping[int, float], smaller_is_better: bool
-) -> dict[str, str]:
+) -> dict[str, list[Any]]:
     """:func:`encode_results` of a rung kept as rank keys (ASHA's), best first: the
-    inverse of :func:`rank_order`. The finite metrics come from the keys (negated
+    inverse of :func:`rank_order`. The non-NaN metrics come from the keys (negated
     back when larger is better: exact), the NaN ones from ``results``."""
     finite = bisect.bisect_left(keys, (1, -math.inf, -1))  # before the first NaN's key
-    ids = array("q", map(operator.itemgetter(2), keys))
+    ids = list(map(operator.itemgetter(2), keys))
     head = map(operator.itemgetter(1), islice(keys, finite))
-    metrics = array("d", head if smaller_is_better else map(operator.neg, head))
-    metrics.extend(map(results.__getitem__, islice(ids, finite, None)))
-    return {"ids": encode_ints(ids), "metrics": _encode(metrics)}
+    metrics = encode_floats(head if smaller_is_better else map(operator.neg, head))
+    metrics += encode_floats(map(results.__getitem__, islice(ids, finite, None)))
+    return {"ids": ids, "metrics": metrics}
 
 
 def decode_results(data: Any, trials: int) -> tuple[array[int], array[float]]:
     """The ``(ids, metrics)`` columns of :func:`encode_results`; every id below ``trials``."""
     if not isinstance(data, dict):
         raise TypeError("rung results: expected {'ids', 'metrics'}")
-    ids, metrics = decode_ints(data["ids"]), _decode(data["metrics"], "d")
+    ids, metrics = decode_ints(data["ids"]), decode_floats(data["metrics"])
     if len(ids) != len(metrics):
         raise ValueError("rung results: ids and metrics differ in length")
-    # an unsigned column holds no negative id: min() only for "q"
-    if ids and (max(ids) >= trials or (ids.typecode == "q" and min(ids) < 0)):
+    if ids and (max(ids) >= trials or min(ids) < 0):
         raise ValueError("a rung result names a request never created")
     return ids, metrics
 
@@ -164,20 +97,10 @@ def results_dict(ids: array[int], metrics: array[float]) -> dict[int, float]:
     return out
 
 
-def results_from_rows(rows: Any) -> dict[int, float]:
-    """Version 1's rung rows ``[[request id, metric], ...]`` (a later row wins, as then)."""
-    return {int(rid): decode_metric(v) for rid, v in rows}
-
-
-def rank_sorted(results: Mapping[int, float], smaller_is_better: bool) -> list[int]:
-    """The request ids of ``results``, best first (:func:`~dlhpc.search._rungs.rank_key`)."""
-    return sorted(results, key=lambda rid: rank_key(results[rid], rid, smaller_is_better))
-
-
 def rank_order(ids: array[int], metrics: array[float], smaller_is_better: bool) -> list[RankKey]:
-    """The rank keys of a rung's results given best first (as :func:`rank_sorted` orders
-    them), built and checked in C loops: a :class:`ValueError` unless they are strictly
-    increasing, i.e. the stored order is the ranking (NaN last, ties by request id)."""
+    """The rank keys (:func:`~dlhpc.search._rungs.rank_key`) of a rung's results given
+    best first, built and checked in C loops: a :class:`ValueError` unless they are
+    strictly increasing, i.e. the stored order is the ranking (NaN last, ties by id)."""
     nans = sum(map(math.isnan, metrics))
     finite = len(ids) - nans
     if not all(map(math.isnan, islice(metrics, finite, None))):
@@ -202,48 +125,51 @@ class TrialTable:
     64-bit integers, as the database stores steps (a longer one cannot be saved).
     """
 
-    _INTS = ("bracket", "grant", "resolved", "status", "has_last", "last_length")
+    _INTS = ("bracket", "grant", "resolved", "last_length")
 
     def __init__(self, columns: dict[str, array[Any]] | None = None) -> None:
-        self._cols: dict[str, array[Any]] = columns or {name: array("B") for name in self._INTS}
-        self._cols.setdefault("last_metric", array("d"))
+        self._cols: dict[str, array[Any]] = columns or {
+            **{name: array("q") for name in self._INTS},
+            "status": array("B"),
+            "has_last": array("B"),
+            "last_metric": array("d"),
+        }
         self._live: dict[int, TrialRecord] = {}
-
-    @classmethod
-    def from_rows(cls, rows: Any) -> TrialTable:
-        """Version 1's trial rows (:meth:`~dlhpc.search._rungs.TrialRecord.from_row`)."""
-        table = cls()
-        for row in rows:
-            table.append(TrialRecord.from_row(row))
-        table.flush()
-        return table
 
     @classmethod
     def decode(cls, data: Any) -> tuple[TrialTable, Combos]:
         """Inverse of :meth:`encode`, and how many trials have each ``(bracket, grant,
-        resolved, status)``; a :class:`ValueError` (or ``KeyError``/``TypeError``) when
-        a column is missing or malformed, their lengths differ or a status or
-        ``has_last`` code is unknown."""
+        resolved, status)``; a :class:`ValueError` (or ``KeyError``/``TypeError``/
+        ``OverflowError``) when a column is missing or malformed, their lengths differ
+        or a status or ``has_last`` is unknown."""
         if not isinstance(data, dict):
             raise TypeError("trials: expected the table of columns")
-        cols = {name: decode_ints(data[name]) for name in cls._INTS}
-        cols["last_metric"] = _decode(data["last_metric"], "d")
+        cols: dict[str, array[Any]] = {name: decode_ints(data[name]) for name in cls._INTS}
+        if not isinstance(data["status"], list):
+            raise TypeError("trials: expected a list of statuses")
+        cols["status"] = array("B", map(_CODE.get, data["status"], repeat(_UNKNOWN)))
+        cols["has_last"] = array("B", decode_ints(data["has_last"]))
+        cols["last_metric"] = decode_floats(data["last_metric"])
         if len({len(c) for c in cols.values()}) != 1:
             raise ValueError("trials: the columns differ in length")
         keys = ("bracket", "grant", "resolved", "status", "has_last")
         combos: Combos = Counter()
         for (b, g, r, s, last), n in Counter(zip(*(cols[k] for k in keys), strict=True)).items():
-            if not (0 <= s < len(STATUS_CODES) and last in (0, 1)):
-                raise ValueError("trials: unknown status or has_last code")
+            if s == _UNKNOWN or last not in (0, 1):
+                raise ValueError("trials: unknown status or has_last")
             combos[b, g, r, STATUS_CODES[s]] += n
         return cls(cols), combos
 
-    def encode(self) -> dict[str, str]:
+    def encode(self) -> dict[str, list[Any]]:
         """The columns (after :meth:`flush`), as the state's ``trials``."""
         self.flush()
-        out = {name: encode_ints(self._cols[name]) for name in self._INTS}
-        out["last_metric"] = _encode(self._cols["last_metric"])
-        return out
+        c = self._cols
+        return {
+            **{name: c[name].tolist() for name in self._INTS},
+            "status": list(map(STATUS_CODES.__getitem__, c["status"])),
+            "has_last": list(map(bool, c["has_last"])),
+            "last_metric": encode_floats(c["last_metric"]),
+        }
 
     def __len__(self) -> int:
         return len(self._cols["status"])
@@ -266,23 +192,13 @@ class TrialTable:
 
     def flush(self) -> None:
         """Write the records handed out back into the columns, and drop them."""
+        c = self._cols
         for rid, t in self._live.items():
             last = t.last or (0, 0.0)
-            self._put("bracket", rid, t.bracket)
-            self._put("grant", rid, t.grant)
-            self._put("resolved", rid, t.resolved)
-            self._put("status", rid, _CODE[t.status])
-            self._put("has_last", rid, t.last is not None)
-            self._put("last_length", rid, last[0])
-            self._cols["last_metric"][rid] = last[1]
+            c["bracket"][rid], c["grant"][rid], c["resolved"][rid] = t.bracket, t.grant, t.resolved
+            c["status"][rid], c["has_last"][rid] = _CODE[t.status], t.last is not None
+            c["last_length"][rid], c["last_metric"][rid] = last
         self._live.clear()
-
-    def _put(self, name: str, rid: int, value: int) -> None:
-        try:
-            self._cols[name][rid] = value
-        except OverflowError:  # widen the column (decoded narrow, or a new trial's)
-            self._cols[name] = array("q", self._cols[name])
-            self._cols[name][rid] = value
 
     def first(self, bracket: int, grant: int, resolved: int, status: str) -> int:
         """The first request id with these values (for error messages)."""
@@ -307,16 +223,14 @@ class TrialTable:
 class RungState:
     """``state_dict`` / ``load_state_dict`` of the SHA and ASHA searchers (a mixin).
 
-    The state is ``kind``, ``version``, the keys of :meth:`_fingerprint` (the
-    config the state belongs to), the trials (:class:`TrialTable`), then the
-    searcher's own part (:meth:`_state`). A state of another kind or version,
-    or for another config (for other :attr:`_other`, the error says), raises
-    :class:`ValueError`; so does a malformed one, after :meth:`_reset`. A state
-    of an older version is upgraded (:meth:`_upgrade`) and loaded.
+    The state is ``kind``, the keys of :meth:`_fingerprint` (the config the
+    state belongs to), the trials (:class:`TrialTable`), then the searcher's own
+    part (:meth:`_state`). A state of another kind, or for another config (for
+    other :attr:`_other`, the error says), raises :class:`ValueError`; so does a
+    malformed one, after :meth:`_reset`.
     """
 
     kind: ClassVar[str]
-    state_version: ClassVar[int]
     _trials: TrialTable
     # The settings rules the rung searchers share (see dlhpc.search.base).
     options: ClassVar[frozenset[str]] = frozenset({"min_length", "stop_once"})
@@ -346,40 +260,28 @@ class RungState:
     def _load(self, state: dict[str, Any]) -> None:
         raise NotImplementedError
 
-    def _upgrade(self, state: dict[str, Any]) -> dict[str, Any]:
-        """A state of an older version (fingerprint checked) as this version's."""
-        raise NotImplementedError
-
     def _reset(self) -> None:
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
-            "version": self.state_version,
             **self._fingerprint(),
             "trials": self._trials.encode(),
             **self._state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        kind, version = self.kind, state.get("version")
-        known = isinstance(version, int) and 1 <= version <= self.state_version
-        if state.get("kind") != kind or not known:
-            raise ValueError(
-                f"{kind} searcher: cannot load state of kind {state.get('kind')!r} "
-                f"version {version!r}"
-            )
-        mine = self._fingerprint()
-        # settings newer than version 2 are in the fingerprint only when given
-        optional = {k: mine.get(k) for k in ("max_budget", "proposer")}
-        if any(state.get(k) != v for k, v in {**mine, **optional}.items()):
+        kind = self.kind
+        if state.get("kind") != kind:
+            raise ValueError(f"{kind} searcher: cannot load state of kind {state.get('kind')!r}")
+        if any(state.get(k, ...) != v for k, v in self._fingerprint().items()):
             raise ValueError(
                 f"{kind} searcher: state is for other {self._other} "
                 "(did the searcher config change?)"
             )
         try:
-            self._load(state if version == self.state_version else self._upgrade(state))
+            self._load(state)
         except (KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:
             self._reset()
             raise ValueError(f"{kind} searcher: malformed state: {exc}") from exc

@@ -32,6 +32,7 @@ from typing import Any
 from dlhpc.config.model import HParam, SearcherConfig
 from dlhpc.config.searcher_rules import Report
 from dlhpc.search._budget import check_budget, check_budget_settings, sha_trials
+from dlhpc.search._columns import decode_ints
 from dlhpc.search._rungs import (
     EXITED,
     FINISHED,
@@ -49,12 +50,9 @@ from dlhpc.search._rungs import (
 from dlhpc.search._rungstate import (
     RungState,
     TrialTable,
-    decode_ints,
     decode_results,
-    encode_ints,
     encode_results,
     results_dict,
-    results_from_rows,
 )
 from dlhpc.search.base import BaseSearcher, Continue, Create, Operation, Stop
 
@@ -65,7 +63,6 @@ class SHASearcher(RungState, BaseSearcher):
     """Synchronous successive halving (see the module doc); request ids ``0, 1, 2, ...``."""
 
     kind = "sha"
-    state_version = 2  # 2: columns (dlhpc.search._rungstate); version 1 states still load
     _other = "rungs or trials"
     options = frozenset({"min_length", "stop_once", "max_budget"})
 
@@ -222,25 +219,15 @@ class SHASearcher(RungState, BaseSearcher):
             "max_trials": self.trials,
             "stop_once": self._stop_once,
             "smaller_is_better": self.config.smaller_is_better,
-            **({} if self.config.max_budget is None else {"max_budget": self.config.max_budget}),
+            "max_budget": self.config.max_budget,
         }
 
     def _state(self) -> dict[str, Any]:
         return {
             "results": [encode_results(sorted(r), r) for r in self._results],
-            "members": [encode_ints(m) for m in self._members],
+            "members": [list(m) for m in self._members],
             "continues": list(self._continues),
             "stops": list(self._stops),
-        }
-
-    def _upgrade(self, state: dict[str, Any]) -> dict[str, Any]:
-        results = [results_from_rows(rows) for rows in state["results"]]
-        return {
-            **state,
-            "version": self.state_version,
-            "trials": TrialTable.from_rows(state["trials"]).encode(),
-            "results": [encode_results(sorted(r), r) for r in results],
-            "members": [encode_ints(int(rid) for rid in m) for m in state["members"]],
         }
 
     def _load(self, state: dict[str, Any]) -> None:

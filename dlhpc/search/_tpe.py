@@ -28,7 +28,7 @@ so far, the rung searcher decides "how long". For trial ``index``:
 
 Pure: no I/O, no clock; the same seed, settings and tells give the same
 configurations. The state is the unit-cube point of every trial created (one
-column per free hyperparameter, :func:`~dlhpc.search._rungstate.encode_floats`).
+column per free hyperparameter, :func:`~dlhpc.search._columns.encode_floats`).
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from statistics import NormalDist
 from typing import Any
 
 from dlhpc.config.model import HParam
+from dlhpc.search._columns import decode_floats, encode_floats
 from dlhpc.search._rungs import rank_key, sample_config
-from dlhpc.search._rungstate import decode_floats, encode_floats
 from dlhpc.search._space import _bounds, _int_bounds, _log_base, _plain, _pow, _vals
 
 __all__ = ["FIDELITIES", "MODEL_POINTS", "TPE_DEFAULTS", "TPEProposer", "check_tpe_settings"]

@@ -30,9 +30,11 @@ Protocol:
 * :attr:`done` is true once the searcher will never ask for anything again
   and every trial it created has exited (a searcher must Stop the trials it
   left paused before it can be done).
-* ``state_dict()`` is JSON-serialisable; ``load_state_dict(state_dict())`` on a
-  fresh instance built from the same config restores an identical searcher
-  (the same future answers to the same calls).
+* ``state_dict()`` is strict JSON (no NaN or infinite floats: the built-ins
+  write them as strings); ``load_state_dict(state_dict())`` on a fresh instance
+  built from the same config restores an identical searcher (the same future
+  answers to the same calls); a state it cannot read (another kind, another
+  config, malformed) raises :class:`ValueError`.
 * Unknown request ids raise :class:`ValueError`.
 
 One searcher is one module. Besides the ask/tell methods, a subclass owns, as
@@ -41,10 +43,6 @@ simulator ask the class and never list searcher names themselves):
 
 * :attr:`BaseSearcher.kind`: its name, in experiment files (``searcher.name``)
   and in its state; unique among the registered searchers.
-* :attr:`BaseSearcher.state_version`: the version its ``state_dict`` carries;
-  bump it when the state's shape changes (a stored state of a version it cannot
-  read is refused with :class:`ValueError`, never misread; one it can, e.g. the
-  rung searchers' version 1, is upgraded on load).
 * Its settings rules, applied by the experiment loader while it reads the
   ``searcher`` section (:class:`dlhpc.config.searcher_rules.SearcherRules`):
   :attr:`BaseSearcher.default_max_length`, :attr:`BaseSearcher.options`,
@@ -100,7 +98,6 @@ class BaseSearcher(ABC):
     """Base of every searcher; see the module docstring for the contract."""
 
     kind: ClassVar[str]
-    state_version: ClassVar[int] = 1
     #: ``max_length`` when the experiment gives none; None: the key is required.
     default_max_length: ClassVar[int | None] = None
     #: The optional keys it knows among ``mode``, ``min_length``, ``stop_once``,
@@ -155,7 +152,7 @@ class BaseSearcher(ABC):
 
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
-        """JSON-serialisable state."""
+        """The state, as strict JSON data (see the module doc)."""
 
     @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -201,8 +201,6 @@ def test_load_state_rejects_mismatch() -> None:
     state = s.state_dict()
     with pytest.raises(ValueError, match="kind 'random'"):
         s.load_state_dict(RandomSearcher(_space(), _cfg(name="random")).state_dict())
-    with pytest.raises(ValueError, match="version 99"):
-        s.load_state_dict({**state, "version": 99})
     with pytest.raises(ValueError, match="for 8 trials, this search has 9"):
         BayesSearcher(_space(), _cfg(max_trials=9)).load_state_dict(state)
     narrower = {**_space(), "width": HParam("width", "int", minval=16, maxval=64)}
@@ -345,11 +343,9 @@ def test_few_trials_are_not_random_search() -> None:
         _finish(s, op, metric)
     state = s.state_dict()
     gp = _creates(s.ask(1))[0].hparams
-    # the same state under the old rule (version 1: min(10, max_trials) = 6 random)
+    # the same state with skopt's fixed rule (min(10, max_trials) = 6 random) asks otherwise
     old = BayesSearcher(_space(), _cfg(max_trials=6))
-    old.load_state_dict(
-        {k: v for k, v in {**state, "version": 1}.items() if k != "n_initial_points"}
-    )
+    old.load_state_dict({**state, "n_initial_points": 6})
     assert old.n_initial_points == 6
     assert _creates(old.ask(1))[0].hparams != gp
     again = BayesSearcher(_space(), _cfg(max_trials=6))

@@ -1,4 +1,4 @@
-"""Proposers (random, tpe) for asha and hyperband, ``max_budget``, and version 2 states.
+"""Proposers (random, tpe) for asha and hyperband, and ``max_budget``.
 
 The simulation here is pure: a synthetic objective whose learning curve at length ``L``
 is ``f(x) + 0.3 / L``, driven with 4 workers, no clock. The comparison with random is a
@@ -23,7 +23,6 @@ from dlhpc.search import (
     BaseSearcher,
     Continue,
     Create,
-    HyperbandSearcher,
     SearcherTable,
     SHASearcher,
     Stop,
@@ -40,9 +39,6 @@ SPACE = {
     "act": HParam("act", "categorical", vals=("relu", "tanh", "gelu", "elu")),
     "fixed": HParam("fixed", "const", value=[1, 2]),
 }
-V2 = json.loads(
-    (Path(__file__).resolve().parents[1] / "data" / "searcher-states-v2.json").read_text()
-)
 
 
 def loss(h: dict[str, Any], length: int) -> float:
@@ -127,7 +123,7 @@ def test_tpe_is_deterministic_and_restores_mid_search() -> None:
     first = make_searcher(SPACE, cfg)
     head = simulate(first, until=150)
     state = json.loads(json.dumps(first.state_dict(), allow_nan=False))
-    assert state["version"] == 3 and state["proposer"] == {"name": "tpe", "gamma": 0.2}
+    assert state["proposer"] == {"name": "tpe", "gamma": 0.2}
     again = make_searcher(SPACE, cfg)
     again.load_state_dict(state)
     assert again.state_dict() == first.state_dict()
@@ -164,7 +160,8 @@ def test_random_proposer_changes_nothing() -> None:
     expected = [op.hparams for op in rand.ask(40) if isinstance(op, Create)]
     assert [op.hparams for op in ops if isinstance(op, Create)] == expected
     state = make_searcher(SPACE, cfg).state_dict()
-    assert "proposer" not in state and "proposer_points" not in state and "max_budget" not in state
+    assert state["proposer"] == {"name": "random"} and state["max_budget"] is None
+    assert "proposer_points" not in state
 
 
 def test_tpe_proposer_samples_every_type_inside_the_space() -> None:
@@ -255,49 +252,6 @@ def test_budget_below_max_length_is_refused() -> None:
     for name in ("asha", "sha", "hyperband"):
         with pytest.raises(ValueError, match="max_budget 20 < max_length 27"):
             make_searcher(SPACE, _cfg(name=name, max_budget=20))
-
-
-# --- version 2 states -------------------------------------------------------------
-
-
-def _replay(s: BaseSearcher, calls: list[list[Any]]) -> None:
-    for i, call in enumerate(calls):
-        if call[0] == "ask":
-            got = []
-            for op in s.ask(call[1]):
-                if isinstance(op, Create):
-                    got.append(["create", op.request_id, op.hparams, op.length])
-                elif isinstance(op, Continue):
-                    got.append(["continue", op.request_id, op.length])
-                else:
-                    got.append(["stop", op.request_id])
-            assert got == call[2], f"call {i}"
-        elif call[0] == "tell":
-            s.tell(call[1], call[2], call[3])
-        else:
-            s.tell_exited(call[1])
-
-
-@pytest.mark.parametrize("case", V2, ids=lambda c: "-".join(map(str, c["searcher"].values())))
-def test_version_2_states_answer_as_before(case: dict[str, Any]) -> None:
-    """States written by dlhpc before version 3 (tests/data/gen_searcher_states_v2.py):
-    restored, the searcher answers as it did (hyperband keeps its old allocation)."""
-    space = {
-        "x": HParam("x", "double", minval=0.0, maxval=1.0),
-        "width": HParam("width", "int", minval=8, maxval=64),
-    }
-    cfg = SearcherConfig(**{"max_length": 27, "max_rungs": 4, "metric": "loss", **case["searcher"]})
-    for snap in case["snapshots"]:
-        assert snap["state"]["version"] == 2
-        s = make_searcher(space, cfg)
-        s.load_state_dict(snap["state"])
-        again = make_searcher(space, cfg)
-        again.load_state_dict(json.loads(json.dumps(s.state_dict())))
-        assert again.state_dict() == s.state_dict() and s.state_dict()["version"] == 3
-        if isinstance(s, HyperbandSearcher):
-            assert s.allocation == "most_left"
-        _replay(again, case["log"][snap["at"] :])
-        assert again.done
 
 
 # --- the experiment file ----------------------------------------------------------
