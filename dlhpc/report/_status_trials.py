@@ -239,32 +239,23 @@ def trial(t: Row, rows: list[Any], c: Ctx) -> TrialStatus:
         )  # fmt: skip
         hours += h
         if gpu is not None:
-            latest_gpu = TrialGpu.of(key, gpu)
+            latest_gpu = (key, gpu)
         attempts.append(attempt)
+    if len(attempts) == 1:  # most trials: the sum is the attempt's hours, rounded already
+        gpu_h, cpu_h = attempts[0].gpu_hours, attempts[0].cpu_hours
+    else:
+        gpu_h, cpu_h = round(hours * gpus, 4), round(hours * cpus, 4)
     if c.hours is not None and attempts:
         c.hours[t.id] = hours
+    lab = t.id in c.lab.trials
     return TrialStatus(
-        id=t.id,
-        state=t.state,
-        hparams=JsonText(t.hparams_json),
-        steps_completed=t.steps_completed,
-        max_length=t.max_length,
-        target_length=target_length(t.state, t.max_length, c.shape),
-        best_metric=t.best_metric,
-        latest_metric=t.latest_metric,
-        restarts=t.restarts,
-        crashes=t.crashes,
-        slurm_job_ids=tuple(dict.fromkeys(a.job_id for a in attempts)),
-        error=t.error,
-        gpu=latest_gpu,
-        idle_gpus=tuple(c.idle.get(t.id, ())),
-        gpu_hours=round(hours * gpus, 4),
-        cpu_hours=round(hours * cpus, 4),
-        attempts=tuple(attempts),
-        _run_dir=t.run_dir,
-        tags=c.lab.trial_tags(t.id),
-        note=c.lab.trial_note(t.id),
-    )
+        t.id, t.state, JsonText(t.hparams_json), t.steps_completed, t.max_length,
+        target_length(t.state, t.max_length, c.shape), t.best_metric, t.latest_metric,
+        t.restarts, t.crashes, tuple(dict.fromkeys(a.job_id for a in attempts)), t.error,
+        None if latest_gpu is None else TrialGpu.of(*latest_gpu),
+        tuple(c.idle.get(t.id, ())), gpu_h, cpu_h, tuple(attempts), t.run_dir,
+        c.lab.trial_tags(t.id) if lab else (), c.lab.trial_note(t.id) if lab else None,
+    )  # fmt: skip
 
 
 def listing_columns() -> tuple[Any, ...]:
