@@ -116,7 +116,7 @@ def _timed(home: Path, tree: Path | None, argv: list[str]) -> dict[str, Any]:
             stdout=out,
             stderr=err,
         )
-        _, status, _usage = os.wait4(p.pid, 0)
+        _, status, usage = os.wait4(p.pid, 0)
         wall = time.perf_counter() - t0
         p.returncode = os.waitstatus_to_exitcode(status)
         err.seek(0)
@@ -127,13 +127,15 @@ def _timed(home: Path, tree: Path | None, argv: list[str]) -> dict[str, Any]:
         raise SystemExit(f"{argv} failed ({p.returncode}):\n{stdout[-2000:]}\n{text[-3000:]}")
     sql = int(text.rsplit("BENCH_SQL=", 1)[1].split()[0])
     rss = int(text.rsplit("BENCH_RSS_KB=", 1)[1].split()[0])
-    return {"wall_s": wall, "rss_mib": rss / 1024, "sql": sql, "out": stdout}
+    cpu = usage.ru_utime + usage.ru_stime  # less sensitive to other processes' load
+    return {"wall_s": wall, "cpu_s": cpu, "rss_mib": rss / 1024, "sql": sql, "out": stdout}
 
 
 def _cell(runs: list[dict[str, Any]]) -> str:
     w = [r["wall_s"] for r in runs]
     return (
         f"{statistics.median(w):.2f} ({min(w):.2f}-{max(w):.2f}) | "
+        f"{statistics.median(r['cpu_s'] for r in runs):.2f} | "
         f"{max(r['rss_mib'] for r in runs):.0f} | {statistics.median(r['sql'] for r in runs):.0f}"
     )
 
@@ -204,20 +206,26 @@ def _one_run(home: Path, tree: Path | None, commands: dict[str, list[str]]) -> d
     out = {}
     for label, argv in commands.items():
         argv = [a.replace("{home}", str(home)) for a in argv]
-        out[label] = {"load": os.getloadavg()[0], **_timed(home, tree, argv)}
+        run = {"load": os.getloadavg()[0], **_timed(home, tree, argv)}
+        if label != "dlhpc tick":  # only the tick's output is read (_print)
+            run.pop("out")
+        out[label] = run
     return out
 
 
 def _summary(args: argparse.Namespace, trees: list[str], results: Results) -> dict[str, Any]:
-    """The results as JSON: per command and tree the runs' wall times, peak RSS and SQL
-    statements, their medians; with two trees, the median of the per-run ratios
-    (second tree / first, each run's two measured one after the other)."""
+    """The results as JSON: per command and tree the runs' wall and CPU times (user +
+    system), peak RSS and SQL statements, their medians; with two trees, the median of
+    the per-run ratios (second tree / first, each run's two measured one after the
+    other), of wall and of CPU time."""
     commands: dict[str, Any] = {}
     for (name, label), runs in results.items():
-        walls = [r["wall_s"] for r in runs]
+        walls, cpus = [r["wall_s"] for r in runs], [r["cpu_s"] for r in runs]
         commands.setdefault(label, {})[name] = {
             "wall_s": [round(w, 3) for w in walls],
             "median_s": round(statistics.median(walls), 3),
+            "cpu_s": [round(c, 3) for c in cpus],
+            "median_cpu_s": round(statistics.median(cpus), 3),
             "rss_mib": [round(r["rss_mib"], 1) for r in runs],
             "median_rss_mib": round(statistics.median(r["rss_mib"] for r in runs), 1),
             "max_rss_mib": round(max(r["rss_mib"] for r in runs), 1),
@@ -225,11 +233,13 @@ def _summary(args: argparse.Namespace, trees: list[str], results: Results) -> di
         }
     if len(trees) == 2:
         for label, per_tree in commands.items():
-            pairs = zip(results[(trees[0], label)], results[(trees[1], label)], strict=True)
-            ratios = [b["wall_s"] / a["wall_s"] for a, b in pairs]
-            per_tree["median_ratio"] = round(statistics.median(ratios), 3)
+            pairs = list(zip(results[(trees[0], label)], results[(trees[1], label)], strict=True))
+            for key in ("wall_s", "cpu_s"):
+                ratio = statistics.median(b[key] / a[key] for a, b in pairs)
+                per_tree[f"median_ratio_{key}"] = round(ratio, 3)
     loads = [r["load"] for runs in results.values() for r in runs]
     return {
+        "argv": sys.argv[1:],
         "trials": args.trials,
         "runs": args.runs,
         "trees": trees,
@@ -253,9 +263,11 @@ def _print(trees: list[str], labels: list[str], results: Results) -> None:
         f"\n{runs} runs each; load average {min(loads):.1f}-{max(loads):.1f}"
         f" on {os.cpu_count()} CPUs\n"
     )
-    head = " | ".join(f"{n}: median s (min-max) | {n}: peak RSS MiB | {n}: SQL" for n in trees)
+    head = " | ".join(
+        f"{n}: median s (min-max) | {n}: median CPU s | {n}: peak RSS MiB | {n}: SQL" for n in trees
+    )
     print(f"| command | {head} |")
-    print("|---" * (1 + 3 * len(trees)) + "|")
+    print("|---" * (1 + 4 * len(trees)) + "|")
     for label in labels:
         print(f"| `{label}` | " + " | ".join(_cell(results[(n, label)]) for n in trees) + " |")
 
