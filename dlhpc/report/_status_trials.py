@@ -247,15 +247,28 @@ def trial(t: Row, rows: list[Any], c: Ctx) -> TrialStatus:
         gpu_h, cpu_h = round(hours * gpus, 4), round(hours * cpus, 4)
     if c.hours is not None and attempts:
         c.hours[t.id] = hours
-    lab = t.id in c.lab.trials
     return TrialStatus(
-        t.id, t.state, JsonText(t.hparams_json), t.steps_completed, t.max_length,
-        target_length(t.state, t.max_length, c.shape), t.best_metric, t.latest_metric,
-        t.restarts, t.crashes, tuple(dict.fromkeys(a.job_id for a in attempts)), t.error,
-        None if latest_gpu is None else TrialGpu.of(*latest_gpu),
-        tuple(c.idle.get(t.id, ())), gpu_h, cpu_h, tuple(attempts), t.run_dir,
-        c.lab.trial_tags(t.id) if lab else (), c.lab.trial_note(t.id) if lab else None,
-    )  # fmt: skip
+        id=t.id,
+        state=t.state,
+        hparams=JsonText(t.hparams_json),
+        steps_completed=t.steps_completed,
+        max_length=t.max_length,
+        target_length=target_length(t.state, t.max_length, c.shape),
+        best_metric=t.best_metric,
+        latest_metric=t.latest_metric,
+        restarts=t.restarts,
+        crashes=t.crashes,
+        slurm_job_ids=tuple(dict.fromkeys(a.job_id for a in attempts)),
+        error=t.error,
+        gpu=None if latest_gpu is None else TrialGpu.of(*latest_gpu),
+        idle_gpus=tuple(c.idle.get(t.id, ())),
+        gpu_hours=gpu_h,
+        cpu_hours=cpu_h,
+        attempts=tuple(attempts),
+        _run_dir=t.run_dir,
+        tags=c.lab.trial_tags(t.id),
+        note=c.lab.trial_note(t.id),
+    )
 
 
 def listing_columns() -> tuple[Any, ...]:
