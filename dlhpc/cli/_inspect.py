@@ -67,13 +67,12 @@ def status(
         ck_dir = Path(root).parent
         if ck_dir not in warnings:
             warnings[ck_dir] = quota_warning(ck_dir)
-        disk = replace(e.disk, quota_warning=warnings[ck_dir], quota_checked=True)
-        return replace(e, disk=disk)
+        return replace(e, disk=e.disk.with_quota(warnings[ck_dir]))
 
     if as_json:
         with store.read() as s:  # streamed: 100,000s of trials are never held at once
             pieces = iter_status_json(s, experiment_id, tags=tags)
-            write_json(pieces, sys.stdout, finish=with_quota)
+            write_json(pieces, sys.stdout.buffer, finish=with_quota)
         return
     from rich.console import Group
     from rich.live import Live

@@ -10,7 +10,13 @@ from rich.table import Table
 from rich.text import Text
 
 from dlhpc.report.status import pick_trials
-from dlhpc.report.status_model import ExperimentStatus, LatestNote, Status, TrialStatus
+from dlhpc.report.status_model import (
+    CheckedDiskUse,
+    ExperimentStatus,
+    LatestNote,
+    Status,
+    TrialStatus,
+)
 
 __all__ = ["best_trial", "experiment_view", "experiments_table", "human_bytes", "idle_gpu_lines"]
 
@@ -73,7 +79,7 @@ def _gpu(t: TrialStatus) -> Text:
     """Mean utilization over the newest attempt with GPU samples, and how many GPUs."""
     if t.gpu is None:
         return Text("-")
-    g = t.gpu[1]
+    g = t.gpu
     util = "-" if g.util_mean is None else f"{g.util_mean:.0f}%"
     return Text(f"{util} x{g.gpus}", style="bold yellow" if t.idle_gpus else "")
 
@@ -184,7 +190,7 @@ def _disk_lines(exp: ExperimentStatus) -> list[Text]:
     if d.deleted_checkpoints:
         text += f"; GC freed {human_bytes(d.freed_bytes)} ({d.deleted_checkpoints} deleted)"
     lines = [Text(text, style="dim")]
-    if d.quota_warning:
+    if isinstance(d, CheckedDiskUse) and d.quota_warning:
         lines.append(Text(d.quota_warning, style="bold red"))
     return lines
 
@@ -274,7 +280,7 @@ def experiment_view(
         if with_gpu:
             cells.append(_gpu(t))
         tags = [Text(" ".join(t.tags))] if trial_tags else []
-        table.add_row(*cells, _hparams(t.hparams), *tags, style=style)
+        table.add_row(*cells, _hparams(t.hparams_dict), *tags, style=style)
     parts: list[RenderableType] = [
         *_lab_lines(exp),
         table,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-import msgspec
+import orjson
 
 from dlhpc.config.model import ExperimentConfig
 from dlhpc.config.serde import from_jsonable
@@ -25,7 +25,7 @@ def config_of(exp: Experiment) -> ExperimentConfig:
 def searcher_of(cfg: ExperimentConfig, state_json: str) -> BaseSearcher:
     """The experiment's searcher, restored from its stored state (``""`` or ``"{}"``: new)."""
     searcher = make_searcher(cfg.hyperparameters, cfg.searcher)
-    state = msgspec.json.decode(state_json or "{}")
+    state = orjson.loads(state_json or "{}")
     if state:
         searcher.load_state_dict(state)
     return searcher
@@ -33,6 +33,6 @@ def searcher_of(cfg: ExperimentConfig, state_json: str) -> BaseSearcher:
 
 def state_json(searcher: BaseSearcher) -> str:
     """The searcher's state as stored (``experiments.searcher_state``): compact JSON.
-    msgspec would write a NaN or infinite float as ``null``: by the searcher contract a
+    orjson would write a NaN or infinite float as ``null``: by the searcher contract a
     state holds none (:mod:`dlhpc.search.base`)."""
-    return msgspec.json.encode(searcher.state_dict()).decode()
+    return orjson.dumps(searcher.state_dict()).decode()

@@ -266,7 +266,7 @@ def _trial_view(t: TrialStatus, curve: Curve | None, now_s: float) -> TrialView:
     return TrialView(
         id=t.id,
         state=t.state,
-        hparams=redact_value(t.hparams),
+        hparams=redact_value(t.hparams_dict),
         steps=t.steps_completed,
         best=t.best_metric,
         latest=t.latest_metric,

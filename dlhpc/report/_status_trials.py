@@ -2,8 +2,7 @@
 :func:`listing_columns` per attempt and GPU (the trial's columns, the attempt's, and one
 of the attempt's ``gpu_summaries`` rows: an attempt's rows follow each other, and a
 trial without attempts, or an attempt without GPU rows, has one row of NULLs there),
-times read as their stored text. :func:`attempts_of` reads a trial's rows once for
-both renderings: the typed :func:`trial` and ``report._status_json``'s text.
+times read as their stored text. :func:`trial` builds the typed trial from them.
 """
 
 from __future__ import annotations
@@ -18,7 +17,14 @@ from sqlalchemy import String, type_coerce
 
 from dlhpc.report._status_gpu import ATTEMPT_COLS, GpuRows, Row, gpu_summary, utc
 from dlhpc.report._status_lab import EMPTY_LAB, Lab
-from dlhpc.report.status_model import AttemptStatus, GpuUse, IdleGpu, TrialStatus
+from dlhpc.report.status_model import (
+    AttemptStatus,
+    GpuUse,
+    IdleGpu,
+    JsonText,
+    TrialGpu,
+    TrialStatus,
+)
 from dlhpc.states import LIVE_ATTEMPT_STATES, TrialState
 from dlhpc.store import Trial
 from dlhpc.store.models import GpuSummary
@@ -26,15 +32,10 @@ from dlhpc.store.models import GpuSummary
 __all__ = [
     "TRIAL_COLS",
     "Ctx",
-    "Derived",
     "Shape",
     "TrialRow",
-    "attempt_spans",
-    "attempts_of",
-    "ended_gpu_values",
     "listing_columns",
     "raw",
-    "row_hours",
     "run_hours",
     "target_length",
     "trial",
@@ -135,16 +136,15 @@ class Ctx:
     idle: dict[int, list[IdleGpu]]  # trial id -> its idle GPUs
     shape: Shape
     now: datetime
-    # where given, report._status_json records here each trial's hours (the sum of its
+    # where given, :func:`trial` records here each trial's hours (the sum of its
     # attempts', in their order), by trial id, for trials with attempts
     hours: dict[int, float] | None = None
     lab: Lab = EMPTY_LAB  # the trials' tags and latest notes
 
 
-def ended_gpu_values(rows: list[Any], start: int, stop: int) -> tuple[int, Any, float] | None:
+def _ended_gpu(rows: list[Any], start: int, stop: int) -> GpuUse | None:
     """An ended attempt's GPU use from its GPUs' summaries, ``rows[start:stop]`` (as
-    :func:`gpu_summary`): its GPUs, their mean utilization and the newest sample's epoch
-    time; None without a summary."""
+    :func:`gpu_summary`); None without a summary."""
     n_util, sum_util, newest = rows[start][_GPU_AT : _GPU_AT + 3]
     if newest is None:  # no summary (NOT NULL in the table): the outer join's NULLs
         return None
@@ -154,13 +154,7 @@ def ended_gpu_values(rows: list[Any], start: int, stop: int) -> tuple[int, Any, 
         n_util = sum(g[0] for g in sums)
         sum_util = sum(g[1] for g in sums)
         newest = max(g[2] for g in sums)
-    return gpus, round((sum_util or 0) / n_util, 1) if n_util else None, newest
-
-
-def _ended_gpu(rows: list[Any], start: int, stop: int) -> GpuUse | None:
-    """:func:`ended_gpu_values` as a :class:`GpuUse`."""
-    values = ended_gpu_values(rows, start, stop)
-    return None if values is None else GpuUse(values[0], values[1], utc(values[2]))
+    return GpuUse(gpus, round((sum_util or 0) / n_util, 1) if n_util else None, utc(newest))
 
 
 _ATTEMPT_ORDER = (
@@ -231,7 +225,8 @@ def target_length(state: str, max_length: int, shape: Shape) -> int:
 
 
 def trial(t: Row, rows: list[Any], c: Ctx) -> TrialStatus:
-    """A listed trial from its joined rows (:func:`listing_columns`)."""
+    """A listed trial from its joined rows (:func:`listing_columns`); its hours are
+    recorded in ``c.hours`` where given."""
     attempts = []
     latest_gpu = None
     hours = 0.0
@@ -246,10 +241,16 @@ def trial(t: Row, rows: list[Any], c: Ctx) -> TrialStatus:
         if gpu is not None:
             latest_gpu = (key, gpu)
         attempts.append(attempt)
+    if len(attempts) == 1:  # most trials: the sum is the attempt's hours, rounded already
+        gpu_h, cpu_h = attempts[0].gpu_hours, attempts[0].cpu_hours
+    else:
+        gpu_h, cpu_h = round(hours * gpus, 4), round(hours * cpus, 4)
+    if c.hours is not None and attempts:
+        c.hours[t.id] = hours
     return TrialStatus(
         id=t.id,
         state=t.state,
-        hparams_json=t.hparams_json,
+        hparams=JsonText(t.hparams_json),
         steps_completed=t.steps_completed,
         max_length=t.max_length,
         target_length=target_length(t.state, t.max_length, c.shape),
@@ -259,12 +260,12 @@ def trial(t: Row, rows: list[Any], c: Ctx) -> TrialStatus:
         crashes=t.crashes,
         slurm_job_ids=tuple(dict.fromkeys(a.job_id for a in attempts)),
         error=t.error,
-        gpu=latest_gpu,
+        gpu=None if latest_gpu is None else TrialGpu.of(*latest_gpu),
         idle_gpus=tuple(c.idle.get(t.id, ())),
-        gpu_hours=round(hours * gpus, 4),
-        cpu_hours=round(hours * cpus, 4),
+        gpu_hours=gpu_h,
+        cpu_hours=cpu_h,
         attempts=tuple(attempts),
-        run_dir=t.run_dir,
+        _run_dir=t.run_dir,
         tags=c.lab.trial_tags(t.id),
         note=c.lab.trial_note(t.id),
     )

@@ -1,5 +1,5 @@
 """The status model: what ``dlhpc status`` shows, as :mod:`~dlhpc.report.status_model`'s
-dataclasses (its --json is theirs).
+dataclasses (``--json`` is their encoding, :func:`~dlhpc.report.status_model.write_json`).
 
 A number of queries that does not grow with the trials (a few per experiment), read
 as plain rows (no ORM objects), in two passes (:func:`iter_status`): first the totals
@@ -48,7 +48,6 @@ from dlhpc.report._status_gpu import (
     idle_gpus,
     live_idle,
 )
-from dlhpc.report._status_json import trial_json
 from dlhpc.report._status_lab import Lab, lab_of, tagged
 from dlhpc.report._status_sql import (
     candidates,
@@ -342,18 +341,17 @@ def iter_status_json(
     idle_window_s: float = IDLE_WINDOW_S,
     limit: int | None = None,
     tags: Sequence[str] = (),
-) -> Iterator[tuple[Head, Iterator[str]]]:
-    """:func:`iter_status` with each trial as its JSON text, ``json.dumps`` of its
-    ``to_json()``, written from its rows without the typed objects (``status --json``;
-    :func:`~dlhpc.report.status_model.write_json` takes either). Where every trial is
-    listed, a head is a callable instead, whose totals (hours, idle GPUs) are summed
-    from the trials as they are written: call it once they are consumed (no pass over
-    every attempt before the first trial; ``write_json`` holds the trials' text in a
-    temporary file meanwhile). Its values are :func:`iter_status`'s head's (a trial's
-    attempts added in an index's order there, by attempt id here, as for the trial's
-    own ``gpu_hours``: with three or more a float sum may differ in its last bit)."""
+) -> Iterator[tuple[Head, Iterator[TrialStatus]]]:
+    """:func:`iter_status` for ``status --json``
+    (:func:`~dlhpc.report.status_model.write_json`): where every trial is listed, a
+    head is a callable instead, whose totals (hours, idle GPUs) are summed from the
+    trials as they are read: call it once they are consumed (no pass over every attempt
+    before the first trial; ``write_json`` holds the trials' text in a temporary file
+    meanwhile). Its values are :func:`iter_status`'s head's (a trial's attempts added
+    in an index's order there, by attempt id here, as for the trial's own
+    ``gpu_hours``: with three or more a float sum may differ in its last bit)."""
     idle = (idle_below_pct, idle_window_s)
-    return _iter(session, experiment_id, idle, limit, trial_json, stream_hours=True, tags=tags)
+    return _iter(session, experiment_id, idle, limit, trial, stream_hours=True, tags=tags)
 
 
 def status_data(

@@ -4,7 +4,7 @@ A saved state is strict JSON (no ``NaN`` or ``Infinity`` tokens). A column of
 integers is a list of integers; a column of floats is a list of numbers with the
 non-finite ones as the strings ``"nan"``, ``"inf"`` and ``"-inf"``. Every float
 comes back as the same double (a JSON number is written as the shortest text that
-reads back as it, by :mod:`json` and msgspec alike: -0.0 and subnormals included); a
+reads back as it, by :mod:`json` and orjson alike: -0.0 and subnormals included); a
 NaN comes back as NaN (its sign and payload bits are not kept: no searcher tells
 NaNs apart).
 """

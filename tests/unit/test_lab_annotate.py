@@ -210,7 +210,7 @@ def test_status_reads_tags_and_notes_in_one_query(
             typed = [(e, [json.dumps(t.to_json()) for t in ts]) for e, ts in iter_status(s)]
         finally:
             event.remove(s.get_bind(), "before_cursor_execute", count)
-        fast = [(h, list(ts)) for h, ts in iter_status_json(s)]
+        fast = [(h, [json.dumps(t.to_json()) for t in ts]) for h, ts in iter_status_json(s)]
     assert len(seen) == 1, seen
     assert [texts for _, texts in fast] == [texts for _, texts in typed]
     heads = {e.id: e for e, _ in typed}

@@ -1,24 +1,38 @@
-"""``status --json`` writes each trial from its rows (``report._status_json``): the text
-is ``json.dumps`` of the typed trial's ``to_json()``, byte for byte, over random trials
-(attempts with no, one or several GPUs, live and idle ones, missing and odd values;
-a one-minute idle window, so that some GPUs are idle)."""
+"""``status --json`` (``report.status_model.write_json`` over ``iter_status_json``) is
+the document the README documents: each experiment's and trial's keys in their order,
+times in ISO 8601 with a ``Z``, the stored hyperparameter text as it is, the report
+page's fields left out. Checked against a reference written here key by key from the
+typed model, over random trials (attempts with no, one or several GPUs, live and idle
+ones, missing and odd values; a one-minute idle window, so that some GPUs are idle)."""
 
 from __future__ import annotations
 
 import io
 import json
+import math
 import random
 from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import dlhpc.report.status as status
-from dlhpc.report import _status_json
 from dlhpc.report.status import iter_status, iter_status_json, status_data
-from dlhpc.report.status_model import ExperimentStatus, Head, write_json
+from dlhpc.report.status_model import (
+    AttemptStatus,
+    CheckedDiskUse,
+    ExperimentStatus,
+    GpuUse,
+    Head,
+    IdleGpu,
+    LatestNote,
+    TrialGpu,
+    TrialStatus,
+    write_json,
+)
 from dlhpc.states import JobState, TrialState
 from dlhpc.store import Attempt, GpuSample, Store
 from tests.unit._db import add_experiment, add_trial
@@ -83,49 +97,148 @@ def _fill(store: Store, tmp_path: Path, rng: random.Random) -> None:
                             )  # fmt: skip
 
 
+def _float(value: float | None) -> float | None:
+    """A float as the document holds it: one that is not finite is null."""
+    return value if value is None or math.isfinite(value) else None
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat() + "Z"
+
+
+def _gpu(g: GpuUse | TrialGpu | None) -> dict[str, Any] | None:
+    if g is None:
+        return None
+    key = {"attempt_key": g.attempt_key} if isinstance(g, TrialGpu) else {}
+    return {
+        **key,
+        "gpus": g.gpus,
+        "util_mean": g.util_mean,
+        "last_sample_at": _iso(g.last_sample_at),
+    }
+
+
+def _note(n: LatestNote | None) -> dict[str, Any] | None:
+    if n is None:
+        return None
+    return {"text": n.text, "user": n.user, "created_at": _iso(n.created_at), "count": n.count}
+
+
+def _idle(g: IdleGpu) -> dict[str, Any]:
+    return {
+        "trial_id": g.trial_id, "attempt_key": g.attempt_key, "host": g.host,
+        "gpu_index": g.gpu_index, "idle_minutes": g.idle_minutes,
+        "idle_since": _iso(g.idle_since), "below_pct": g.below_pct,
+    }  # fmt: skip
+
+
+def _attempt(a: AttemptStatus) -> dict[str, Any]:
+    return {
+        "key": a.key, "job_id": a.job_id, "state": a.state, "cause": a.cause,
+        "exit_code": a.exit_code, "lost_steps": a.lost_steps, "node_list": a.node_list,
+        "started_at": _iso(a.started_at), "ended_at": _iso(a.ended_at), "gpu": _gpu(a.gpu),
+        "gpu_hours": a.gpu_hours, "cpu_hours": a.cpu_hours,
+    }  # fmt: skip
+
+
+def _trial(t: TrialStatus) -> dict[str, Any]:
+    return {
+        "id": t.id, "state": t.state, "hparams": json.loads(t.hparams),
+        "steps_completed": t.steps_completed, "max_length": t.max_length,
+        "target_length": t.target_length, "best_metric": _float(t.best_metric),
+        "latest_metric": _float(t.latest_metric), "restarts": t.restarts,
+        "crashes": t.crashes, "slurm_job_ids": list(t.slurm_job_ids), "error": t.error,
+        "gpu": _gpu(t.gpu), "idle_gpus": [_idle(g) for g in t.idle_gpus],
+        "gpu_hours": t.gpu_hours, "cpu_hours": t.cpu_hours,
+        "attempts": [_attempt(a) for a in t.attempts], "tags": list(t.tags),
+        "note": _note(t.note),
+    }  # fmt: skip
+
+
+def _experiment(e: ExperimentStatus, trials: list[TrialStatus]) -> dict[str, Any]:
+    d, lat = e.decisions, e.decisions and e.decisions.latency_s
+    disk = e.disk and {
+        "checkpoints": e.disk.checkpoints, "checkpoint_bytes": e.disk.checkpoint_bytes,
+        "deleted_checkpoints": e.disk.deleted_checkpoints, "freed_bytes": e.disk.freed_bytes,
+        "checkpoint_root": e.disk.checkpoint_root,
+    }  # fmt: skip
+    if disk is not None and isinstance(e.disk, CheckedDiskUse):
+        disk["quota_warning"] = e.disk.quota_warning
+    return {
+        "id": e.id, "name": e.name, "state": e.state, "searcher": e.searcher,
+        "metric": e.metric, "smaller_is_better": e.smaller_is_better, "backend": e.backend,
+        "created_at": _iso(e.created_at), "ended_at": _iso(e.ended_at), "run_dir": e.run_dir,
+        "max_length": e.max_length, "gpus_per_job": e.gpus_per_job,
+        "cpus_per_job": e.cpus_per_job, "gpu_hours": e.gpu_hours, "cpu_hours": e.cpu_hours,
+        "idle_gpus": [_idle(g) for g in e.idle_gpus], "trials_total": e.trials_total,
+        "trial_counts": e.trial_counts,
+        "decisions": d and {
+            "promotions": d.promotions, "stops": d.stops, "pending": d.pending,
+            "latency_s": lat and {"n": lat.n, "median": lat.median, "max": lat.max},
+        },
+        "disk": disk, "user": e.user, "tags": list(e.tags), "note": _note(e.note),
+        "trials": [_trial(t) for t in trials],
+    }  # fmt: skip
+
+
+def _reference(pieces: Iterable[tuple[ExperimentStatus, list[TrialStatus]]]) -> str:
+    """The documented document, written key by key from the typed model (key order
+    kept: compared as ``json.dumps`` text)."""
+    return json.dumps({"experiments": [_experiment(e, ts) for e, ts in pieces]})
+
+
 def _ready(
-    pieces: Iterable[tuple[Head, Iterable[str]]],
-) -> list[tuple[ExperimentStatus, list[str]]]:
+    pieces: Iterable[tuple[Head, Iterable[TrialStatus]]],
+) -> list[tuple[ExperimentStatus, list[TrialStatus]]]:
     """``iter_status_json``'s pieces, each head read after its trials (a callable head
     answers only then)."""
     out = []
     for head, trials in pieces:
-        texts = list(trials)
-        out.append((head if isinstance(head, ExperimentStatus) else head(), texts))
+        listed = list(trials)
+        out.append((head if isinstance(head, ExperimentStatus) else head(), listed))
     return out
 
 
+def _written(pieces: Iterable[tuple[Head, Iterable[TrialStatus]]], **kw: Any) -> bytes:
+    out = io.BytesIO()
+    write_json(pieces, out, **kw)
+    return out.getvalue()
+
+
 @pytest.mark.parametrize("seed", range(8))
-def test_each_trials_text_is_json_dumps_of_its_typed_trial(
+def test_status_json_is_the_documented_document(
     tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The streamed pieces are ``iter_status``'s typed ones; their JSON is the
+    reference's, and ``status_data``'s own (``to_json``) too."""
     monkeypatch.setattr(status, "_now", lambda: NOW)  # live attempts: hours to a fixed now
     store = Store(tmp_path / "home")
     _fill(store, tmp_path, random.Random(seed))
     for limit in (None, 5):
         with store.read() as s:
-            typed = [
-                (e, [json.dumps(t.to_json()) for t in ts])
-                for e, ts in iter_status(s, limit=limit, idle_window_s=60)
-            ]
-            texts = _ready(iter_status_json(s, limit=limit, idle_window_s=60))
-            assert texts == typed
-            out = io.StringIO()
-            write_json(iter_status_json(s, limit=limit, idle_window_s=60), out)
-            want = json.dumps(status_data(s, limit=limit, idle_window_s=60).to_json())
-        assert json.dumps(json.loads(out.getvalue())) == want
+            typed = [(e, list(ts)) for e, ts in iter_status(s, limit=limit, idle_window_s=60)]
+            assert _ready(iter_status_json(s, limit=limit, idle_window_s=60)) == typed
+            text = _written(iter_status_json(s, limit=limit, idle_window_s=60))
+            model = status_data(s, limit=limit, idle_window_s=60).to_json()
+        want = _reference(typed)
+        assert json.dumps(json.loads(text)) == want
+        assert json.dumps(model) == want
+        assert b'"exit_reason"' not in text and b'"run_dir":"/' in text  # the experiment's
 
 
-def test_the_text_without_the_c_encoder_is_the_same(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(status, "_now", lambda: NOW)
+def test_each_trial_is_one_line_and_its_hparams_are_the_stored_text(tmp_path: Path) -> None:
     store = Store(tmp_path / "home")
-    _fill(store, tmp_path, random.Random(99))
+    with store.write() as s:
+        exp = add_experiment(s, tmp_path, name="e")
+        for i, hp in enumerate(['{"b": 1, "a": [1e-300, "\\u00e9"]}', "{}"]):
+            add_trial(s, exp, request_id=i, hparams_json=hp, best_metric=float("inf"))
     with store.read() as s:
-        fast = _ready(iter_status_json(s, idle_window_s=60))
-        monkeypatch.setattr(_status_json, "_FLAT", None)
-        assert _ready(iter_status_json(s, idle_window_s=60)) == fast
+        lines = _written(iter_status_json(s)).decode().splitlines()
+    assert len(lines) == 6 and lines[0] == '{"experiments":['  # a head, 2 trials, 2 closers
+    assert lines[1].startswith('  {"id":1,') and lines[1].endswith('"trials":[')
+    assert lines[2].startswith('    {"id":1,"state":"RUNNING","hparams":{"b": 1, "a": [1e-300,')
+    assert '"best_metric":null' in lines[3] and lines[2].endswith("},")  # inf: null
+    assert lines[3].endswith('"note":null}') and lines[4:] == ["  ]}", "]}"]
 
 
 def test_status_help_names_the_listings_row_limit() -> None:
@@ -169,10 +282,8 @@ def test_streamed_totals_are_the_summed_pass_totals_byte_for_byte(
                     )  # fmt: skip
     texts = []
     for pieces in (iter_status, iter_status_json):
-        out = io.StringIO()
         with store.read() as s:
-            write_json(pieces(s, idle_window_s=60), out)
-        texts.append(out.getvalue())
+            texts.append(_written(pieces(s, idle_window_s=60)))
     assert texts[0] == texts[1]
     heads = json.loads(texts[1])["experiments"]
     assert [h["gpu_hours"] > 0 for h in heads] == [False, True]  # newest first: CPU only
@@ -194,9 +305,8 @@ def test_write_json_applies_finish_to_every_head(tmp_path: Path) -> None:
     store = Store(tmp_path / "home")
     _fill(store, tmp_path, random.Random(4))
     for limit in (None, 5):  # streamed and ready heads
-        out = io.StringIO()
         with store.read() as s:
-            write_json(
-                iter_status_json(s, limit=limit), out, finish=lambda e: replace(e, name="done")
+            text = _written(
+                iter_status_json(s, limit=limit), finish=lambda e: replace(e, name="done")
             )
-        assert {e["name"] for e in json.loads(out.getvalue())["experiments"]} == {"done"}
+        assert {e["name"] for e in json.loads(text)["experiments"]} == {"done"}
