@@ -20,7 +20,7 @@ from dlhpc._perms import DB_SIDE_FILES, current_user
 from dlhpc.cli._common import backends, echo_json, site_option, use_site
 from dlhpc.cli._console import console
 from dlhpc.config import Permissions, load_site
-from dlhpc.config.model import SiteConfig
+from dlhpc.config.schema import SiteConfig
 from dlhpc.errors import DlhpcError, UsageError
 from dlhpc.report.quota import lustre_quota, quota_warning
 from dlhpc.scheduler.plugins import BackendTable, Check

@@ -14,7 +14,7 @@ from dlhpc.cli._common import open_store, site_option
 from dlhpc.errors import UsageError
 from dlhpc.report.quota import quota_warning
 from dlhpc.report.status import iter_status_json, status_data
-from dlhpc.report.status_model import ExperimentStatus, write_json
+from dlhpc.report.status_types import ExperimentStatus, write_json
 from dlhpc.store.queries import latest_attempt
 
 if TYPE_CHECKING:  # rich loads only to print a table: not for --json

@@ -18,7 +18,7 @@ from rich.text import Text
 
 from dlhpc.cli._common import check_owner, echo_json, open_store, site_option
 from dlhpc.cli._console import console
-from dlhpc.orchestrator.registry import export_version, register, version_facts
+from dlhpc.orchestrator.model_registry import export_version, register, version_facts
 from dlhpc.store.model_registry import check_model_name, version_rows
 
 __all__ = ["COMMANDS"]

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dlhpc.report.status import pick_trials
-from dlhpc.report.status_model import (
+from dlhpc.report.status_types import (
     CheckedDiskUse,
     ExperimentStatus,
     LatestNote,

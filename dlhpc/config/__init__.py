@@ -24,7 +24,7 @@ from dlhpc.config._names import MAX_NAME_LENGTH, name_slug
 from dlhpc.config._permissions import PRIVATE_UMASK, Permissions
 from dlhpc.config._site import list_sites, load_site, site_search_path
 from dlhpc.config._units import parse_duration_s, parse_slurm_time
-from dlhpc.config.model import (
+from dlhpc.config.schema import (
     SCHEMA_VERSION,
     CheckpointConfig,
     DataInput,

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from dlhpc.config._partitions import check_cluster_partition, site_issue
 from dlhpc.config._validate import Issues, did_you_mean
-from dlhpc.config.model import Resources, SiteConfig
+from dlhpc.config.schema import Resources, SiteConfig
 from dlhpc.errors import ConfigIssue
 
 __all__ = ["ClusterRules", "RulesFactory", "association_problems", "check_cluster"]

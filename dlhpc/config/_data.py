@@ -18,7 +18,7 @@ from typing import Any
 from dlhpc.config import _fields as F
 from dlhpc.config._validate import Field, Invalid, Issues, boolean, describe, read_section, string
 from dlhpc.config._yaml import KeyPath
-from dlhpc.config.model import DataInput
+from dlhpc.config.schema import DataInput
 
 __all__ = ["read_data"]
 

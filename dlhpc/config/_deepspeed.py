@@ -15,7 +15,7 @@ from typing import Any
 from dlhpc.config import _fields as F
 from dlhpc.config._validate import Field, Invalid, Issues, describe, read_section
 from dlhpc.config._yaml import parse_yaml_text, read_text
-from dlhpc.config.model import DeepSpeedConfig
+from dlhpc.config.schema import DeepSpeedConfig
 from dlhpc.errors import ConfigError, ConfigIssue
 
 __all__ = ["read_deepspeed"]

@@ -39,7 +39,7 @@ from dlhpc.config._validate import (
     string,
 )
 from dlhpc.config._yaml import parse_yaml_text, read_text
-from dlhpc.config.model import (
+from dlhpc.config.schema import (
     CheckpointConfig,
     DataInput,
     DeepSpeedConfig,

@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 from dlhpc.config._validate import Invalid, describe, integer
-from dlhpc.config.model import SiteConfig
+from dlhpc.config.schema import SiteConfig
 
 __all__ = ["MAX_GPUS", "gpu_count", "gpu_option", "resolve_gpu_type"]
 

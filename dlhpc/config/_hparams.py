@@ -28,7 +28,7 @@ from dlhpc.config._validate import (
     read_section,
     string,
 )
-from dlhpc.config.model import HParam, HParamType, SearcherConfig
+from dlhpc.config.schema import HParam, HParamType, SearcherConfig
 from dlhpc.config.searcher_rules import Report, SearcherRules, Searchers, default_concurrency
 
 __all__ = ["read_hyperparameters", "read_searcher"]

@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Mapping
 
 from dlhpc.config._validate import Issues, did_you_mean, fmt_path
 from dlhpc.config._yaml import read_yaml_file
-from dlhpc.config.model import SiteConfig
+from dlhpc.config.schema import SiteConfig
 from dlhpc.errors import ConfigError, ConfigIssue
 
 __all__ = ["PartitionLister", "PartitionsOnly", "check_cluster_partition", "site_issue"]

@@ -24,7 +24,7 @@ from dlhpc.config._validate import (
     read_section,
     string_list,
 )
-from dlhpc.config.model import PreemptionConfig, Resources, SiteConfig
+from dlhpc.config.schema import PreemptionConfig, Resources, SiteConfig
 
 __all__ = ["MAX_COUNT", "read_preemption", "read_resources"]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from dlhpc._argv_template import DLHPC_NAMES, placeholders, shell_syntax, split_template
 from dlhpc.config._validate import Field, Issues, did_you_mean, read_section, string
-from dlhpc.config.model import HParam, ScriptConfig
+from dlhpc.config.schema import HParam, ScriptConfig
 
 __all__ = ["read_script"]
 

@@ -38,7 +38,7 @@ from dlhpc.config._validate import (
     string_list,
 )
 from dlhpc.config._yaml import read_yaml_file
-from dlhpc.config.model import BackendName, PartitionInfo, SiteConfig
+from dlhpc.config.schema import BackendName, PartitionInfo, SiteConfig
 from dlhpc.errors import ConfigError, ConfigIssue
 
 __all__ = [

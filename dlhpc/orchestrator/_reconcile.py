@@ -17,11 +17,11 @@ from typing import Protocol
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session, selectinload
 
-from dlhpc.config.model import ExperimentConfig
+from dlhpc.config.schema import ExperimentConfig
 from dlhpc.orchestrator.clock import Clock
-from dlhpc.orchestrator.common import config_of, searcher_of, state_json
 from dlhpc.orchestrator.decide import SearchPass, pending_promotions
 from dlhpc.orchestrator.eventlog import log_event
+from dlhpc.orchestrator.stored import config_of, searcher_of, state_json
 from dlhpc.orchestrator.trials import TrialPass, reconcile_trial, settled_paused_ids
 from dlhpc.scheduler import JobStatus
 from dlhpc.search import BaseSearcher

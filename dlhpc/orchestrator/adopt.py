@@ -27,9 +27,9 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from dlhpc.orchestrator.common import config_of
 from dlhpc.orchestrator.eventlog import log_event
 from dlhpc.orchestrator.pool import SchedulerPool
+from dlhpc.orchestrator.stored import config_of
 from dlhpc.orchestrator.submit import first_attempt, mark_promotions_acted
 from dlhpc.states import SubmissionState
 from dlhpc.store import Attempt, Experiment, Store, Submission, Trial, utcnow

@@ -1,6 +1,6 @@
 """Tags and notes on experiments and trials (``dlhpc tag``, ``dlhpc note``).
 
-Both write the lab tables (:mod:`dlhpc.store.lab_models`) under the reconciler lease,
+Both write the lab tables (:mod:`dlhpc.store.lab_tables`) under the reconciler lease,
 as every write does (principle 2). Everything is checked before anything is written:
 one bad tag, an unknown experiment, or a trial of another experiment refuses the
 whole call (:class:`~dlhpc.errors.UsageError`, exit 2) and the database is unchanged.

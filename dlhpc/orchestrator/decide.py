@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from dlhpc._safepath import is_inside
 from dlhpc._threads import map_io
-from dlhpc.config.model import ExperimentConfig
+from dlhpc.config.schema import ExperimentConfig
 from dlhpc.orchestrator.eventlog import log_event
 from dlhpc.orchestrator.new_trials import add_trials
 from dlhpc.protocol import request_stop, stop_file

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from sqlalchemy.orm import Session
 
 from dlhpc.errors import NotFoundError
-from dlhpc.orchestrator.common import config_of, searcher_of, state_json
 from dlhpc.orchestrator.eventlog import log_event
 from dlhpc.orchestrator.pool import SchedulerPool
+from dlhpc.orchestrator.stored import config_of, searcher_of, state_json
 from dlhpc.states import LIVE_ATTEMPT_STATES, ExperimentState, JobState, TrialState
 from dlhpc.store import Experiment, Store, Trial, utcnow
 

@@ -13,15 +13,15 @@ from typing import Any
 from dlhpc import _perms
 from dlhpc._perms import make_dirs
 from dlhpc.config.lines import key_issue
-from dlhpc.config.model import ExperimentConfig
+from dlhpc.config.schema import ExperimentConfig
 from dlhpc.config.serde import to_jsonable
 from dlhpc.errors import ConfigError, SchedulerError
-from dlhpc.orchestrator.common import searcher_of, state_json
 from dlhpc.orchestrator.eventlog import log_event
 from dlhpc.orchestrator.new_trials import add_trials
 from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.orchestrator.request import DRY_RUN_UID, job_request
 from dlhpc.orchestrator.runfiles import publish_staging, stage_run_folder
+from dlhpc.orchestrator.stored import searcher_of, state_json
 from dlhpc.orchestrator.submit import submit_pending
 from dlhpc.protocol import checkpoint_experiment_dir, experiment_dir, trial_dir
 from dlhpc.repro import collect_launch_record

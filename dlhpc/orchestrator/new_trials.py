@@ -15,7 +15,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from dlhpc.config.model import ExperimentConfig
+from dlhpc.config.schema import ExperimentConfig
 from dlhpc.protocol import recorded_slug, trial_dir
 from dlhpc.search import Create
 from dlhpc.states import TrialState

@@ -28,14 +28,14 @@ from sqlalchemy import select
 from dlhpc._perms import copy_file
 from dlhpc._safepath import inside
 from dlhpc.config import MAX_NAME_LENGTH
-from dlhpc.config.model import ExperimentConfig, HParam
+from dlhpc.config.schema import ExperimentConfig, HParam
 from dlhpc.config.serde import to_jsonable
 from dlhpc.errors import UsageError
-from dlhpc.orchestrator.common import config_of
 from dlhpc.orchestrator.eventlog import log_event
 from dlhpc.orchestrator.launch import launch
 from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.orchestrator.runfiles import trial_spec
+from dlhpc.orchestrator.stored import config_of
 from dlhpc.protocol import layout
 from dlhpc.protocol.checkpoint import latest_verified
 from dlhpc.repro import (

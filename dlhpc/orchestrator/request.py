@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from dlhpc.config.model import ExperimentConfig
+from dlhpc.config.schema import ExperimentConfig
 from dlhpc.orchestrator.runfiles import entry_runs_setup, read_launch_environment, setup_sections
 from dlhpc.protocol import jobs_dir
 from dlhpc.scheduler import JobRequest
@@ -38,7 +38,7 @@ def job_request(
 ) -> JobRequest:
     """The request submitting ``trial_dirs`` (one task each, in order) of experiment
     ``exp_id`` (run folder ``exp_dir``): job name ``dlhpc-e<exp_id>-<uid>``, then
-    ``-<slug>`` (the name's :attr:`~dlhpc.config.model.ExperimentConfig.slug`, so that
+    ``-<slug>`` (the name's :attr:`~dlhpc.config.schema.ExperimentConfig.slug`, so that
     ``squeue -o %j`` tells experiments apart; the prefix alone identifies the job), the
     backend's files under ``<exp_dir>/jobs``, the in-job worker run by the site's
     ``python`` (default: this interpreter) after the site modules and

@@ -18,7 +18,7 @@ from pathlib import Path
 from dlhpc._argv_template import split_template
 from dlhpc._perms import copy_file
 from dlhpc._threads import map_io
-from dlhpc.config.model import ExperimentConfig
+from dlhpc.config.schema import ExperimentConfig
 from dlhpc.config.serde import to_jsonable
 from dlhpc.errors import UsageError
 from dlhpc.protocol import (

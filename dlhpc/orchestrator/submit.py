@@ -22,14 +22,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dlhpc._failpoints import failpoint
-from dlhpc.config.model import ExperimentConfig
+from dlhpc.config.schema import ExperimentConfig
 from dlhpc.errors import SchedulerError
 from dlhpc.orchestrator.clock import SYSTEM_CLOCK, Clock
-from dlhpc.orchestrator.common import config_of
 from dlhpc.orchestrator.eventlog import log_event
 from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.orchestrator.request import job_request, new_uid
 from dlhpc.orchestrator.runfiles import trial_spec, write_trial_specs
+from dlhpc.orchestrator.stored import config_of
 from dlhpc.protocol import TrialSpec, recorded_slug, trial_dir
 from dlhpc.scheduler import BaseScheduler, JobRequest, SubmittedTask
 from dlhpc.scheduler.base import SubmitLimitError

@@ -1,4 +1,4 @@
-"""Render a :class:`~dlhpc.report._compare_model.CompareModel` as one self-contained
+"""Render a :class:`~dlhpc.report._compare_data.CompareData` as one self-contained
 page, in the shell of the experiment pages (:func:`~dlhpc.report._page.document`:
 inline CSS and SVG, the sorting script, a CSP that forbids every fetch).
 
@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dlhpc._version import __version__
-from dlhpc.report._compare_model import CompareModel, Row, Side
+from dlhpc.report._compare_data import CompareData, Row, Side
 from dlhpc.report._compare_svg import Series, overlay_svg, swatch
-from dlhpc.report._model import TrialView
 from dlhpc.report._page import document, when
+from dlhpc.report._page_data import TrialView
 from dlhpc.report._parallel import parallel_svg
 from dlhpc.report._svg import esc
 
@@ -38,14 +38,14 @@ def _label(s: Side, mode: str) -> str:
     return f"{s.key}: {s.experiment_name}"
 
 
-def _sides(m: CompareModel) -> str:
+def _sides(m: CompareData) -> str:
     items = "".join(
         f"<span>{swatch(i)}{esc(_label(s, m.mode))}</span>" for i, s in enumerate(m.sides)
     )
     return f'<p class="sides">{items}</p>'
 
 
-def _table(m: CompareModel, rows: Sequence[Row], group: str | None) -> str:
+def _table(m: CompareData, rows: Sequence[Row], group: str | None) -> str:
     """A side-by-side table; ``group``: the heading of the rows' group column (None:
     no such column)."""
     if not rows:
@@ -79,7 +79,7 @@ def _is_best(side: Side, t: TrialView) -> bool:
     return side.best is not None and side.best.id == t.id
 
 
-def _curves(m: CompareModel) -> str:
+def _curves(m: CompareData) -> str:
     parts = []
     for metric, idx in _by_metric(m.sides).items():
         series = [
@@ -100,7 +100,7 @@ def _curves(m: CompareModel) -> str:
     return "".join(parts) + f'<p class="note">{esc(note)} Hover a curve for its trial.</p>'
 
 
-def _parallel(m: CompareModel) -> str:
+def _parallel(m: CompareData) -> str:
     parts = []
     for metric, idx in _by_metric(m.sides).items():
         trials = [(m.sides[i].key, t) for i in idx for t in m.sides[i].trials]
@@ -115,11 +115,11 @@ def _parallel(m: CompareModel) -> str:
     return "".join(parts) + f'<p class="note">{esc(note)}</p>'
 
 
-def _title(m: CompareModel) -> str:
+def _title(m: CompareData) -> str:
     return "dlhpc compare: " + " vs ".join(s.key for s in m.sides)
 
 
-def render_compare(m: CompareModel) -> str:
+def render_compare(m: CompareData) -> str:
     """The compare page's HTML (pure)."""
     what = "experiments" if m.mode == "experiments" else "trials"
     body = [

@@ -15,7 +15,7 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from dlhpc.report._compare_model import Row, Side
+from dlhpc.report._compare_data import Row, Side
 from dlhpc.report._page import hp_value
 from dlhpc.report._svg import fmt
 from dlhpc.repro import SECTIONS, diff_records

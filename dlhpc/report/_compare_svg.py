@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dlhpc.report._model import TrialView
+from dlhpc.report._page_data import TrialView
 from dlhpc.report._svg import (
     _B,
     _H,

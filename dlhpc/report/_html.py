@@ -1,4 +1,4 @@
-"""Render a :class:`~dlhpc.report._model.Page` (and the index) as one self-contained
+"""Render a :class:`~dlhpc.report._page_data.Page` (and the index) as one self-contained
 HTML file: inline CSS, inline SVG, one small inline script that sorts tables.
 
 Nothing leaves the page: no external stylesheet, font, image or script, and a
@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 from dlhpc._version import __version__
 from dlhpc.report._lab_html import lab_section, models_section, short, tags_html, user_filter
-from dlhpc.report._model import Page
 from dlhpc.report._page import (
     bytes_text,
     document,
@@ -29,6 +28,7 @@ from dlhpc.report._page import (
     num_td,
     when,
 )
+from dlhpc.report._page_data import Page
 from dlhpc.report._svg import (
     CAUSES,
     cause_class,

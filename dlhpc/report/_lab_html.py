@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from dlhpc.report._model import ModelView, NoteView, Page
 from dlhpc.report._page import num_td, when
+from dlhpc.report._page_data import ModelView, NoteView, Page
 from dlhpc.report._svg import esc, fmt
 
 __all__ = ["lab_section", "models_section", "tags_html", "user_filter"]

@@ -1,4 +1,4 @@
-"""Build a :class:`~dlhpc.report._model.Page` from the state database and the
+"""Build a :class:`~dlhpc.report._page_data.Page` from the state database and the
 HDF5 curve archive (a report never writes the DB; it keeps the archives).
 
 Per page: :func:`~dlhpc.report.status.status_data`'s typed experiment status
@@ -30,7 +30,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from dlhpc.report._curves import Curve, archive_trials, curves_path, db_curves, read_curves
-from dlhpc.report._model import (
+from dlhpc.report._page_data import (
     AttemptView,
     EventView,
     ModelView,
@@ -47,7 +47,7 @@ from dlhpc.report._record import parse_record, repro_record
 from dlhpc.report._redact import redact_text, redact_value
 from dlhpc.report._status_lab import lab_stamps
 from dlhpc.report.status import status_data
-from dlhpc.report.status_model import AttemptStatus, ExperimentStatus, TrialStatus
+from dlhpc.report.status_types import AttemptStatus, ExperimentStatus, TrialStatus
 from dlhpc.states import TERMINAL_TRIAL_STATES
 from dlhpc.store import Attempt, Event, Experiment, Metric, ModelVersion, Note, Store, Trial
 

@@ -3,7 +3,7 @@
 One vertical axis per hyperparameter that varies (``const`` ones are left out),
 in the order given, and the metric's axis last; one polyline per trial through its
 value on each axis it has a value for (so a trial has exactly one vertex per such
-axis). Axis kinds follow :class:`~dlhpc.report._model.HParamView`: ``log`` axes
+axis). Axis kinds follow :class:`~dlhpc.report._page_data.HParamView`: ``log`` axes
 are log10-scaled, ``categorical`` ones spread their values (numbers first, by
 value, then text) evenly; the rest are linear. A trial is coloured by its metric
 on a fixed ramp (:data:`RAMP`, dark = best of the chart, light = worst) and drawn
@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from dlhpc.report._model import HParamView, TrialView
+from dlhpc.report._page_data import HParamView, TrialView
 from dlhpc.report._svg import _category_key, _Scale, _svg, esc, fmt
 
 __all__ = ["RAMP", "Axis", "axes_of", "parallel_svg", "ramp"]

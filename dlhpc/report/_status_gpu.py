@@ -17,7 +17,7 @@ from sqlalchemy import Select, case, func, or_, select
 from sqlalchemy.orm import Session
 
 from dlhpc.protocol.gpu import IDLE_BELOW_PCT, IDLE_WINDOW_S, idle_since
-from dlhpc.report.status_model import GpuUse, IdleGpu
+from dlhpc.report.status_types import GpuUse, IdleGpu
 from dlhpc.states import JobState
 from dlhpc.store import Attempt, GpuSample, Trial
 

@@ -3,7 +3,7 @@
 One query per status call, whatever the number of experiments and trials: the tags of
 the listed experiments and their trials, and for each target its newest note and how
 many it has, as one ``UNION ALL`` read through the ``experiment_id`` indexes of the
-lab tables (:mod:`dlhpc.store.lab_models`). ``--tag`` filters experiments in SQL
+lab tables (:mod:`dlhpc.store.lab_tables`). ``--tag`` filters experiments in SQL
 (:func:`tagged`), through ``ix_tags_name``.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import func, literal, select, union_all
 
-from dlhpc.report.status_model import LatestNote
+from dlhpc.report.status_types import LatestNote
 from dlhpc.store import Experiment, ModelVersion, Note, Tag
 
 __all__ = ["EMPTY_LAB", "Lab", "lab_of", "lab_stamps", "tagged"]

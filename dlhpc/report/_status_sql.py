@@ -17,10 +17,10 @@ from sqlalchemy.orm import Session
 
 from dlhpc.protocol import checkpoint_experiment_dir, recorded_slug
 from dlhpc.report._status_gpu import Row
-from dlhpc.report.status_model import DecisionStats, DiskUse, Latency
+from dlhpc.report.status_types import DecisionStats, DiskUse, Latency
 from dlhpc.states import LIVE_ATTEMPT_STATES, TERMINAL_TRIAL_STATES, CheckpointState
 from dlhpc.store import Attempt, Checkpoint, Decision, Experiment, Trial
-from dlhpc.store.models import DECISION_LATENCY_S
+from dlhpc.store.tables import DECISION_LATENCY_S
 
 __all__ = [
     "PICK_COLS",

@@ -17,7 +17,7 @@ from sqlalchemy import String, type_coerce
 
 from dlhpc.report._status_gpu import ATTEMPT_COLS, GpuRows, Row, gpu_summary, utc
 from dlhpc.report._status_lab import EMPTY_LAB, Lab
-from dlhpc.report.status_model import (
+from dlhpc.report.status_types import (
     AttemptStatus,
     GpuUse,
     IdleGpu,
@@ -27,7 +27,7 @@ from dlhpc.report.status_model import (
 )
 from dlhpc.states import LIVE_ATTEMPT_STATES, TrialState
 from dlhpc.store import Trial
-from dlhpc.store.models import GpuSummary
+from dlhpc.store.tables import GpuSummary
 
 __all__ = [
     "TRIAL_COLS",

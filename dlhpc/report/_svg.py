@@ -18,7 +18,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from dlhpc.report._model import HParamView, TrialView
+from dlhpc.report._page_data import HParamView, TrialView
 from dlhpc.states import JobState, TrialState
 
 __all__ = [

@@ -68,7 +68,7 @@ def failed_trials(s: Session, since: datetime, until: datetime) -> list[dict[str
 
 def idle_now(s: Session) -> list[dict[str, Any]]:
     """Idle GPUs of the live attempts of active experiments (none without telemetry):
-    :class:`~dlhpc.report.status_model.IdleGpu`'s JSON plus ``experiment_id``."""
+    :class:`~dlhpc.report.status_types.IdleGpu`'s JSON plus ``experiment_id``."""
     live = (
         select(Attempt.id)
         .join(Trial, Trial.id == Attempt.trial_id)

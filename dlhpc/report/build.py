@@ -31,7 +31,7 @@ from dlhpc.report._html import IndexEntry, render_index, render_page
 from dlhpc.report._load import load_page
 from dlhpc.report._page import LAB_META
 from dlhpc.report._status_lab import lab_stamps
-from dlhpc.report.models import write_models_index
+from dlhpc.report.models_index import write_models_index
 from dlhpc.report.publish import check_publishable, make_public, publishing
 from dlhpc.store import Experiment, Store, Tag, Trial
 

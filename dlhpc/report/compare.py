@@ -1,6 +1,6 @@
 """``dlhpc report --compare``: experiments or trials side by side, on one page.
 
-:func:`load_compare` builds a :class:`CompareModel` (reads only; the page model of
+:func:`load_compare` builds a :class:`CompareData` (reads only; the page data of
 each experiment involved comes from :func:`~dlhpc.report._load.load_page`, so its
 curves, redaction and archive rules are those of the experiment pages), and
 :func:`write_compare` renders it (:mod:`dlhpc.report._compare_html`) and publishes
@@ -19,7 +19,7 @@ values; in trial mode the values) and the record's differences
 (:func:`dlhpc.repro.diff_records`, every side against the first; hyperparameters
 are left out of it, the table above has them). A row ``differs`` when its shown
 values are not all equal. The parallel-coordinates chart plots every trial of
-every side against the hyperparameters (:func:`~dlhpc.report._model.hparam_views`
+every side against the hyperparameters (:func:`~dlhpc.report._page_data.hparam_views`
 over all of them) and its experiment's metric, one chart per metric name.
 
 Secrets: the experiment pages' rules (:mod:`dlhpc.report._redact`); the records are
@@ -42,19 +42,19 @@ from typing import Any
 from sqlalchemy import select
 
 from dlhpc.errors import NotFoundError, UsageError
+from dlhpc.report._compare_data import CompareData, Row, Side
 from dlhpc.report._compare_html import render_compare
-from dlhpc.report._compare_model import CompareModel, Row, Side
 from dlhpc.report._compare_rows import hparam_rows, record_rows, summary_rows
 from dlhpc.report._files import ensure_folder, publish_file
 from dlhpc.report._load import load_page
-from dlhpc.report._model import Page, hparam_views
+from dlhpc.report._page_data import Page, hparam_views
 from dlhpc.report._record import parse_record
 from dlhpc.report._redact import redact_text, redact_value
 from dlhpc.store import Experiment, Store, Trial
 from dlhpc.store.queries import trial_record_of
 
 __all__ = [
-    "CompareModel",
+    "CompareData",
     "Row",
     "Side",
     "compare_file",
@@ -181,7 +181,7 @@ def load_compare(
     trial_ids: Sequence[int] = (),
     volatile: Collection[str] = (),
     now: datetime | None = None,
-) -> CompareModel:
+) -> CompareData:
     """The compare page's model (see the module doc); reads only (and, as every page
     build, may rewrite stale curve archives). ``volatile``: environment variables left
     out of the record diff (the backends' job ids and the like)."""
@@ -207,7 +207,7 @@ def load_compare(
         ". Hyperparameters are in the table above; environment variables that differ between"
         " any two jobs (job ids, ports) are not compared."
     )
-    return CompareModel(
+    return CompareData(
         mode=mode,
         sides=tuple(sides),
         hparams=hparam_views(_merged_space(sides), all_trials),
@@ -222,7 +222,7 @@ def load_compare(
     )
 
 
-def write_compare(store: Store, model: CompareModel, out: Path) -> int:
+def write_compare(store: Store, model: CompareData, out: Path) -> int:
     """Render ``model`` and publish it at ``out`` atomically; returns its size in bytes."""
     data = render_compare(model).encode("utf-8")
     ensure_folder(out.parent, store)

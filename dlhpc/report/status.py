@@ -1,5 +1,5 @@
-"""The status model: what ``dlhpc status`` shows, as :mod:`~dlhpc.report.status_model`'s
-dataclasses (``--json`` is their encoding, :func:`~dlhpc.report.status_model.write_json`).
+"""The status model: what ``dlhpc status`` shows, as :mod:`~dlhpc.report.status_types`'s
+dataclasses (``--json`` is their encoding, :func:`~dlhpc.report.status_types.write_json`).
 
 A number of queries that does not grow with the trials (a few per experiment), read
 as plain rows (no ORM objects), in two passes (:func:`iter_status`): first the totals
@@ -69,7 +69,7 @@ from dlhpc.report._status_trials import (
     trial,
     when,
 )
-from dlhpc.report.status_model import (
+from dlhpc.report.status_types import (
     DecisionStats,
     DiskUse,
     ExperimentStatus,
@@ -79,7 +79,7 @@ from dlhpc.report.status_model import (
     TrialStatus,
 )
 from dlhpc.store import Attempt, Experiment, Trial
-from dlhpc.store.models import GpuSummary
+from dlhpc.store.tables import GpuSummary
 
 __all__ = [
     "idle_gpus",
@@ -343,7 +343,7 @@ def iter_status_json(
     tags: Sequence[str] = (),
 ) -> Iterator[tuple[Head, Iterator[TrialStatus]]]:
     """:func:`iter_status` for ``status --json``
-    (:func:`~dlhpc.report.status_model.write_json`): where every trial is listed, a
+    (:func:`~dlhpc.report.status_types.write_json`): where every trial is listed, a
     head is a callable instead, whose totals (hours, idle GPUs) are summed from the
     trials as they are read: call it once they are consumed (no pass over every attempt
     before the first trial; ``write_json`` holds the trials' text in a temporary file

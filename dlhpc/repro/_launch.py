@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from dlhpc.repro._files import SKIP_DIRS, file_sha256, gitignore_filter, skip_pathspecs
 
 if TYPE_CHECKING:
-    from dlhpc.config.model import ExperimentConfig
+    from dlhpc.config.schema import ExperimentConfig
 
 __all__ = [
     "CODE_HASH_LIMIT",

@@ -31,7 +31,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from dlhpc.config.model import PreemptionConfig, Resources, SiteConfig
+from dlhpc.config.schema import PreemptionConfig, Resources, SiteConfig
 from dlhpc.errors import SchedulerError
 from dlhpc.states import JobState
 

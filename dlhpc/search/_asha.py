@@ -36,7 +36,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping
 
-from dlhpc.config.model import HParam, SearcherConfig
+from dlhpc.config.schema import HParam, SearcherConfig
 from dlhpc.config.searcher_rules import Report
 from dlhpc.search._ashastate import ASHAState, _Bracket
 from dlhpc.search._budget import check_budget, check_budget_settings, unused

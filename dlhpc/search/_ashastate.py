@@ -13,7 +13,7 @@ from collections import Counter
 from itertools import compress
 from typing import Any
 
-from dlhpc.config.model import SearcherConfig
+from dlhpc.config.schema import SearcherConfig
 from dlhpc.search._proposers import Proposer
 from dlhpc.search._rungs import EXITED, PAUSED, RUNNING, BracketPlan, RankKey
 from dlhpc.search._rungstate import (

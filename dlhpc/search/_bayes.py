@@ -30,7 +30,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from dlhpc.config.model import HParam, SearcherConfig
+from dlhpc.config.schema import HParam, SearcherConfig
 from dlhpc.errors import DlhpcError, UsageError
 from dlhpc.search._space import _bounds, _int_bounds, _log_base, _plain, _pow, _vals
 from dlhpc.search.base import BaseSearcher, Create, Operation

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dlhpc.config.model import SearcherConfig
+from dlhpc.config.schema import SearcherConfig
 from dlhpc.config.searcher_rules import Report
 
 __all__ = ["check_budget", "check_budget_settings", "sha_cost", "sha_trials", "unused"]

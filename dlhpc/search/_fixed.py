@@ -13,7 +13,7 @@ import math
 from abc import abstractmethod
 from typing import Any
 
-from dlhpc.config.model import HParam, SearcherConfig
+from dlhpc.config.schema import HParam, SearcherConfig
 from dlhpc.search._columns import decode_metric, encode_metric
 from dlhpc.search.base import BaseSearcher, Create, Operation
 

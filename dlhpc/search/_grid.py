@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from dlhpc.config.model import HParam, SearcherConfig
+from dlhpc.config.schema import HParam, SearcherConfig
 from dlhpc.config.searcher_rules import Report
 from dlhpc.search._fixed import FixedListSearcher
 from dlhpc.search._space import grid_points

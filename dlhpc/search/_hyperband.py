@@ -33,7 +33,7 @@ import dataclasses
 from collections.abc import Mapping
 from fractions import Fraction
 
-from dlhpc.config.model import HParam, SearcherConfig
+from dlhpc.config.schema import HParam, SearcherConfig
 from dlhpc.config.searcher_rules import Report
 from dlhpc.search._asha import ASHASearcher
 from dlhpc.search._rungs import HYPERBAND_MODES, BracketPlan, hyperband_plan

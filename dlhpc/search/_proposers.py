@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from dlhpc.config.model import HParam, SearcherConfig
+from dlhpc.config.schema import HParam, SearcherConfig
 from dlhpc.config.searcher_rules import Report
 from dlhpc.search._rungs import sample_config
 from dlhpc.search._tpe import TPEProposer, check_tpe_settings

@@ -15,7 +15,7 @@ import math
 import random
 from typing import Any
 
-from dlhpc.config.model import HParam
+from dlhpc.config.schema import HParam
 
 __all__ = ["default_value", "grid_points", "sample"]
 

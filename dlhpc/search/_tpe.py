@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
 
-from dlhpc.config.model import HParam
+from dlhpc.config.schema import HParam
 from dlhpc.search._columns import decode_floats, encode_floats
 from dlhpc.search._rungs import rank_key, sample_config
 from dlhpc.search._space import _bounds, _int_bounds, _log_base, _plain, _pow, _vals

@@ -67,7 +67,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from dlhpc.config.model import HParam, SearcherConfig
+from dlhpc.config.schema import HParam, SearcherConfig
 from dlhpc.config.searcher_rules import Report
 
 __all__ = ["BaseSearcher", "Continue", "Create", "Operation", "Stop"]

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dlhpc._entrypoints import installed, load
-from dlhpc.config.model import HParam, SearcherConfig
+from dlhpc.config.schema import HParam, SearcherConfig
 from dlhpc.search._asha import ASHASearcher
 from dlhpc.search._bayes import BayesSearcher
 from dlhpc.search._grid import GridSearcher

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlhpc.config.model import ExperimentConfig, SearcherConfig
+from dlhpc.config.schema import ExperimentConfig, SearcherConfig
 from dlhpc.config.searcher_rules import default_concurrency
 from dlhpc.errors import DlhpcError, UsageError
 from dlhpc.search import make_searcher, searcher_class, searcher_names

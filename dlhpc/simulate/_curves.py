@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from dlhpc.config.model import HParam
+from dlhpc.config.schema import HParam
 from dlhpc.errors import UsageError
 from dlhpc.search import sample
 

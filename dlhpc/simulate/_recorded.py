@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from dlhpc.config.model import HParam
+from dlhpc.config.schema import HParam
 from dlhpc.errors import UsageError
 from dlhpc.simulate._curves import Curve, unit_value
 from dlhpc.store import Attempt, Experiment, Metric, Store, Trial

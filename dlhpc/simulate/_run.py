@@ -35,7 +35,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from dlhpc.config.model import ExperimentConfig
+from dlhpc.config.schema import ExperimentConfig
 from dlhpc.orchestrator import launch, tick
 from dlhpc.orchestrator.decide import STOP_GRACE
 from dlhpc.orchestrator.pool import SchedulerPool

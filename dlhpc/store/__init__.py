@@ -1,8 +1,9 @@
 """State store: SQLite through SQLAlchemy, written by one reconciler at a time."""
 
-from dlhpc.store.lab_models import ModelVersion, Note, Tag
+from dlhpc.store.lab_tables import ModelVersion, Note, Tag
 from dlhpc.store.lease import LeaseLostError
-from dlhpc.store.models import (
+from dlhpc.store.store import Store, default_home, utcnow
+from dlhpc.store.tables import (
     EXIT_PREEMPTED,
     Attempt,
     Checkpoint,
@@ -15,7 +16,6 @@ from dlhpc.store.models import (
     Submission,
     Trial,
 )
-from dlhpc.store.store import Store, default_home, utcnow
 
 __all__ = [
     "EXIT_PREEMPTED",

@@ -29,7 +29,7 @@ def _v2_to_v3(conn: Connection) -> None:
     trials.told_step/stop_requested_at, experiments.repro_json, attempts.env_json,
     checkpoints.metric/pinned/deleted_at, and the decisions and gpu_samples tables
     (created from the models, so they match)."""
-    from dlhpc.store.models import Decision, GpuSample
+    from dlhpc.store.tables import Decision, GpuSample
 
     for stmt in (
         "ALTER TABLE trials ADD COLUMN told_step INTEGER NOT NULL DEFAULT 0",
@@ -48,7 +48,7 @@ def _v2_to_v3(conn: Connection) -> None:
 def _v3_to_v4(conn: Connection) -> None:
     """Scale: the gpu_summaries table (filled from the samples) and its trigger, an
     index on trials.ended_at, and metrics indexed by (trial, name, step) and (name, time)."""
-    from dlhpc.store.models import (
+    from dlhpc.store.tables import (
         GpuSummary,
         create_gpu_summary_trigger,
         rebuild_gpu_summaries,
@@ -71,7 +71,7 @@ def _v4_to_v5(conn: Connection) -> None:
     the best and live trials, the ended attempts' hours, disk use, decisions and their
     latency), created from the models' declarations so that they match. One that
     exists is skipped: an earlier step may have created its table from today's models."""
-    from dlhpc.store.models import V5_INDEXES, Base
+    from dlhpc.store.tables import V5_INDEXES, Base
 
     have = {n for (n,) in conn.exec_driver_sql("SELECT name FROM sqlite_master WHERE type='index'")}
     for table in Base.metadata.sorted_tables:
@@ -82,9 +82,9 @@ def _v4_to_v5(conn: Connection) -> None:
 
 def _v5_to_v6(conn: Connection) -> None:
     """The lab: the tags, notes and model_versions tables, created from the models
-    (``dlhpc/store/lab_models.py``) so that they match a new database's."""
-    from dlhpc.store.lab_models import LAB_TABLES
-    from dlhpc.store.models import Base
+    (``dlhpc/store/lab_tables.py``) so that they match a new database's."""
+    from dlhpc.store.lab_tables import LAB_TABLES
+    from dlhpc.store.tables import Base
 
     for name in LAB_TABLES:
         Base.metadata.tables[name].create(conn)

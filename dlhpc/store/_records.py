@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from dlhpc.states import CheckpointState
-from dlhpc.store.models import EXIT_PREEMPTED, Attempt, Trial
+from dlhpc.store.tables import EXIT_PREEMPTED, Attempt, Trial
 
 __all__ = [
     "apply_exit",

@@ -17,8 +17,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from dlhpc.errors import SchemaVersionError, StoreError
-from dlhpc.store import lab_models as _lab_models  # noqa: F401  (registers the v6 tables)
-from dlhpc.store.models import Base, Meta
+from dlhpc.store import lab_tables as _lab_tables  # noqa: F401  (registers the v6 tables)
+from dlhpc.store.tables import Base, Meta
 
 SCHEMA_VERSION = 6
 BUSY_TIMEOUT_MS = 30_000

@@ -35,7 +35,7 @@ from dlhpc.store._records import (
     log_row,
     metric_rows,
 )
-from dlhpc.store.models import (
+from dlhpc.store.tables import (
     Attempt,
     Base,
     Checkpoint,

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from sqlalchemy.orm import Session
 
 from dlhpc.errors import DlhpcError, LeaseHeldError
-from dlhpc.store.models import Lease
+from dlhpc.store.tables import Lease
 
 __all__ = ["LeaseLostError", "make_owner_token", "take", "verify_and_renew", "give_back"]
 

@@ -1,6 +1,6 @@
 """Reads of the model registry (``model_versions``): what ``dlhpc model list|show``,
 the models index page and the checkpoint GC need. Read-only: the writes are
-:mod:`dlhpc.orchestrator.registry`'s (under the reconciler lease).
+:mod:`dlhpc.orchestrator.model_registry`'s (under the reconciler lease).
 
 A reference to a version is ``NAME:VERSION``, or ``NAME`` for its latest version
 (:func:`parse_ref`). A model name matches :data:`MODEL_NAME_RE`: a letter or digit,
@@ -21,8 +21,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dlhpc.errors import NotFoundError, UsageError
-from dlhpc.store.lab_models import ModelVersion
-from dlhpc.store.models import Checkpoint, Experiment, Trial
+from dlhpc.store.lab_tables import ModelVersion
+from dlhpc.store.tables import Checkpoint, Experiment, Trial
 
 __all__ = [
     "MODEL_NAME_RE",

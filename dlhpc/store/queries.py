@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from dlhpc.errors import NotFoundError
 from dlhpc.repro import trial_record
 from dlhpc.states import CheckpointState
-from dlhpc.store.models import Attempt, Checkpoint, Experiment, Submission, Trial
+from dlhpc.store.tables import Attempt, Checkpoint, Experiment, Submission, Trial
 
 __all__ = [
     "experiment_checkpoints",

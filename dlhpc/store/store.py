@@ -18,7 +18,7 @@ from dlhpc._perms import make_dirs
 from dlhpc.errors import DlhpcError, StoreError
 from dlhpc.store import lease as _lease
 from dlhpc.store.engine import init_schema, make_engine
-from dlhpc.store.models import Experiment
+from dlhpc.store.tables import Experiment
 
 if TYPE_CHECKING:
     from dlhpc.config._permissions import Permissions

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from dlhpc.store.models import Metric, Trial
+from dlhpc.store.tables import Metric, Trial
 
 __all__ = ["refresh_metrics"]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dlhpc.config.model import PreemptionConfig, Resources, SiteConfig
+from dlhpc.config.schema import PreemptionConfig, Resources, SiteConfig
 from dlhpc.scheduler import JobRequest, JobState, JobStatus, SlurmScheduler
 from tests.integration import _cluster_fns
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from dlhpc.config import name_slug
-from dlhpc.config.model import PreemptionConfig, Resources, SiteConfig
+from dlhpc.config.schema import PreemptionConfig, Resources, SiteConfig
 from dlhpc.protocol import experiment_dir_name, recorded_slug, trial_dir
 from dlhpc.scheduler import JobRequest, SlurmScheduler
 from tests.integration.conftest import REPO, Cli

@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from dlhpc.protocol.checkpoint import list_checkpoints, verify_checkpoint
 from dlhpc.protocol.events import read_event_batches
 from dlhpc.store import Attempt, Event, IngestedFile, Metric, Store, Submission
-from dlhpc.store.models import Checkpoint as CheckpointRow
+from dlhpc.store.tables import Checkpoint as CheckpointRow
 from tests.stress._backend import LEDGER, TrialRun
 
 

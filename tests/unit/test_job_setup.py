@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dlhpc.config.model import (
+from dlhpc.config.schema import (
     Environment,
     ExperimentConfig,
     PreemptionConfig,

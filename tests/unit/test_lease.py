@@ -13,7 +13,7 @@ import pytest
 from dlhpc.errors import LeaseHeldError
 from dlhpc.store import Store, utcnow
 from dlhpc.store import lease as lease_mod
-from dlhpc.store.models import Lease
+from dlhpc.store.tables import Lease
 
 
 def _held_by(store: Store, owner: str) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dlhpc.config.model import ExperimentConfig
+from dlhpc.config.schema import ExperimentConfig
 from dlhpc.orchestrator.request import job_request
 from dlhpc.orchestrator.runfiles import entry_runs_setup, entry_script_text
 from dlhpc.protocol import entry_script, launch_env_file

@@ -17,9 +17,9 @@ from sqlalchemy import select
 
 from dlhpc.cli.main import cli
 from dlhpc.orchestrator.checkpoints import CkptInfo, GcPolicy, gc, plan_gc
-from dlhpc.orchestrator.registry import record_summary, register
+from dlhpc.orchestrator.model_registry import record_summary, register
 from dlhpc.protocol.checkpoint import publish_checkpoint
-from dlhpc.report.models import MODELS_FILE, write_models_index
+from dlhpc.report.models_index import MODELS_FILE, write_models_index
 from dlhpc.store import Attempt, Checkpoint, Metric, ModelVersion, Store, utcnow
 from dlhpc.store.model_registry import parse_ref
 from tests.unit._db import add_experiment, add_trial

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dlhpc.report.models import write_models_index
+from dlhpc.report.models_index import write_models_index
 from dlhpc.store import Checkpoint, ModelVersion, Store
 from tests.unit._chromium import Chromium, chromium, save_png
 from tests.unit._db import add_experiment, add_trial

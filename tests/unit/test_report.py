@@ -32,7 +32,7 @@ from dlhpc.report._curves import (
 )
 from dlhpc.report._html import render_page
 from dlhpc.report._load import load_page
-from dlhpc.report._model import (
+from dlhpc.report._page_data import (
     AttemptView,
     Page,
     TrialView,

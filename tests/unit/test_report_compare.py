@@ -19,7 +19,7 @@ from dlhpc.report._compare_html import render_compare
 from dlhpc.report._compare_rows import shown, space_text
 from dlhpc.report._compare_svg import PALETTE, Series, overlay_svg
 from dlhpc.report._curves import Curve
-from dlhpc.report._model import HParamView, TrialView
+from dlhpc.report._page_data import HParamView, TrialView
 from dlhpc.report._parallel import Axis, parallel_svg, ramp
 from dlhpc.report.compare import compare_file, load_compare, write_compare
 from dlhpc.store import Experiment, Store, Trial

@@ -28,14 +28,14 @@ from sqlalchemy import Engine, event, func, insert, select
 from dlhpc.config import load_experiment
 from dlhpc.config.serde import to_jsonable
 from dlhpc.orchestrator import tick
-from dlhpc.orchestrator.common import searcher_of
 from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.orchestrator.runfiles import write_trial_specs
+from dlhpc.orchestrator.stored import searcher_of
 from dlhpc.protocol import trial_dir
 from dlhpc.report.status import status_data
 from dlhpc.scheduler.plugins import Backend, BackendTable
 from dlhpc.search import Create, SearcherTable
-from dlhpc.store import Attempt, IngestedFile, Metric, Store, Trial, models, utcnow
+from dlhpc.store import Attempt, IngestedFile, Metric, Store, Trial, tables, utcnow
 from tests.unit._spec import make_spec
 
 LIVE = 12
@@ -181,13 +181,13 @@ def _build(home: Path, total: int) -> Store:
     }
     with store.write() as s:
         for model, rows in (
-            (models.Experiment, [exp]),
-            (models.Trial, trials),
-            (models.Attempt, attempts),
-            (models.IngestedFile, files),
-            (models.Metric, metrics),
-            (models.GpuSample, samples),
-            (models.Checkpoint, ckpts),
+            (tables.Experiment, [exp]),
+            (tables.Trial, trials),
+            (tables.Attempt, attempts),
+            (tables.IngestedFile, files),
+            (tables.Metric, metrics),
+            (tables.GpuSample, samples),
+            (tables.Checkpoint, ckpts),
         ):
             s.execute(insert(model.__table__), rows)  # type: ignore[attr-defined]
     (home / "jobs.json").write_text(json.dumps(jobs))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dlhpc.config.model import PreemptionConfig, Resources, SiteConfig
+from dlhpc.config.schema import PreemptionConfig, Resources, SiteConfig
 from dlhpc.scheduler import JobRequest, JobState, JobStatus, LocalScheduler, make_scheduler
 from dlhpc.scheduler.local.batch import BatchPaths, runner_alive
 

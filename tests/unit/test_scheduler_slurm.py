@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dlhpc.config.model import PreemptionConfig, Resources, SiteConfig
+from dlhpc.config.schema import PreemptionConfig, Resources, SiteConfig
 from dlhpc.errors import SchedulerError
 from dlhpc.scheduler import JobRequest, JobState, SlurmScheduler, make_scheduler
 from dlhpc.scheduler.slurm.parse import (

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlhpc.config.model import HParam, SearcherConfig
+from dlhpc.config.schema import HParam, SearcherConfig
 from dlhpc.search import (
     MAX_GRID_SIZE,
     BaseSearcher,

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from dlhpc.cli.main import cli
-from dlhpc.config.model import HParam, SearcherConfig
+from dlhpc.config.schema import HParam, SearcherConfig
 from dlhpc.errors import DlhpcError, UsageError
 from dlhpc.search import BayesSearcher, Create, RandomSearcher, make_searcher
 from dlhpc.search._bayes import _plan, _skopt_dimensions

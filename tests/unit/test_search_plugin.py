@@ -20,7 +20,7 @@ import pytest
 
 from dlhpc.cli._run import _expected_trials
 from dlhpc.errors import ConfigError
-from dlhpc.report._model import rungs_of
+from dlhpc.report._page_data import rungs_of
 from dlhpc.search import (
     Create,
     expected_trials,

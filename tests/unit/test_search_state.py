@@ -22,8 +22,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dlhpc.config import ExperimentConfig
-from dlhpc.config.model import HParam, SearcherConfig
-from dlhpc.orchestrator.common import searcher_of, state_json
+from dlhpc.config.schema import HParam, SearcherConfig
+from dlhpc.orchestrator.stored import searcher_of, state_json
 from dlhpc.search import (
     ASHASearcher,
     BaseSearcher,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from dlhpc.config.model import HParam, SearcherConfig
+from dlhpc.config.schema import HParam, SearcherConfig
 from dlhpc.config.serde import from_jsonable, to_jsonable
 from dlhpc.errors import ConfigError
 from dlhpc.search import (

@@ -15,7 +15,7 @@ from sqlalchemy import select
 
 from dlhpc import _perms
 from dlhpc.cli import _doctor
-from dlhpc.config.model import SiteConfig
+from dlhpc.config.schema import SiteConfig
 from dlhpc.orchestrator import tick
 from dlhpc.orchestrator.clock import SYSTEM_CLOCK
 from dlhpc.protocol import EventWriter, read_event_batches

@@ -14,7 +14,7 @@ from sqlalchemy import select
 
 from dlhpc.cli.main import cli
 from dlhpc.config import ExperimentConfig, load_experiment
-from dlhpc.config.model import PreemptionConfig, Resources, SiteConfig
+from dlhpc.config.schema import PreemptionConfig, Resources, SiteConfig
 from dlhpc.protocol import STOP_FILE, TrialSpec, read_event_batches
 from dlhpc.scheduler import JobRequest, JobState
 from dlhpc.search import SearcherTable

@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import select
 
 from dlhpc.config import load_experiment
-from dlhpc.config.model import Resources
+from dlhpc.config.schema import Resources
 from dlhpc.config.serde import to_jsonable
 from dlhpc.errors import ConfigError, SchedulerError
 from dlhpc.orchestrator.adopt import match_tasks, recover_submissions
@@ -100,7 +100,7 @@ def test_limit_refusals_are_told_from_errors(text: str, limited: bool) -> None:
 
 
 def test_doctor_shows_the_limits_or_why_not() -> None:
-    from dlhpc.config.model import SiteConfig
+    from dlhpc.config.schema import SiteConfig
 
     site = SiteConfig("s", None, account="dlhpc-lab")
 

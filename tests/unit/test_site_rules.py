@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dlhpc import config
-from dlhpc.config.model import PreemptionConfig, Resources, SiteConfig
+from dlhpc.config.schema import PreemptionConfig, Resources, SiteConfig
 from dlhpc.errors import ConfigError, SchedulerError
 from dlhpc.scheduler import JobRequest
 from dlhpc.scheduler.plugins import BackendTable
@@ -353,7 +353,7 @@ def test_site_gpu_request_option(tmp_path: Path) -> None:
 
 
 def test_doctor_checks_the_sites_gpu_types_account_and_qos() -> None:
-    from dlhpc.config.model import PartitionInfo
+    from dlhpc.config.schema import PartitionInfo
     from dlhpc.scheduler.slurm.site import doctor_checks
 
     parts = {"debug": PartitionInfo("debug", 2, "a100"), "high": PartitionInfo("high", 2, "h100")}

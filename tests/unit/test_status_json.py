@@ -1,4 +1,4 @@
-"""``status --json`` (``report.status_model.write_json`` over ``iter_status_json``) is
+"""``status --json`` (``report.status_types.write_json`` over ``iter_status_json``) is
 the document the README documents: each experiment's and trial's keys in their order,
 times in ISO 8601 with a ``Z``, the stored hyperparameter text as it is, the report
 page's fields left out. Checked against a reference written here key by key from the
@@ -21,7 +21,7 @@ import pytest
 
 import dlhpc.report.status as status
 from dlhpc.report.status import iter_status, iter_status_json, status_data
-from dlhpc.report.status_model import (
+from dlhpc.report.status_types import (
     AttemptStatus,
     CheckedDiskUse,
     ExperimentStatus,

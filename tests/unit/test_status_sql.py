@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import event
 
 from dlhpc.report._status_sql import decision_stats, disk_usage, ended_hours, trial_counts
-from dlhpc.report.status_model import DecisionStats, Latency
+from dlhpc.report.status_types import DecisionStats, Latency
 from dlhpc.store import Decision, Experiment, Store
 from tests.unit._db import add_experiment, add_trial
 

@@ -21,7 +21,7 @@ from dlhpc.cli._views import experiment_view, experiments_table
 from dlhpc.cli.main import cli
 from dlhpc.errors import NotFoundError
 from dlhpc.report.status import iter_status, pick_trials, status_data
-from dlhpc.report.status_model import write_json
+from dlhpc.report.status_types import write_json
 from dlhpc.states import TrialState
 from dlhpc.store import Attempt, Store, utcnow
 from tests.unit._db import add_experiment, add_trial
@@ -263,7 +263,7 @@ def test_the_status_json_encoder() -> None:
     ``quota_warning``; a value outside the model is an error, not a guess."""
     import datetime as dt
 
-    from dlhpc.report import status_model as m
+    from dlhpc.report import status_types as m
 
     at, later = dt.datetime(2026, 3, 1, 12, 0, 0), dt.datetime(2026, 3, 1, 12, 0, 0, 5)
     gpu = m.GpuUse(2, None, later)

@@ -23,9 +23,9 @@ from dlhpc.store import (
 )
 from dlhpc.store.engine import make_engine, migrate
 from dlhpc.store.ingest import ingest_attempt
-from dlhpc.store.lab_models import LAB_TABLES
-from dlhpc.store.models import V5_INDEXES, Decision, Lease
+from dlhpc.store.lab_tables import LAB_TABLES
 from dlhpc.store.summaries import refresh_metrics
+from dlhpc.store.tables import V5_INDEXES, Decision, Lease
 from tests.unit._db import exp_and_trial
 
 

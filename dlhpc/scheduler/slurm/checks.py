@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from dlhpc.config.model import SiteConfig
+from dlhpc.config.schema import SiteConfig
 from dlhpc.scheduler.plugins import Check
 from dlhpc.scheduler.slurm import sbatch_on_path
 from dlhpc.scheduler.slurm import site as site_rules

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from dlhpc.config import parse_slurm_time
-from dlhpc.config.model import SiteConfig
+from dlhpc.config.schema import SiteConfig
 from dlhpc.errors import SchedulerError
 from dlhpc.scheduler.plugins import Check
 

@@ -43,7 +43,7 @@ from typing import Any
 
 from submitit.core.utils import JobPaths
 
-from dlhpc.config.model import Resources
+from dlhpc.config.schema import Resources
 from dlhpc.errors import SchedulerError
 from dlhpc.scheduler.base import (
     BaseScheduler,

@@ -32,7 +32,7 @@ from _lcbench_measures import Trace
 from _lcbench_surrogate import MAX_LENGTH, SPACE, Curve, Surrogate
 
 from dlhpc.config import load_experiment
-from dlhpc.config.model import ExperimentConfig
+from dlhpc.config.schema import ExperimentConfig
 from dlhpc.orchestrator import launch
 from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.scheduler.plugins import Backend, BackendTable

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from dlhpc.config.model import HParam
+from dlhpc.config.schema import HParam
 from dlhpc.search import sample
 
 INPUTS = (

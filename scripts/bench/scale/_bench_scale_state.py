@@ -124,7 +124,7 @@ def _loss(hp: dict[str, Any], step: int, rng: random.Random) -> float:
 
 def _history(cfg: Any, trials: int, rng: random.Random) -> tuple[Any, list[dict[str, Any]]]:
     """Drive the real searcher until ``trials`` are created; returns it and the trials."""
-    from dlhpc.orchestrator.common import searcher_of
+    from dlhpc.orchestrator.stored import searcher_of
     from dlhpc.search import Create, Stop
 
     searcher = searcher_of(cfg, "{}")
@@ -166,7 +166,7 @@ def build(home: Path, trials: int = 10_000, concurrent: int = 400, seed: int = 1
     from dlhpc.config.serde import to_jsonable
     from dlhpc.report._curves import archive_trials
     from dlhpc.search import SearcherTable
-    from dlhpc.store import Store, models
+    from dlhpc.store import Store, tables
 
     rng = random.Random(seed)
     home.mkdir(parents=True, exist_ok=True)
@@ -400,22 +400,22 @@ def build(home: Path, trials: int = 10_000, concurrent: int = 400, seed: int = 1
         user=getpass.getuser(),
         created_at=T0,
     )
-    tables = [
-        (models.Experiment, [exp]),
-        (models.Submission, rows["submissions"]),
-        (models.Trial, rows["trials"]),
-        (models.Attempt, rows["attempts"]),
-        (models.IngestedFile, rows["files"]),
-        (models.Metric, rows["metrics"]),
-        (models.Checkpoint, rows["checkpoints"]),
-        (models.GpuSample, rows["gpu"]),
-        (models.Decision, rows["dec"]),
+    batches = [
+        (tables.Experiment, [exp]),
+        (tables.Submission, rows["submissions"]),
+        (tables.Trial, rows["trials"]),
+        (tables.Attempt, rows["attempts"]),
+        (tables.IngestedFile, rows["files"]),
+        (tables.Metric, rows["metrics"]),
+        (tables.Checkpoint, rows["checkpoints"]),
+        (tables.GpuSample, rows["gpu"]),
+        (tables.Decision, rows["dec"]),
     ]
     with store.write() as s:
-        for model, batch in tables:
+        for table, batch in batches:
             for j in range(0, len(batch), 50_000):
-                s.execute(insert(model.__table__), batch[j : j + 50_000])  # type: ignore[attr-defined]
-        rebuild = getattr(models, "rebuild_gpu_summaries", None)  # schema v4 keeps a summary
+                s.execute(insert(table.__table__), batch[j : j + 50_000])  # type: ignore[attr-defined]
+        rebuild = getattr(tables, "rebuild_gpu_summaries", None)  # schema v4 keeps a summary
         if rebuild is not None:
             rebuild(s.connection())
     # the running trials' curve archives, as earlier page builds (or ticks, before) wrote them

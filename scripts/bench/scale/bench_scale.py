@@ -75,7 +75,7 @@ def _upgrade(home: Path) -> int:
 
     from dlhpc.config import ExperimentConfig
     from dlhpc.config.serde import from_jsonable
-    from dlhpc.orchestrator.common import searcher_of, state_json
+    from dlhpc.orchestrator.stored import searcher_of, state_json
     from dlhpc.store.engine import SCHEMA_VERSION, make_engine, migrate, read_version
 
     reader = make_engine(home / "dlhpc.db", writer=False)

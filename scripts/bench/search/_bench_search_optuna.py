@@ -7,7 +7,7 @@ from typing import Any, Protocol, cast
 
 from _bench_search_digits import CurveCache
 
-from dlhpc.config.model import HParam
+from dlhpc.config.schema import HParam
 
 
 class Charged(Protocol):

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_search_digits import CurveCache  # noqa: E402
 from _bench_search_optuna import optuna_study  # noqa: E402
 
-from dlhpc.config.model import HParam, SearcherConfig  # noqa: E402
+from dlhpc.config.schema import HParam, SearcherConfig  # noqa: E402
 from dlhpc.search import make_searcher  # noqa: E402
 from dlhpc.search.base import Continue, Create, Stop  # noqa: E402
 

@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dlhpc.report._model import HParamView, TrialView
+from dlhpc.report._page_data import HParamView, TrialView
 
-__all__ = ["CompareModel", "Row", "Side"]
+__all__ = ["CompareData", "Row", "Side"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class Side:
 
 
 @dataclass(frozen=True)
-class CompareModel:
+class CompareData:
     mode: str  # "experiments" or "trials"
     sides: tuple[Side, ...]
     hparams: tuple[HParamView, ...]  # the parallel-coordinates axes, over every trial

@@ -9,7 +9,7 @@ import json
 
 import orjson
 
-from dlhpc.config.model import ExperimentConfig
+from dlhpc.config.schema import ExperimentConfig
 from dlhpc.config.serde import from_jsonable
 from dlhpc.search import BaseSearcher, make_searcher
 from dlhpc.store import Experiment

@@ -1,4 +1,4 @@
-"""The page model of an experiment report: plain, frozen dataclasses, and the pure
+"""The page data of an experiment report: plain, frozen dataclasses, and the pure
 functions that derive the summary figures from them.
 
 Nothing here touches the database or a file (:mod:`dlhpc.report._load` builds a
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlhpc.report._curves import Curve
-from dlhpc.report.status_model import DecisionStats, DiskUse, IdleGpu
+from dlhpc.report.status_types import DecisionStats, DiskUse, IdleGpu
 from dlhpc.search import rung_plan
 from dlhpc.states import LIVE_ATTEMPT_STATES, TrialState
 

@@ -15,7 +15,7 @@ from datetime import datetime
 from sqlalchemy import DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from dlhpc.store.models import Base
+from dlhpc.store.tables import Base
 
 __all__ = ["LAB_TABLES", "TARGET_KINDS", "ModelVersion", "Note", "Tag"]
 
