@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark: ``dlhpc tick`` and ``dlhpc status`` on an experiment of 10,000 trials.
+"""Benchmark: ``dlhpc tick`` and ``dlhpc status`` on one experiment of ``--trials`` trials.
 
 The state is synthetic and built fast (``_bench_scale_state.py``): one ASHA
 experiment of ``--trials`` trials after a long search, 1,000,000 metric points,
@@ -13,7 +13,7 @@ the searcher, decides and submits the same work. Prints a markdown table: median
 (min-max) wall time of the process, its peak RSS, and the SQL statements it ran.
 
     . .venv/bin/activate
-    python scripts/bench_scale.py --trials 10000 --runs 5 [--baseline TREE] [--report]
+    python scripts/bench/scale/bench_scale.py --trials 10000 --runs 5 [--baseline TREE] [--report]
         [--same-state] [--json RESULT.json]
 
 ``--baseline TREE`` times an older ``TREE/dlhpc`` too (its own state, built by its own
