@@ -44,8 +44,8 @@ from dlhpc.store.summaries import refresh_metrics
 
 __all__ = ["TickReport", "tick"]
 
-# attempt folders per write transaction: a commit costs fsyncs (about 20 ms here, more
-# on NFS); a batch holds the write lock for about 0.1 s per 100 folders
+# attempt folders per write transaction: each commit costs fsyncs (more on NFS), and a
+# batch holds the write lock while it is applied, so readers wait at most one batch
 _INGEST_BATCH = 256
 
 

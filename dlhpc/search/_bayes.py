@@ -258,7 +258,7 @@ class BayesSearcher(BaseSearcher):
         xs, ys = self._observations()
         points: list[list[Any]] = []
         # One BLAS thread: the matrices are tiny, and several threads on a busy login
-        # node made a fit 5 times slower (measured) instead of faster.
+        # node make a fit slower, not faster.
         with warnings.catch_warnings(), self._threadpool_limits(limits=1):
             # GP convergence and "point evaluated before" warnings: noise for a searcher.
             warnings.simplefilter("ignore")

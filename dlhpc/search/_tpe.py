@@ -60,7 +60,7 @@ TPE_DEFAULTS: Mapping[str, Any] = {
 }
 FIDELITIES = ("all", "highest")
 #: The most trials a density is fitted on (a long search's ranking is thinned evenly).
-MODEL_POINTS = 256  # a proposal then costs about 10 ms (pure Python), whatever the search size
+MODEL_POINTS = 256  # bounds a proposal's cost (pure Python), whatever the search size
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 _STD = NormalDist()
 
