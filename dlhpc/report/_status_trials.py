@@ -194,10 +194,8 @@ def _ended_gpu(rows: list[Any], start: int, stop: int) -> GpuUse | None:
         return None
     gpus = stop - start
     if gpus > 1:
-        sums = [_gpu(r) for r in rows[start:stop]]
-        n_util = sum(g[0] for g in sums)
-        sum_util = sum(g[1] for g in sums)
-        newest = max(g[2] for g in sums)
+        n_utils, sum_utils, newests = zip(*map(_gpu, rows[start:stop]), strict=True)
+        n_util, sum_util, newest = sum(n_utils), sum(sum_utils), max(newests)
     return GpuUse(gpus, round((sum_util or 0) / n_util, 1) if n_util else None, utc(newest))
 
 
