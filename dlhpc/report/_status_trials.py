@@ -2,18 +2,21 @@
 :func:`listing_columns` per attempt and GPU (the trial's columns, the attempt's, and one
 of the attempt's ``gpu_summaries`` rows: an attempt's rows follow each other, and a
 trial without attempts, or an attempt without GPU rows, has one row of NULLs there),
-times read as their stored text. :func:`trial` builds the typed trial from them.
+times read as their stored text, each column read by its label. :func:`trial` builds the
+typed trial from them.
 """
 
 from __future__ import annotations
 
 import json
 from collections import namedtuple
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import String, type_coerce
+from sqlalchemy import String, select, type_coerce
 
 from dlhpc.report._status_gpu import ATTEMPT_COLS, GpuRows, Row, gpu_summary, utc
 from dlhpc.report._status_lab import EMPTY_LAB, Lab
@@ -34,11 +37,13 @@ __all__ = [
     "Ctx",
     "Shape",
     "TrialRow",
+    "listed_trial_id",
     "listing_columns",
     "raw",
     "run_hours",
     "target_length",
     "trial",
+    "trial_row",
     "when",
 ]
 
@@ -82,10 +87,11 @@ class Shape:
         return cls(nodes * gpn, nodes * tasks * int(res.get("cpus_per_task") or 1), length)
 
 
-def raw(col: Any) -> Any:
-    """``col`` (a DateTime) as its stored text: :func:`when` reads 10,000s of them
-    several times faster than SQLAlchemy's result processing does."""
-    return type_coerce(col, String).label(col.key)
+def raw(col: Any, name: str | None = None) -> Any:
+    """``col`` (a DateTime) as its stored text, labelled ``name`` (else its key):
+    :func:`when` reads 10,000s of them several times faster than SQLAlchemy's result
+    processing does."""
+    return type_coerce(col, String).label(name or col.key)
 
 
 _fromiso = datetime.fromisoformat
@@ -97,16 +103,54 @@ def when(text: str | None) -> datetime | None:
 
 
 _TIMES = {"started_at", "ended_at", "terminal_seen_at"}
-RAW_ATTEMPT_COLS = tuple(raw(c) if c.key in _TIMES else c for c in ATTEMPT_COLS)
 TrialRow = namedtuple("TrialRow", [c.key for c in TRIAL_COLS])  # type: ignore[misc]
 # one of an attempt's GPUs' summaries (its ended telemetry), summed per attempt here: a
-# GROUP BY in SQL costs more than the listing's other work (docs/BENCHMARKS.md)
+# GROUP BY in SQL costs more than the listing's other work
 _GPU_COLS = (GpuSummary.n_util, GpuSummary.sum_util, GpuSummary.newest)
-_NT = len(TRIAL_COLS)
-_GPU_AT = _NT + len(ATTEMPT_COLS)
-# an attempt as :func:`attempts_of` reads it: its first listing row, started, ended,
-# terminal_seen_at, its hours and its GPU use
-Derived = tuple[Any, datetime | None, datetime | None, datetime | None, float, GpuUse | None]
+
+
+def listing_columns() -> tuple[Any, ...]:
+    """The columns of a listing row, labelled: the trial's by their keys, the attempt's
+    as ``a_<key>`` (its times read by :func:`raw`), the GPU summary's as ``g_<key>``."""
+    attempt = (
+        raw(c, f"a_{c.key}") if c.key in _TIMES else c.label(f"a_{c.key}") for c in ATTEMPT_COLS
+    )
+    return (*TRIAL_COLS, *attempt, *(c.label(f"g_{c.key}") for c in _GPU_COLS))
+
+
+_LABELS = select(*listing_columns()).selected_columns.keys()
+
+
+def _columns(*names: str) -> Callable[[Any], Any]:
+    """Reads the listing row's columns ``names`` (their labels): a tuple of them, or
+    the one column's value. Bound once to where the labels sit in the row: the listing
+    reads 100,000s of rows, and a row's attribute lookup costs several times more."""
+    return itemgetter(*(_LABELS.index(n) for n in names))
+
+
+listed_trial_id = _columns("id")  # a listing row's trial id
+_trial = _columns(*TrialRow._fields)
+_attempt_id = _columns("a_id")
+_attempt = _columns(
+    "a_id",
+    "a_attempt_key",
+    "a_job_id",
+    "a_state",
+    "a_cause",
+    "a_exit_code",
+    "a_lost_steps",
+    "a_node_list",
+    "a_started_at",
+    "a_ended_at",
+    "a_terminal_seen_at",
+    "a_exit_reason",
+)
+_gpu = _columns("g_n_util", "g_sum_util", "g_newest")
+
+
+def trial_row(row: Any) -> Any:
+    """A listing row's trial columns, as a :class:`TrialRow`."""
+    return TrialRow._make(_trial(row))
 
 
 def run_hours(
@@ -145,54 +189,14 @@ class Ctx:
 def _ended_gpu(rows: list[Any], start: int, stop: int) -> GpuUse | None:
     """An ended attempt's GPU use from its GPUs' summaries, ``rows[start:stop]`` (as
     :func:`gpu_summary`); None without a summary."""
-    n_util, sum_util, newest = rows[start][_GPU_AT : _GPU_AT + 3]
+    n_util, sum_util, newest = _gpu(rows[start])
     if newest is None:  # no summary (NOT NULL in the table): the outer join's NULLs
         return None
     gpus = stop - start
     if gpus > 1:
-        sums = [r[_GPU_AT : _GPU_AT + 3] for r in rows[start:stop]]
-        n_util = sum(g[0] for g in sums)
-        sum_util = sum(g[1] for g in sums)
-        newest = max(g[2] for g in sums)
+        n_utils, sum_utils, newests = zip(*map(_gpu, rows[start:stop]), strict=True)
+        n_util, sum_util, newest = sum(n_utils), sum(sum_utils), max(newests)
     return GpuUse(gpus, round((sum_util or 0) / n_util, 1) if n_util else None, utc(newest))
-
-
-_ATTEMPT_ORDER = (
-    "id",
-    "trial_id",
-    "attempt_key",
-    "job_id",
-    "state",
-    "cause",
-    "exit_code",
-    "lost_steps",
-    "node_list",
-    "started_at",
-    "ended_at",
-    "terminal_seen_at",
-    "exit_reason",
-)
-if tuple(c.key for c in ATTEMPT_COLS) != _ATTEMPT_ORDER:  # read by position below
-    raise ImportError("report._status_gpu.ATTEMPT_COLS changed: update _ATTEMPT_ORDER")
-
-
-def row_hours(row: Any, now: datetime) -> tuple[Any, Any, Any, float]:
-    """An attempt's listing row's started, ended and terminal_seen_at (datetimes or None)
-    and its hours (:func:`run_hours`)."""
-    started, ended, seen = row[_NT + 9 : _NT + 12]  # when() inline: 100,000s of attempts
-    started = None if started is None else _fromiso(started)
-    ended = None if ended is None else _fromiso(ended)
-    seen = None if seen is None else _fromiso(seen)
-    return started, ended, seen, run_hours(row[_NT + 4], started, ended, seen, now)
-
-
-def _derive(rows: list[Any], start: int, stop: int, c: Ctx) -> Derived:
-    """The attempt of ``rows[start:stop]`` (one per GPU summary)."""
-    row = rows[start]
-    started, ended, seen, hours = row_hours(row, c.now)
-    live = c.live_gpu.get(row[_NT])
-    gpu = gpu_summary(live) if live is not None else _ended_gpu(rows, start, stop)
-    return row, started, ended, seen, hours, gpu
 
 
 def attempt_spans(rows: list[Any]) -> list[tuple[int, int]]:
@@ -201,9 +205,9 @@ def attempt_spans(rows: list[Any]) -> list[tuple[int, int]]:
     out = []
     i, n = 0, len(rows)
     while i < n:
-        aid = rows[i][_NT]
+        aid = _attempt_id(rows[i])
         j = i + 1
-        while j < n and rows[j][_NT] == aid:
+        while j < n and _attempt_id(rows[j]) == aid:
             j += 1
         if aid is not None:
             out.append((i, j))
@@ -211,10 +215,24 @@ def attempt_spans(rows: list[Any]) -> list[tuple[int, int]]:
     return out
 
 
-def attempts_of(rows: list[Any], c: Ctx) -> list[Derived]:
-    """A trial's attempts, in order, from its listing rows (none for the outer join's
-    row of a trial without attempts)."""
-    return [_derive(rows, i, j, c) for i, j in attempt_spans(rows)]
+def _attempt_of(rows: list[Any], start: int, stop: int, c: Ctx) -> tuple[AttemptStatus, float]:
+    """The attempt of ``rows[start:stop]`` (one per GPU summary) and its hours
+    (:func:`run_hours`)."""
+    aid, key, job, state, cause, code, lost, nodes, started, ended, seen, reason = _attempt(
+        rows[start]
+    )
+    started = None if started is None else _fromiso(started)  # when() inline: 100,000s
+    ended = None if ended is None else _fromiso(ended)
+    seen = None if seen is None else _fromiso(seen)
+    hours = run_hours(state, started, ended, seen, c.now)
+    live = c.live_gpu.get(aid)
+    gpu = gpu_summary(live) if live is not None else _ended_gpu(rows, start, stop)
+    gpus, cpus = c.shape.gpus, c.shape.cpus
+    attempt = AttemptStatus(
+        key, job, state, cause, code, lost, nodes, started, ended, gpu,
+        round(hours * gpus, 4), round(hours * cpus, 4), reason, seen,
+    )  # fmt: skip
+    return attempt, hours
 
 
 def target_length(state: str, max_length: int, shape: Shape) -> int:
@@ -230,21 +248,16 @@ def trial(t: Row, rows: list[Any], c: Ctx) -> TrialStatus:
     attempts = []
     latest_gpu = None
     hours = 0.0
-    gpus, cpus = c.shape.gpus, c.shape.cpus
-    for row, started, ended, seen, h, gpu in attempts_of(rows, c):
-        key, job, state, cause, code, lost, nodes = row[_NT + 2 : _NT + 9]
-        attempt = AttemptStatus(
-            key, job, state, cause, code, lost, nodes, started, ended, gpu,
-            round(h * gpus, 4), round(h * cpus, 4), row[_NT + 12], seen,
-        )  # fmt: skip
+    for start, stop in attempt_spans(rows):
+        attempt, h = _attempt_of(rows, start, stop, c)
         hours += h
-        if gpu is not None:
-            latest_gpu = (key, gpu)
+        if attempt.gpu is not None:
+            latest_gpu = (attempt.key, attempt.gpu)
         attempts.append(attempt)
     if len(attempts) == 1:  # most trials: the sum is the attempt's hours, rounded already
         gpu_h, cpu_h = attempts[0].gpu_hours, attempts[0].cpu_hours
     else:
-        gpu_h, cpu_h = round(hours * gpus, 4), round(hours * cpus, 4)
+        gpu_h, cpu_h = round(hours * c.shape.gpus, 4), round(hours * c.shape.cpus, 4)
     if c.hours is not None and attempts:
         c.hours[t.id] = hours
     return TrialStatus(
@@ -269,8 +282,3 @@ def trial(t: Row, rows: list[Any], c: Ctx) -> TrialStatus:
         tags=c.lab.trial_tags(t.id),
         note=c.lab.trial_note(t.id),
     )
-
-
-def listing_columns() -> tuple[Any, ...]:
-    """The columns of a listing row, in the order :func:`trial` reads them."""
-    return (*TRIAL_COLS, *RAW_ATTEMPT_COLS, *_GPU_COLS)

@@ -35,7 +35,6 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from functools import partial
 from itertools import groupby
-from operator import itemgetter
 from typing import Any, TypeVar
 
 from sqlalchemy import and_, or_, select
@@ -59,14 +58,15 @@ from dlhpc.report._status_sql import (
     trial_counts,
 )
 from dlhpc.report._status_trials import (
-    TRIAL_COLS,
     Ctx,
     Shape,
     TrialRow,
+    listed_trial_id,
     listing_columns,
     raw,
     run_hours,
     trial,
+    trial_row,
     when,
 )
 from dlhpc.report.status_types import (
@@ -235,10 +235,10 @@ def _trials(
     if keep is not None and not keep:
         return
     rows = session.connection().execute(_listing(exp_id, keep))
-    for tid, trial_rows in groupby(rows, key=itemgetter(0)):
+    for tid, trial_rows in groupby(rows, key=listed_trial_id):
         if keep is None or tid in keep:
             block = list(trial_rows)
-            yield render(TrialRow._make(block[0][: len(TRIAL_COLS)]), block, ctx)
+            yield render(trial_row(block[0]), block, ctx)
 
 
 def _iter(
