@@ -80,9 +80,30 @@ def not_applicable(item: pytest.Item, where: DevCluster) -> str | None:
     return None
 
 
+def shares_the_cluster() -> bool:
+    """Whether other pytest-xdist workers of this session may run cluster tests now."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's loadgroup reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests of the session's finished lab share one pytest-xdist worker (``--dist
+    loadgroup``), so that the lab's experiments are made once, not once per worker."""
+    for item in items:
+        if "finished_lab" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("finished_lab"))
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Skip, with the profile in the reason, a test that cannot apply on this cluster
-    (tests/conftest.py lets such skips pass under DLHPC_REQUIRE_CLUSTER, except smoke)."""
+    (tests/conftest.py lets such skips pass under DLHPC_REQUIRE_CLUSTER, except smoke);
+    fail a ``serial`` test run beside other pytest-xdist workers (it would disturb their
+    jobs, or they its checks)."""
+    if item.get_closest_marker("serial") and shares_the_cluster():
+        pytest.fail(
+            f"{item.nodeid} is marked serial: it needs the dev cluster to itself; run it "
+            "without pytest-xdist (-n 0), as scripts/test does after the other tests"
+        )
     why = not_applicable(item, current_cluster())
     if why is not None:
         item.stash[PROFILE_SKIP] = why

@@ -112,6 +112,7 @@ def _preempt(cli: Cli) -> str:
 
 
 @pytest.mark.smoke
+@pytest.mark.serial  # its hog preempts whatever runs on the debug partition
 def test_two_nodes_by_two_tasks_preempted_and_resumed_end_bitwise_equal(
     cli: Cli, tmp_path: Path
 ) -> None:

@@ -63,6 +63,7 @@ def _check_exact(cli: Cli, tmp_path: Path, exp: dict[str, Any], epochs: int) -> 
 
 
 @pytest.mark.smoke
+@pytest.mark.serial  # its hog preempts whatever runs on the debug partition
 @pytest.mark.every_part  # 24.11+ requeue a preempted job; without sacct the label needs scontrol
 def test_preempted_trials_checkpoint_requeue_and_finish_bitwise_identical(
     cli: Cli, tmp_path: Path
