@@ -127,19 +127,20 @@ def _run_with_one_requeue(cli: Cli, exp_id: int, timeout: float = 600) -> dict[s
     """Tick to the end; requeue the job once the trial has reported 1 or 2 epochs."""
     requeued = False
     deadline = time.monotonic() + timeout
-    while True:
-        cli("tick", "-q")
-        exp = cli.experiment(exp_id)
-        if exp["state"] in TERMINAL:
-            assert requeued, "never caught mid-training: " + json.dumps(exp, indent=1)
-            return exp
-        (t,) = exp["trials"]
-        if not requeued and t["state"] == "RUNNING" and 1 <= t["steps_completed"] < EPOCHS - 1:
-            job = t["slurm_job_ids"][-1]
-            subprocess.run(["scontrol", "requeue", job], env=cli.env, check=True)
-            requeued = True
-        assert time.monotonic() < deadline, json.dumps(exp, indent=1)
-        time.sleep(1)
+    with cli.ticking() as ended:
+        while True:
+            assert ended() is None, ended()
+            exp = cli.experiment(exp_id)
+            if exp["state"] in TERMINAL:
+                assert requeued, "never caught mid-training: " + json.dumps(exp, indent=1)
+                return exp
+            (t,) = exp["trials"]
+            if not requeued and t["state"] == "RUNNING" and 1 <= t["steps_completed"] < EPOCHS - 1:
+                job = t["slurm_job_ids"][-1]
+                subprocess.run(["scontrol", "requeue", job], env=cli.env, check=True)
+                requeued = True
+            assert time.monotonic() < deadline, json.dumps(exp, indent=1)
+            time.sleep(1)
 
 
 def _reference(tmp_path: Path, hparams: dict[str, Any], seed: int) -> Trial:

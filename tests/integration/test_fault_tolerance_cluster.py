@@ -41,13 +41,16 @@ def _experiment(
 
 def _wait_running_with_progress(cli: Cli, exp_id: int, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        cli("tick", "-q")
-        exp = cli.experiment(exp_id)
-        running = [t for t in exp["trials"] if t["state"] == "RUNNING"]
-        if len(running) == len(exp["trials"]) and all(t["steps_completed"] >= 1 for t in running):
-            return
-        time.sleep(1)
+    with cli.ticking() as ended:
+        while time.monotonic() < deadline:
+            assert ended() is None, ended()
+            exp = cli.experiment(exp_id)
+            running = [t for t in exp["trials"] if t["state"] == "RUNNING"]
+            if len(running) == len(exp["trials"]) and all(
+                t["steps_completed"] >= 1 for t in running
+            ):
+                return
+            time.sleep(1)
     raise AssertionError(json.dumps(cli.experiment(exp_id), indent=1))
 
 
