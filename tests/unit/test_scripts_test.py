@@ -88,10 +88,13 @@ def test_dry_run_of_the_whole_matrix_lists_every_part_in_order() -> None:
     lines = proc.stdout.splitlines()
     assert lines[0] == "+ scripts/setup-venv"
     assert lines.index("+ scripts/setup-browser") < lines.index("+ scripts/dev-cluster up")
-    # the whole suite: the tests not marked serial in xdist workers, then the serial ones
-    first = f"+ python -m pytest -q -p no:cacheprovider {PARALLEL} -m not\\ serial -x"
-    second = "+ python -m pytest -q -p no:cacheprovider -m serial -x"
+    # the whole suite: the cluster tests not marked serial in xdist workers, then the
+    # serial ones; beside them, the tests not marked cluster in two workers
+    pytest = "+ python -m pytest -q -p no:cacheprovider"
+    first = f"{pytest} {PARALLEL} -m cluster\\ and\\ not\\ serial -x"
+    second = f"{pytest} -m cluster\\ and\\ serial -x"
     assert lines.index("+ mypy") < lines.index(first) == lines.index(second) - 1
+    assert f"{pytest} -n 2 --dist loadgroup -m not\\ cluster -x" in lines
     # the whole suite's cluster goes down at the end of its part
     down = lines.index("+ scripts/dev-cluster down")
     assert down > lines.index(second)
@@ -110,7 +113,8 @@ def test_dry_run_of_the_whole_matrix_lists_every_part_in_order() -> None:
             assert "--user dlhpc-user --" in runs[0] and " -n " not in runs[0]
         else:
             assert len(runs) == 2 and "--user" not in runs[0], runs
-            assert f"{PARALLEL} -m \\({selection}\\)\\ and\\ not\\ serial tests/integration" in runs[0]
+            parallel = f"{PARALLEL} -m \\({selection}\\)\\ and\\ not\\ serial"
+            assert f"{parallel} tests/integration" in runs[0]
             assert " -n " not in runs[1]
             assert f" -m \\({selection}\\)\\ and\\ serial tests/integration" in runs[1], runs
         assert all("DLHPC_REQUIRE_CLUSTER=1 PYTHONDONTWRITEBYTECODE=1" in r for r in runs)
@@ -143,10 +147,12 @@ def test_quick_runs_the_unit_tests_and_the_smoke_set_on_22_05() -> None:
     lines = proc.stdout.splitlines()
     assert lines[:2] == ["+ scripts/setup-venv", "+ scripts/dev-cluster up"]
     runs = [ln for ln in lines if "-m pytest" in ln]
+    pytest = "+ python -m pytest -q -p no:cacheprovider"
+    quick = "-m \\(not\\ cluster\\ or\\ smoke\\)"
     assert runs == [
-        f"+ python -m pytest -q -p no:cacheprovider {PARALLEL}"
-        " -m \\(not\\ cluster\\ or\\ smoke\\)\\ and\\ not\\ serial -x",
-        "+ python -m pytest -q -p no:cacheprovider -m \\(not\\ cluster\\ or\\ smoke\\)\\ and\\ serial -x",
+        f"{pytest} {PARALLEL} {quick}\\ and\\ cluster\\ and\\ not\\ serial -x",
+        f"{pytest} {quick}\\ and\\ cluster\\ and\\ serial -x",
+        f"{pytest} -n 2 --dist loadgroup {quick}\\ and\\ not\\ cluster -x",
     ]
     # the inner loop: no linters, no browser, no matrix, and the cluster stays up
     assert not any(w in proc.stdout for w in ("mypy", "setup-browser", "--slurm", " down"))
@@ -186,10 +192,8 @@ def test_counts_add_up_and_a_failing_part_fails_the_run(
 ) -> None:
     root, env = stand_in
     matrix = "24.11-default,22.05-strict,22.05-noacct"
-    proc = _script(
-        {**env, "DLHPC_TEST_MATRIX": matrix, "FAIL_PYTEST": "22.05-strict", "NO_SERIAL": "22.05-noacct"},
-        root,
-    )
+    fail = {"FAIL_PYTEST": "22.05-strict", "NO_SERIAL": "22.05-noacct"}
+    proc = _script({**env, "DLHPC_TEST_MATRIX": matrix, **fail}, root)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     # 24.11-default: 6 + 1 passed in its two runs; 22.05-noacct: 6, its serial run selected
