@@ -72,9 +72,9 @@ def test_preempted_trials_checkpoint_requeue_and_finish_bitwise_identical(
     cli: Cli, tmp_path: Path
 ) -> None:
     epochs = 6
-    exp_id = cli.json("launch", str(_experiment(tmp_path, "ft-preempt", epochs=epochs)))[
-        "experiment_id"
-    ]
+    # 0.15 s a step (about 3.5 s an epoch): the hog lands mid-training also on a busy machine
+    yaml = _experiment(tmp_path, "ft-preempt", epochs=epochs, sleep=0.15)
+    exp_id = cli.json("launch", str(yaml))["experiment_id"]
     # the trials also run epochs 1.. with metrics; wait until they are mid-training
     time.sleep(3)
     _wait_running_with_progress(cli, exp_id)
@@ -207,7 +207,7 @@ def test_requeue_refused_by_slurm_is_resubmitted_and_resumes_bitwise(
         f" max_length: {epochs}}}\n"
         "reproducibility: {seed: 7, deterministic: true}\nmax_restarts: 0\n"
     )
-    exp_id = cli.json("launch", str(exp))["experiment_id"]
+    exp_id = cli.json("launch", str(yaml))["experiment_id"]
     _wait_running_with_progress(cli, exp_id)
     (trial,) = cli.experiment(exp_id)["trials"]
     first_job = trial["slurm_job_ids"][-1]
