@@ -41,16 +41,15 @@ def _experiment(
 
 def _wait_running_with_progress(cli: Cli, exp_id: int, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
-    with cli.ticking() as ended:
-        while time.monotonic() < deadline:
-            assert ended() is None, ended()
-            exp = cli.experiment(exp_id)
-            running = [t for t in exp["trials"] if t["state"] == "RUNNING"]
-            if len(running) == len(exp["trials"]) and all(
-                t["steps_completed"] >= 1 for t in running
-            ):
-                return
-            time.sleep(1)
+    # each tick here, not a background loop: its callers act at once on what the last tick
+    # saw, before the short trials end, with no loop to stop first
+    while time.monotonic() < deadline:
+        cli("tick", "-q")
+        exp = cli.experiment(exp_id)
+        running = [t for t in exp["trials"] if t["state"] == "RUNNING"]
+        if len(running) == len(exp["trials"]) and all(t["steps_completed"] >= 1 for t in running):
+            return
+        time.sleep(1)
     raise AssertionError(json.dumps(cli.experiment(exp_id), indent=1))
 
 
@@ -143,7 +142,8 @@ def test_hung_job_is_found_by_its_stale_heartbeat_cancelled_and_resumed(
 ) -> None:
     """A frozen job (as on a dead or hung node: Slurm still says RUNNING, nothing moves)."""
     epochs = 4
-    path = _experiment(tmp_path, "ft-hung", epochs=epochs, sleep=0.1)
+    # 0.2 s a step (about 4.6 s an epoch): frozen mid-training also on a busy machine
+    path = _experiment(tmp_path, "ft-hung", epochs=epochs, sleep=0.2)
     exp_id = cli.json("launch", str(path))["experiment_id"]
     _wait_running_with_progress(cli, exp_id)
     victim = cli.experiment(exp_id)["trials"][0]
@@ -207,7 +207,7 @@ def test_requeue_refused_by_slurm_is_resubmitted_and_resumes_bitwise(
         f" max_length: {epochs}}}\n"
         "reproducibility: {seed: 7, deterministic: true}\nmax_restarts: 0\n"
     )
-    exp_id = cli.json("launch", str(yaml))["experiment_id"]
+    exp_id = cli.json("launch", str(exp))["experiment_id"]
     _wait_running_with_progress(cli, exp_id)
     (trial,) = cli.experiment(exp_id)["trials"]
     first_job = trial["slurm_job_ids"][-1]
