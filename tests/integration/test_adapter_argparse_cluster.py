@@ -47,8 +47,8 @@ def _experiment(tmp_path: Path) -> Path:
     text = (EXAMPLE / "asha.yaml").read_text()
     head, tail = text[: text.index("searcher:")], text[text.index("# The script prints") :]
     head = head.replace("--resume {checkpoint}", "--resume {checkpoint} --step-sleep {step_sleep}")
-    # 23 steps of 0.3 s: an epoch takes about 7 s, the window for the requeue
-    head = head.replace("vals: [32, 64, 128]}\n", "vals: [64]}\n  step_sleep: 0.3\n")
+    # 23 steps of 0.5 s: an epoch takes about 12 s, the window for the requeue
+    head = head.replace("vals: [32, 64, 128]}\n", "vals: [64]}\n  step_sleep: 0.5\n")
     (d / "exp.yaml").write_text(head + SEARCHER + tail)
     return d / "exp.yaml"
 

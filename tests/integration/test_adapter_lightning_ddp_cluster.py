@@ -114,7 +114,7 @@ def _experiment(tmp_path: Path, markers: Path) -> Path:
     exp.write_text(
         "name: lightning-ddp\nentrypoint: python train_ddp.py\n"
         "resources: {nodes: 1, tasks_per_node: 2, cpus_per_task: 1, mem: 2G, time: '00:10:00'}\n"
-        "hyperparameters: {lr: 0.02, hidden: 32, dropout: 0.1, batch_size: 64, step_sleep: 0.3}\n"
+        "hyperparameters: {lr: 0.02, hidden: 32, dropout: 0.1, batch_size: 64, step_sleep: 0.5}\n"
         "searcher: {name: single, metric: val_accuracy, smaller_is_better: false,"
         f" max_length: {EPOCHS}}}\n"
         f"environment: {{vars: {{RANK_MARKERS: '{markers}'}}}}\n"
