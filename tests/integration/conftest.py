@@ -28,7 +28,7 @@ NEEDS = ("accounting", "root", "scrontab")
 #: Seconds between the passes of the background ``dlhpc tick --loop`` of Cli.tick_until,
 #: and between its status polls.
 TICK_S = 1.0
-POLL_S = 2.0
+POLL_S = 3.0
 
 
 @dataclass(frozen=True)
