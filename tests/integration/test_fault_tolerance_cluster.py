@@ -71,8 +71,8 @@ def test_preempted_trials_checkpoint_requeue_and_finish_bitwise_identical(
     cli: Cli, tmp_path: Path
 ) -> None:
     epochs = 6
-    # 0.15 s a step (about 3.5 s an epoch): the hog lands mid-training also on a busy machine
-    yaml = _experiment(tmp_path, "ft-preempt", epochs=epochs, sleep=0.15)
+    # 0.35 s a step (about 8 s an epoch): the hog lands mid-training also on a busy machine
+    yaml = _experiment(tmp_path, "ft-preempt", epochs=epochs, sleep=0.35)
     exp_id = cli.json("launch", str(yaml))["experiment_id"]
     # the trials also run epochs 1.. with metrics; wait until they are mid-training
     time.sleep(3)
