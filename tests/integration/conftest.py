@@ -25,8 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 SLURM_VERSIONS = ("22.05", "24.11", "26.05")
 PROFILES = ("default", "strict", "noacct")
 NEEDS = ("accounting", "root", "scrontab")
-#: Seconds between the passes of the background ``dlhpc tick --loop`` of Cli.tick_until,
-#: and between its status polls.
+#: Seconds between the passes of the background ``dlhpc tick --loop`` (Cli.ticking), and
+#: between the status polls of Cli.tick_until (each poll starts a ``dlhpc`` process).
 TICK_S = 1.0
 POLL_S = 3.0
 
