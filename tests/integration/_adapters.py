@@ -81,7 +81,7 @@ def asha_with_one_requeue(
                             on_requeue(t)
                         break
             assert time.monotonic() < deadline, json.dumps(exp, indent=1)
-            time.sleep(1)
+            time.sleep(2)
     assert victim is not None, "no trial was caught mid-rung: " + json.dumps(exp, indent=1)
     return exp, victim
 

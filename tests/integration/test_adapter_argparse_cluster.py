@@ -63,15 +63,17 @@ def _requeue_a_promoted_trial(
     (jobs,) = cli.home.glob(f"runs/exp-{exp_id:06d}*/jobs")  # exp-<id>-<slug>
     deadline = time.monotonic() + timeout
     victim: dict[str, Any] | None = None
-    while time.monotonic() < deadline:
-        if victim is None:
-            cli("tick", "-q")
+    with cli.ticking() as ended:  # until a promoted trial runs: then its files suffice
+        while victim is None:
+            assert ended() is None and time.monotonic() < deadline, ended()
             exp = cli.experiment(exp_id)
             assert exp["state"] not in TERMINAL, json.dumps(exp, indent=1)
             running = [
                 t for t in exp["trials"] if t["state"] == "RUNNING" and t["target_length"] == EPOCHS
             ]
             victim = running[0] if running else None
+            time.sleep(0 if victim else 1)
+    while time.monotonic() < deadline:
         if victim is not None:
             job = victim["slurm_job_ids"][-1]
             log = jobs / f"{job}_0_log.out"

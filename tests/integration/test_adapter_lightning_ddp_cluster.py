@@ -140,7 +140,7 @@ def _run_with_one_requeue(cli: Cli, exp_id: int, timeout: float = 600) -> dict[s
                 subprocess.run(["scontrol", "requeue", job], env=cli.env, check=True)
                 requeued = True
             assert time.monotonic() < deadline, json.dumps(exp, indent=1)
-            time.sleep(1)
+            time.sleep(2)
 
 
 def _reference(tmp_path: Path, hparams: dict[str, Any], seed: int) -> Trial:
