@@ -38,7 +38,7 @@ searcher:
 """
 
 
-def test_dry_run_script_is_the_script_submitit_wrote(cli: Cli, tmp_path: Path) -> None:
+def test_dry_run_script_is_the_script_sbatch_got(cli: Cli, tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
     (work / "train.py").write_text("raise SystemExit(0)\n")
@@ -53,7 +53,7 @@ def test_dry_run_script_is_the_script_submitit_wrote(cli: Cli, tmp_path: Path) -
         arrays = sorted({j.split("_")[0] for j in real["slurm_job_ids"]}, key=int)
         # two of the three grid points (max_concurrent_trials), in one array throttled to 2
         assert len(real["slurm_job_ids"]) == 2 and len(arrays) == len(dry["scripts"]) == 1
-        # submitit moves the script it handed to sbatch to <jobs>/<array id>_submission.sh
+        # the script handed to sbatch is kept as <jobs>/<array id>_submission.sh
         jobs = cli.home / "runs" / experiment_dir_name(1, "dry-run-check") / "jobs"
         submitted = [(jobs / f"{a}_submission.sh").read_text(encoding="utf-8") for a in arrays]
         names = {m for s in submitted for m in re.findall(r"dlhpc-e1-[0-9a-f]{8}", s)}

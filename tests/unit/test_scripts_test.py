@@ -145,7 +145,11 @@ def test_quick_runs_the_unit_tests_and_the_smoke_set_on_22_05() -> None:
     proc = _dry(None, "--quick", "-x")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[:2] == ["+ scripts/setup-venv", "+ scripts/dev-cluster up"]
+    assert lines[:3] == [
+        "+ scripts/setup-venv",
+        "+ .venv/bin/python -m pip install -q --upgrade submitit",  # the newest release
+        "+ scripts/dev-cluster up",
+    ]
     runs = [ln for ln in lines if "-m pytest" in ln]
     pytest = "+ python -m pytest -q -p no:cacheprovider"
     quick = "-m \\(not\\ cluster\\ or\\ smoke\\)"
