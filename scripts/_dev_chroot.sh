@@ -164,14 +164,8 @@ ensure_chroot() {
 install_debootstrap() {
     log "installing debootstrap (apt-get)"
     export DEBIAN_FRONTEND=noninteractive
-    host_apt update -q >&2 || die "apt-get update failed"
-    host_apt install -y -q --no-install-recommends debootstrap >&2 || die "apt-get install debootstrap failed"
-}
-
-# host_apt ARGS...: the machine's apt-get, one at a time: clusters of several versions come
-# up side by side (scripts/test), and apt fails at once on a lock another apt holds.
-host_apt() {
-    flock -w 1800 /var/lock/dlhpc-apt.lock apt-get "$@"
+    apt-get update -q >&2 || die "apt-get update failed"
+    apt-get install -y -q --no-install-recommends debootstrap >&2 || die "apt-get install debootstrap failed"
 }
 
 # chroot_mount_world ROOT PATH...: the kernel file systems, /tmp and /var/tmp (the clusters'

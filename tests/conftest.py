@@ -47,17 +47,6 @@ def browser_required() -> bool:
     return in_ci() or bool(os.environ.get("DLHPC_REQUIRE_BROWSER"))
 
 
-INTEGRATION = REPO / "tests" / "integration"
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test marked ``cluster`` lives in tests/integration: scripts/test looks for the
-    cluster tests there only (the rest of the suite runs beside them, as ``not cluster``)."""
-    for item in items:
-        if item.get_closest_marker("cluster") and INTEGRATION not in item.path.parents:
-            raise pytest.UsageError(f"{item.nodeid} is marked cluster outside {INTEGRATION}")
-
-
 #: Set by tests/integration/conftest.py on an item that does not apply where the tests run
 #: (a ``needs``/``profile`` marker the dev cluster's profile lacks): the skip's reason.
 PROFILE_SKIP = pytest.StashKey[str]()

@@ -65,23 +65,22 @@ def asha_with_one_requeue(
     exp_id = cli.json("launch", str(_yaml(tmp_path, example, hparams, searcher)))["experiment_id"]
     victim: int | None = None
     deadline = time.monotonic() + timeout
-    with cli.ticking() as ended:
-        while True:
-            assert ended() is None, ended()
-            exp = cli.experiment(exp_id)
-            if exp["state"] in TERMINAL:
-                break
-            if victim is None:
-                for t in exp["trials"]:
-                    if t["state"] == "RUNNING" and ready_at <= t["steps_completed"] < ready_at + 2:
-                        job = t["slurm_job_ids"][-1]
-                        subprocess.run(["scontrol", "requeue", job], env=cli.env, check=True)
-                        victim = int(t["id"])
-                        if on_requeue is not None:
-                            on_requeue(t)
-                        break
-            assert time.monotonic() < deadline, json.dumps(exp, indent=1)
-            time.sleep(2)
+    while True:
+        cli("tick", "-q")
+        exp = cli.experiment(exp_id)
+        if exp["state"] in TERMINAL:
+            break
+        if victim is None:
+            for t in exp["trials"]:
+                if t["state"] == "RUNNING" and ready_at <= t["steps_completed"] < ready_at + 2:
+                    job = t["slurm_job_ids"][-1]
+                    subprocess.run(["scontrol", "requeue", job], env=cli.env, check=True)
+                    victim = int(t["id"])
+                    if on_requeue is not None:
+                        on_requeue(t)
+                    break
+        assert time.monotonic() < deadline, json.dumps(exp, indent=1)
+        time.sleep(1)
     assert victim is not None, "no trial was caught mid-rung: " + json.dumps(exp, indent=1)
     return exp, victim
 

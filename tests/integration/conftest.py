@@ -5,13 +5,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,10 +22,6 @@ REPO = Path(__file__).resolve().parents[2]
 SLURM_VERSIONS = ("22.05", "24.11", "26.05")
 PROFILES = ("default", "strict", "noacct")
 NEEDS = ("accounting", "root", "scrontab")
-#: Seconds between the passes of the background ``dlhpc tick --loop`` (Cli.ticking), and
-#: between the status polls of Cli.tick_until (each poll starts a ``dlhpc`` process).
-TICK_S = 1.0
-POLL_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -87,30 +80,9 @@ def not_applicable(item: pytest.Item, where: DevCluster) -> str | None:
     return None
 
 
-def shares_the_cluster() -> bool:
-    """Whether other pytest-xdist workers of this session may run cluster tests now."""
-    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's loadgroup reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests of the session's finished lab share one pytest-xdist worker (``--dist
-    loadgroup``), so that the lab's experiments are made once, not once per worker."""
-    for item in items:
-        if "finished_lab" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("finished_lab"))
-
-
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Skip, with the profile in the reason, a test that cannot apply on this cluster
-    (tests/conftest.py lets such skips pass under DLHPC_REQUIRE_CLUSTER, except smoke);
-    fail a ``serial`` test run beside other pytest-xdist workers (it would disturb their
-    jobs, or they its checks)."""
-    if item.get_closest_marker("serial") and shares_the_cluster():
-        pytest.fail(
-            f"{item.nodeid} is marked serial: it needs the dev cluster to itself; run it "
-            "without pytest-xdist (-n 0), as scripts/test does after the other tests"
-        )
+    (tests/conftest.py lets such skips pass under DLHPC_REQUIRE_CLUSTER, except smoke)."""
     why = not_applicable(item, current_cluster())
     if why is not None:
         item.stash[PROFILE_SKIP] = why
@@ -199,56 +171,15 @@ class Cli:
     def tick_until(
         self, exp_id: int, done: Callable[[dict[str, Any]], bool], timeout: float = 300
     ) -> dict[str, Any]:
-        """``exp_id``'s status once ``done`` holds for it; AssertionError after ``timeout``.
-
-        One ``dlhpc tick`` first, then ``dlhpc tick --loop`` (as a cron entry would tick)
-        while the status is polled: one interpreter ticks every TICK_S seconds instead of
-        one per poll, which costs the 2-core CI machine less and sees a change sooner."""
-        self("tick", "-q")
         deadline = time.monotonic() + timeout
-        with self.ticking() as ended:
-            while True:
-                why = ended()
-                if why is not None:
-                    raise AssertionError(why)
-                exp = self.experiment(exp_id)
-                if done(exp):
-                    return exp
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"timed out; last status: {json.dumps(exp, indent=1)}")
-                time.sleep(POLL_S)
-
-    @contextmanager
-    def ticking(self) -> Iterator[Callable[[], str | None]]:
-        """``dlhpc tick --loop TICK_S -q`` in the background for the block, which gets a
-        function that says how the loop ended (its exit status and output) or None while
-        it runs. The loop stops on SIGINT, which ends a pass only through its ``finally``
-        blocks: the lease is given back."""
-        with tempfile.TemporaryFile("w+") as out:
-            loop = subprocess.Popen(
-                [sys.executable, "-m", "dlhpc", "tick", "--loop", str(TICK_S), "-q"],
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-
-            def ended() -> str | None:
-                if loop.poll() is None:
-                    return None
-                out.seek(0)
-                return f"dlhpc tick --loop ended ({loop.returncode}): {out.read()}"
-
-            try:
-                yield ended
-            finally:
-                if loop.poll() is None:
-                    loop.send_signal(signal.SIGINT)
-                try:
-                    loop.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    loop.kill()
-                    loop.wait()
+        while True:
+            self("tick", "-q")
+            exp = self.experiment(exp_id)
+            if done(exp):
+                return exp
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out; last status: {json.dumps(exp, indent=1)}")
+            time.sleep(2)
 
 
 @pytest.fixture

@@ -164,7 +164,6 @@ def _reference_weights(
     return states
 
 
-@pytest.mark.serial  # its hog preempts whatever runs on the debug partition
 def test_a_core_api_script_under_converted_asha_with_preemption(cli: Cli, tmp_path: Path) -> None:
     import torch
 

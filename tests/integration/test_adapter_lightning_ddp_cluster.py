@@ -114,7 +114,7 @@ def _experiment(tmp_path: Path, markers: Path) -> Path:
     exp.write_text(
         "name: lightning-ddp\nentrypoint: python train_ddp.py\n"
         "resources: {nodes: 1, tasks_per_node: 2, cpus_per_task: 1, mem: 2G, time: '00:10:00'}\n"
-        "hyperparameters: {lr: 0.02, hidden: 32, dropout: 0.1, batch_size: 64, step_sleep: 0.5}\n"
+        "hyperparameters: {lr: 0.02, hidden: 32, dropout: 0.1, batch_size: 64, step_sleep: 0.3}\n"
         "searcher: {name: single, metric: val_accuracy, smaller_is_better: false,"
         f" max_length: {EPOCHS}}}\n"
         f"environment: {{vars: {{RANK_MARKERS: '{markers}'}}}}\n"
@@ -127,20 +127,19 @@ def _run_with_one_requeue(cli: Cli, exp_id: int, timeout: float = 600) -> dict[s
     """Tick to the end; requeue the job once the trial has reported 1 or 2 epochs."""
     requeued = False
     deadline = time.monotonic() + timeout
-    with cli.ticking() as ended:
-        while True:
-            assert ended() is None, ended()
-            exp = cli.experiment(exp_id)
-            if exp["state"] in TERMINAL:
-                assert requeued, "never caught mid-training: " + json.dumps(exp, indent=1)
-                return exp
-            (t,) = exp["trials"]
-            if not requeued and t["state"] == "RUNNING" and 1 <= t["steps_completed"] < EPOCHS - 1:
-                job = t["slurm_job_ids"][-1]
-                subprocess.run(["scontrol", "requeue", job], env=cli.env, check=True)
-                requeued = True
-            assert time.monotonic() < deadline, json.dumps(exp, indent=1)
-            time.sleep(2)
+    while True:
+        cli("tick", "-q")
+        exp = cli.experiment(exp_id)
+        if exp["state"] in TERMINAL:
+            assert requeued, "never caught mid-training: " + json.dumps(exp, indent=1)
+            return exp
+        (t,) = exp["trials"]
+        if not requeued and t["state"] == "RUNNING" and 1 <= t["steps_completed"] < EPOCHS - 1:
+            job = t["slurm_job_ids"][-1]
+            subprocess.run(["scontrol", "requeue", job], env=cli.env, check=True)
+            requeued = True
+        assert time.monotonic() < deadline, json.dumps(exp, indent=1)
+        time.sleep(1)
 
 
 def _reference(tmp_path: Path, hparams: dict[str, Any], seed: int) -> Trial:

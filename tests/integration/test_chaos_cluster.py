@@ -46,7 +46,6 @@ def test_plan_is_a_function_of_the_seed_and_covers_every_action() -> None:
 
 
 @pytest.mark.cluster
-@pytest.mark.serial  # kills a slurmd, preempts the debug partition
 @pytest.mark.needs("root", "accounting")  # kills slurmd by its pid file; sacct -D for walltime
 def test_trials_survive_seeded_chaos_bitwise_and_exactly_once(cli: Cli, tmp_path: Path) -> None:
     """3 trials x 8 epochs (~80 s each uninterrupted) under one round of all six

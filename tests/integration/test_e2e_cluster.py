@@ -109,7 +109,6 @@ def test_random_example_runs_all_trials_at_most_four_at_a_time(cli: Cli) -> None
     assert len(jobs) >= 2  # the last four trials went out in later sbatch calls
 
 
-@pytest.mark.serial  # compares the whole queue before and after
 def test_dry_run_prints_sbatch_and_submits_nothing(cli: Cli) -> None:
     before = squeue_ids(cli.env)
     out = cli("launch", str(GRID), "--dry-run").stdout
@@ -120,7 +119,6 @@ def test_dry_run_prints_sbatch_and_submits_nothing(cli: Cli) -> None:
     assert not (cli.home / "dlhpc.db").exists()
 
 
-@pytest.mark.serial  # compares the whole queue before and after
 def test_bad_yaml_exits_2_with_file_line_and_submits_nothing(cli: Cli, tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(

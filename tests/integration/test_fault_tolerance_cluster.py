@@ -41,8 +41,6 @@ def _experiment(
 
 def _wait_running_with_progress(cli: Cli, exp_id: int, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
-    # each tick here, not a background loop: its callers act at once on what the last tick
-    # saw, before the short trials end, with no loop to stop first
     while time.monotonic() < deadline:
         cli("tick", "-q")
         exp = cli.experiment(exp_id)
@@ -65,15 +63,14 @@ def _check_exact(cli: Cli, tmp_path: Path, exp: dict[str, Any], epochs: int) -> 
 
 
 @pytest.mark.smoke
-@pytest.mark.serial  # its hog preempts whatever runs on the debug partition
 @pytest.mark.every_part  # 24.11+ requeue a preempted job; without sacct the label needs scontrol
 def test_preempted_trials_checkpoint_requeue_and_finish_bitwise_identical(
     cli: Cli, tmp_path: Path
 ) -> None:
     epochs = 6
-    # 0.35 s a step (about 8 s an epoch): the hog lands mid-training also on a busy machine
-    yaml = _experiment(tmp_path, "ft-preempt", epochs=epochs, sleep=0.35)
-    exp_id = cli.json("launch", str(yaml))["experiment_id"]
+    exp_id = cli.json("launch", str(_experiment(tmp_path, "ft-preempt", epochs=epochs)))[
+        "experiment_id"
+    ]
     # the trials also run epochs 1.. with metrics; wait until they are mid-training
     time.sleep(3)
     _wait_running_with_progress(cli, exp_id)
@@ -142,8 +139,7 @@ def test_hung_job_is_found_by_its_stale_heartbeat_cancelled_and_resumed(
 ) -> None:
     """A frozen job (as on a dead or hung node: Slurm still says RUNNING, nothing moves)."""
     epochs = 4
-    # 0.2 s a step (about 4.6 s an epoch): frozen mid-training also on a busy machine
-    path = _experiment(tmp_path, "ft-hung", epochs=epochs, sleep=0.2)
+    path = _experiment(tmp_path, "ft-hung", epochs=epochs, sleep=0.1)
     exp_id = cli.json("launch", str(path))["experiment_id"]
     _wait_running_with_progress(cli, exp_id)
     victim = cli.experiment(exp_id)["trials"][0]

@@ -31,7 +31,7 @@ EXPERIMENT = """\
 name: registry-gc
 entrypoint: python train.py
 resources: {cpus_per_task: 1, mem: 1G, time: '00:10:00'}
-hyperparameters: {lr: 0.05, hidden: 32, dropout: 0.1, batch_size: 64, step_sleep: 0.25}
+hyperparameters: {lr: 0.05, hidden: 32, dropout: 0.1, batch_size: 64, step_sleep: 0.1}
 searcher: {name: single, metric: val_accuracy, smaller_is_better: false, max_length: 4}
 checkpoint: {keep_best: 0, keep_latest: 1}
 data: [{path: labels.csv, hash: true}]

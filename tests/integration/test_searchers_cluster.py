@@ -68,16 +68,14 @@ def _experiment(tmp_path: Path, key: str, searcher: str) -> Path:
 def _tick_all(cli: Cli, ids: list[int], timeout: float) -> dict[int, dict[str, Any]]:
     """Tick until no experiment of ``ids`` is ACTIVE; each one's status (with its trials)."""
     deadline = time.monotonic() + timeout
-    cli("tick", "-q")
-    with cli.ticking() as ended:
-        while True:
-            assert ended() is None, ended()
-            states = {e["id"]: e["state"] for e in cli.json("status")["experiments"]}
-            if all(states[i] != "ACTIVE" for i in ids):
-                return {i: cli.experiment(i) for i in ids}
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out; states {states}")
-            time.sleep(2)
+    while True:
+        cli("tick", "-q")
+        states = {e["id"]: e["state"] for e in cli.json("status")["experiments"]}
+        if all(states[i] != "ACTIVE" for i in ids):
+            return {i: cli.experiment(i) for i in ids}
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out; states {states}")
+        time.sleep(2)
 
 
 @dataclasses.dataclass(frozen=True)

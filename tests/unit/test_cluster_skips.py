@@ -48,9 +48,6 @@ def test_missing_cluster():
 
 @pytest.mark.profile("strict", "noacct")
 def test_strict_or_noacct(): pass
-
-@pytest.mark.serial
-def test_serial(): pass
 """
 
 
@@ -64,7 +61,6 @@ def _outcomes(tmp_path: Path, **env: str) -> dict[str, str]:
         k: v
         for k, v in os.environ.items()
         if k not in {"CI", "DLHPC_REQUIRE_CLUSTER", "DLHPC_DEV_SLURM", "DLHPC_DEV_PROFILE"}
-        and not k.startswith("PYTEST_XDIST_")  # this run's own workers are not the inner's
     }
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}"]
@@ -121,11 +117,3 @@ def test_a_cluster_outside_the_matrix_is_an_error_not_a_skip(
 ) -> None:
     got = _outcomes(tmp_path, **{var: value})
     assert got["test_smoke"] == "failed", got
-
-
-def test_a_serial_test_fails_beside_other_xdist_workers_and_runs_alone(tmp_path: Path) -> None:
-    got = _outcomes(tmp_path, DLHPC_REQUIRE_CLUSTER="1", PYTEST_XDIST_WORKER_COUNT="4")
-    assert got["test_serial"] == "failed" and got["test_smoke"] == "passed"
-    alone = _outcomes(tmp_path, DLHPC_REQUIRE_CLUSTER="1", PYTEST_XDIST_WORKER_COUNT="1")
-    assert alone["test_serial"] == "passed"
-    assert _outcomes(tmp_path, DLHPC_REQUIRE_CLUSTER="1")["test_serial"] == "passed"

@@ -21,12 +21,9 @@ MATRIX = [
     "26.05-default",
     "22.05-strict",
     "22.05-noacct",
-    "24.11-strict",
-    "24.11-noacct",
     "26.05-strict",
     "26.05-noacct",
 ]
-PARALLEL = "-n 4 --dist loadgroup"
 UNSET = "+ env -u SLURM_CONF -u DLHPC_DEV_SLURM -u DLHPC_DEV_PROFILE -u DLHPC_DEV_CHROOT"
 SUMMARY = re.compile(r"^(\d+) passed, (\d+) failed, (\d+) skipped in [0-9.]+s$")
 
@@ -52,15 +49,7 @@ if [ "$DLHPC_DEV_SLURM-$DLHPC_DEV_PROFILE" = "$FAIL_PYTEST" ]; then
     printf '\\033[31m1 failed, 4 passed, 1 error in 2.50s\\033[0m\\n'
     exit 1
 fi
-case "$*" in
-*"and serial"*)
-    if [ "$DLHPC_DEV_SLURM-$DLHPC_DEV_PROFILE" = "$NO_SERIAL" ]; then
-        echo "no tests ran in 0.40s"
-        exit 5
-    fi
-    echo "1 passed, 36 deselected in 40.00s" ;;
-*) echo "6 passed, 1 skipped, 30 deselected in 83.10s (0:01:23)" ;;
-esac
+echo "6 passed, 1 skipped, 30 deselected in 83.10s (0:01:23)"
 """
 
 
@@ -87,17 +76,13 @@ def test_dry_run_of_the_whole_matrix_lists_every_part_in_order() -> None:
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == "+ scripts/setup-venv"
+    assert lines[1] == "+ .venv/bin/python -m pip install -q --upgrade submitit"  # the newest
     assert lines.index("+ scripts/setup-browser") < lines.index("+ scripts/dev-cluster up")
-    # the whole suite: the cluster tests not marked serial in xdist workers, then the
-    # serial ones; beside them, the tests not marked cluster in two workers
-    pytest = "+ python -m pytest -q -p no:cacheprovider"
-    first = f"{pytest} {PARALLEL} -m cluster\\ and\\ not\\ serial -x"
-    second = f"{pytest} -m cluster\\ and\\ serial -x"
-    assert lines.index("+ mypy") < lines.index(first) == lines.index(second) - 1
-    assert f"{pytest} -n 2 --dist loadgroup -m not\\ cluster -x" in lines
-    # the whole suite's cluster goes down at the end of its part
+    assert "+ python -m pytest -q -p no:cacheprovider -x" in lines  # today's whole suite
+    # the whole suite's cluster goes down before the matrix's first part comes up
+    suite = lines.index("+ python -m pytest -q -p no:cacheprovider -x")
     down = lines.index("+ scripts/dev-cluster down")
-    assert down > lines.index(second)
+    assert suite < down < min(i for i, ln in enumerate(lines) if "dev-cluster up --slurm" in ln)
     ups = [ln for ln in lines if " scripts/dev-cluster up --slurm" in ln]
     assert [re.sub(r".*--slurm (\S+) --profile (\S+)$", r"\1-\2", ln) for ln in ups] == MATRIX
     for part in MATRIX:
@@ -108,16 +93,9 @@ def test_dry_run_of_the_whole_matrix_lists_every_part_in_order() -> None:
         # profile on a later version runs the profile's own tests and every_part only
         full = v == "22.05" or p == "default"
         selection = "smoke\\ or\\ profile" if full else "profile\\ or\\ every_part"
-        if p == "strict":  # the QOS limits count every job of the user: one at a time
-            assert len(runs) == 1 and f" -m {selection} tests/integration" in runs[0], runs
-            assert "--user dlhpc-user --" in runs[0] and " -n " not in runs[0]
-        else:
-            assert len(runs) == 2 and "--user" not in runs[0], runs
-            parallel = f"{PARALLEL} -m \\({selection}\\)\\ and\\ not\\ serial"
-            assert f"{parallel} tests/integration" in runs[0]
-            assert " -n " not in runs[1]
-            assert f" -m \\({selection}\\)\\ and\\ serial tests/integration" in runs[1], runs
-        assert all("DLHPC_REQUIRE_CLUSTER=1 PYTHONDONTWRITEBYTECODE=1" in r for r in runs)
+        assert len(runs) == 1 and f" -m {selection} tests/integration" in runs[0], runs
+        assert ("--user dlhpc-user --" in runs[0]) == (p == "strict")
+        assert "DLHPC_REQUIRE_CLUSTER=1 PYTHONDONTWRITEBYTECODE=1" in runs[0]
         assert f"{UNSET} scripts/dev-cluster down {flags}" in lines
     assert SUMMARY.match(lines[-1]), lines[-1]
 
@@ -127,47 +105,16 @@ def test_one_part_runs_only_that_part() -> None:
     assert proc.returncode == 0 and "--slurm" not in proc.stdout and "+ mypy" in proc.stdout
     proc = _dry("22.05-noacct")
     assert proc.returncode == 0 and "setup-browser" not in proc.stdout
-    assert "+ mypy" not in proc.stdout and proc.stdout.count("--profile noacct") == 5
+    assert "+ mypy" not in proc.stdout and proc.stdout.count("--profile noacct") == 4
 
 
-def test_the_middle_versions_profiles_are_in_the_default_matrix() -> None:
-    whole = _dry(None).stdout
-    assert "up --slurm 24.11 --profile strict" in whole
-    assert "up --slurm 24.11 --profile noacct" in whole
+def test_an_extra_part_runs_only_when_named() -> None:
+    assert "--slurm 24.11 --profile strict" not in _dry(None).stdout
     proc = _dry("24.11-strict")
     assert proc.returncode == 0 and "setup-browser" not in proc.stdout
     runs = [ln for ln in proc.stdout.splitlines() if "-m pytest" in ln]
     assert len(runs) == 1 and "--user dlhpc-user --" in runs[0], runs
     assert " -m profile\\ or\\ every_part tests/integration" in runs[0], runs
-
-
-def test_quick_runs_the_unit_tests_and_the_smoke_set_on_22_05() -> None:
-    proc = _dry(None, "--quick", "-x")
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
-    assert lines[:3] == [
-        "+ scripts/setup-venv",
-        "+ .venv/bin/python -m pip install -q --upgrade submitit",  # the newest release
-        "+ scripts/dev-cluster up",
-    ]
-    runs = [ln for ln in lines if "-m pytest" in ln]
-    pytest = "+ python -m pytest -q -p no:cacheprovider"
-    quick = "-m \\(not\\ cluster\\ or\\ smoke\\)"
-    assert runs == [
-        f"{pytest} {PARALLEL} {quick}\\ and\\ cluster\\ and\\ not\\ serial -x",
-        f"{pytest} {quick}\\ and\\ cluster\\ and\\ serial -x",
-        f"{pytest} -n 2 --dist loadgroup {quick}\\ and\\ not\\ cluster -x",
-    ]
-    # the inner loop: no linters, no browser, no matrix, and the cluster stays up
-    assert not any(w in proc.stdout for w in ("mypy", "setup-browser", "--slurm", " down"))
-    assert any(ln.startswith("22.05-quick    ok: ") for ln in lines)
-
-
-def test_workers_1_runs_each_part_in_one_process() -> None:
-    proc = _script({"DLHPC_TEST_DRY": "1", "DLHPC_TEST_WORKERS": "1"}, REPO)
-    assert proc.returncode == 0, proc.stderr
-    runs = [ln for ln in proc.stdout.splitlines() if "-m pytest" in ln]
-    assert len(runs) == 1 + len(MATRIX) and not any(" -n " in r or "serial" in r for r in runs)
 
 
 def test_an_unknown_part_exits_2_naming_the_parts() -> None:
@@ -196,16 +143,12 @@ def test_counts_add_up_and_a_failing_part_fails_the_run(
 ) -> None:
     root, env = stand_in
     matrix = "24.11-default,22.05-strict,22.05-noacct"
-    fail = {"FAIL_PYTEST": "22.05-strict", "NO_SERIAL": "22.05-noacct"}
-    proc = _script({**env, "DLHPC_TEST_MATRIX": matrix, **fail}, root)
+    proc = _script({**env, "DLHPC_TEST_MATRIX": matrix, "FAIL_PYTEST": "22.05-strict"}, root)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    # 24.11-default: 6 + 1 passed in its two runs; 22.05-noacct: 6, its serial run selected
-    # nothing (exit 5: no failure); 22.05-strict: one run, failed
-    assert SUMMARY.match(lines[-1]) and lines[-1].startswith("17 passed, 2 failed, 2 skipped")
+    assert SUMMARY.match(lines[-1]) and lines[-1].startswith("16 passed, 2 failed, 2 skipped")
     assert "failed parts: 22.05-strict" in lines
-    assert any(ln.startswith("24.11-default  ok: 7 passed, 0 failed, 1 skipped") for ln in lines)
-    assert any(ln.startswith("22.05-noacct   ok: 6 passed, 0 failed, 1 skipped") for ln in lines)
+    assert any(ln.startswith("24.11-default  ok: 6 passed, 0 failed, 1 skipped") for ln in lines)
     assert any(ln.startswith("22.05-strict   FAILED (exit 1): 4 passed, 2 failed") for ln in lines)
     calls = (root / "calls").read_text().splitlines()
     assert "dev-cluster down --slurm 22.05 --profile strict" in calls  # down after a failure
@@ -219,7 +162,7 @@ def test_a_cluster_that_does_not_come_up_is_a_failed_part(
     matrix = "26.05-default,22.05-noacct"
     proc = _script({**env, "DLHPC_TEST_MATRIX": matrix, "FAIL_UP": "26.05-default"}, root)
     assert proc.returncode == 1
-    assert proc.stdout.splitlines()[-1].startswith("7 passed, 1 failed, 1 skipped in ")
+    assert proc.stdout.splitlines()[-1].startswith("6 passed, 1 failed, 1 skipped in ")
     calls = (root / "calls").read_text()
     assert "python 26.05" not in calls and "python 22.05-noacct" in calls
 
@@ -228,9 +171,9 @@ def test_lanes_keep_a_version_in_one_lane_and_add_up_as_one_after_another(
     stand_in: tuple[Path, dict[str, str]],
 ) -> None:
     root, env = stand_in
-    matrix = "24.11-default,22.05-strict,26.05-noacct,26.05-strict,24.11-noacct"
+    matrix = "24.11-default,22.05-strict,26.05-noacct,26.05-strict"
     runs = {}
-    for lanes in ("1", "2", ""):
+    for lanes in ("1", "2"):
         (root / "calls").unlink(missing_ok=True)
         proc = _script(
             {
@@ -243,24 +186,17 @@ def test_lanes_keep_a_version_in_one_lane_and_add_up_as_one_after_another(
         )
         assert proc.returncode == 1, proc.stdout + proc.stderr
         runs[lanes] = proc.stdout.splitlines()
-    serial, lanes2, every = runs["1"], runs["2"], runs[""]
+    serial, lanes2 = runs["1"], runs["2"]
     assert not any(ln.startswith("== lane") for ln in serial)
-    # a version's parts share a lane, in matrix order; versions take lanes in turn:
-    # 24.11 -> 0, 22.05 -> 1, 26.05 -> 0 with two lanes; each its own by default
+    # parts in matrix order; versions take lanes in turn: 24.11 -> 0, 22.05 -> 1, 26.05 -> 0
     assert any(
-        ln.startswith("== lane 0: 24.11-default 24.11-noacct 26.05-strict 26.05-noacct ")
-        for ln in lanes2
+        ln.startswith("== lane 0: 24.11-default 26.05-strict 26.05-noacct ") for ln in lanes2
     )
     assert any(ln.startswith("== lane 1: 22.05-strict ") for ln in lanes2)
-    assert [ln.split(" (")[0] for ln in every if ln.startswith("== lane")] == [
-        "== lane 0: 24.11-default 24.11-noacct",
-        "== lane 1: 22.05-strict",
-        "== lane 2: 26.05-strict 26.05-noacct",
-    ]
 
     def table(lines: list[str]) -> list[str]:
         return [ln.split(" in ")[0] for ln in lines if re.match(r"^\d\d\.\d\d-\w+ +(ok|FAI)", ln)]
 
-    assert table(lanes2) == table(serial) == table(every) and len(table(serial)) == 5
-    assert serial[-1].split(" in ")[0] == lanes2[-1].split(" in ")[0] == every[-1].split(" in ")[0]
+    assert table(lanes2) == table(serial) and len(table(serial)) == 4
+    assert serial[-1].split(" in ")[0] == lanes2[-1].split(" in ")[0]  # the same counts
     assert "failed parts: 26.05-noacct" in lanes2
