@@ -37,7 +37,7 @@ from dlhpc.search import (
 )
 from dlhpc.search._columns import decode_floats, decode_ints, decode_metric, encode_floats
 from dlhpc.search._rungstate import TrialTable, encode_results
-from tests.unit.test_search_adaptive import FakeDriver
+from tests.unit.test_search_adaptive import FakeDriver, Twin
 
 SPACE = {
     "x": HParam("x", "double", minval=0.0, maxval=1.0),
@@ -164,38 +164,18 @@ def test_best_metrics_of_fixed_searchers_round_trip_exactly() -> None:
     }
 
 
-class _SavedEvery:
+class _SavedEvery(Twin):
     """Drives a searcher and a copy saved and restored as text every ``every`` calls;
-    every ask answers the same."""
+    every ask answers the same (:class:`Twin`'s comparisons)."""
 
     def __init__(self, a: BaseSearcher, b: BaseSearcher, every: int) -> None:
-        self.a, self.b, self.every, self.calls = a, b, every, 0
+        super().__init__(a, b, switch_at=0)
+        self.every = every
 
     def _tick(self) -> None:
         self.calls += 1
         if self.calls % self.every == 0:
             self.b = _through_text(self.b)
-
-    def ask(self, max_new: int) -> list[Operation]:
-        self._tick()
-        ops = self.a.ask(max_new)
-        assert self.b.ask(max_new) == ops
-        return ops
-
-    def tell(self, rid: int, length: int, metric: float) -> None:
-        self._tick()
-        self.a.tell(rid, length, metric)
-        self.b.tell(rid, length, metric)
-
-    def tell_exited(self, rid: int) -> None:
-        self._tick()
-        self.a.tell_exited(rid)
-        self.b.tell_exited(rid)
-
-    @property
-    def done(self) -> bool:
-        assert self.a.done == self.b.done
-        return self.a.done
 
 
 SETTINGS = [
