@@ -16,10 +16,13 @@ the searcher, decides and submits the same work. Prints a markdown table: median
     python scripts/bench/scale/bench_scale.py --trials 10000 --runs 5 [--baseline TREE] [--report]
         [--same-state] [--json RESULT.json]
 
-``--baseline TREE`` times an older ``TREE/dlhpc`` too (its own state, built by its own
-code; with ``--same-state`` one state, built by this tree, restored for each), alternating
-runs with this tree's so that both see the same machine load. ``--json`` writes every
-run's figures and, with a baseline, the median of the per-run ratios.
+``--baseline TREE`` times an older ``TREE/dlhpc`` too, alternating runs with this tree's so
+that both see the same machine load. The baseline's own copy of this script
+(``TREE/scripts/bench/scale/bench_scale.py`` or ``TREE/scripts/bench_scale.py``, which take
+the same ``--build``/``--upgrade``/``--child`` arguments) builds its state, upgrades it and
+runs its timed processes, since the state builder and the fake backend use each tree's
+internals; with ``--same-state`` one state, built by this tree, is restored for both.
+``--json`` writes every run's figures and, with a baseline, the median of the per-run ratios.
 """
 
 from __future__ import annotations
@@ -100,6 +103,16 @@ def _upgrade(home: Path) -> int:
     return 0
 
 
+def _script(tree: Path | None) -> str:
+    """The benchmark script whose ``--build``/``--upgrade``/``--child`` serve ``tree``."""
+    if tree is None:
+        return __file__
+    for rel in ("scripts/bench/scale/bench_scale.py", "scripts/bench_scale.py"):
+        if (tree / rel).is_file():
+            return str(tree / rel)
+    raise SystemExit(f"--baseline {tree}: it has no copy of this benchmark script")
+
+
 def _env(home: Path, tree: Path | None) -> dict[str, str]:
     env = {**os.environ, "DLHPC_HOME": str(home)}
     if tree is not None:  # the dlhpc package of another tree (the baseline)
@@ -111,7 +124,7 @@ def _timed(home: Path, tree: Path | None, argv: list[str]) -> dict[str, Any]:
     t0 = time.perf_counter()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         p = subprocess.Popen(
-            [sys.executable, __file__, "--child", *argv],
+            [sys.executable, _script(tree), "--child", *argv],
             env=_env(home, tree),
             stdout=out,
             stderr=err,
@@ -183,7 +196,8 @@ def _build(home: Path, tree: Path | None, args: argparse.Namespace, name: str) -
         return
     t0 = time.perf_counter()
     shutil.rmtree(home, ignore_errors=True)
-    argv = [sys.executable, __file__, "--build", str(home), str(args.trials), str(args.concurrent)]
+    argv = [sys.executable, _script(tree), "--build", str(home)]
+    argv += [str(args.trials), str(args.concurrent)]
     made = subprocess.run(
         argv, env=_env(home, tree), check=True, capture_output=True, text=True
     ).stdout
@@ -197,7 +211,7 @@ def _one_run(home: Path, tree: Path | None, commands: dict[str, list[str]]) -> d
     shutil.copytree(home.parent / "pristine", home)
     freshen(home)
     subprocess.run(  # untimed; see _upgrade
-        [sys.executable, __file__, "--upgrade", str(home)],
+        [sys.executable, _script(tree), "--upgrade", str(home)],
         env=_env(home, tree),
         check=True,
         capture_output=True,
