@@ -65,9 +65,9 @@ def test_a_start_below_the_previous_attempts_step_counts_the_rest_as_lost(
     _progress(run_dir, "5.r0", **previous)
     _progress(run_dir, "5.r1", step=3, checkpoint_step=None, start_step=start)
     with store.write() as s:
-        t = s.get(Trial, tid)
-        assert t is not None
+        trial = s.get(Trial, tid)
+        assert trial is not None
         statuses = {"5": JobStatus("5", JobState.RUNNING)}
-        reconcile_trial(s, t, TrialPass(statuses, _Clock(), max_restarts=3, final_length=3))
-        assert [a.lost_steps for a in t.attempts] == [lost, None]
-        assert t.state == "RUNNING" and t.restarts == 1
+        reconcile_trial(s, trial, TrialPass(statuses, _Clock(), max_restarts=3, final_length=3))
+        assert [a.lost_steps for a in trial.attempts] == [lost, None]
+        assert trial.state == "RUNNING" and trial.restarts == 1
