@@ -10,7 +10,7 @@ that already resumes the usual way, as Hugging Face's example scripts do::
 
 A script that calls ``trainer.train()`` bare adds a fourth: the Trainer resumes only
 from the checkpoint ``train()`` is given (``TrainingArguments.resume_from_checkpoint``
-is not read by the Trainer itself, and a callback cannot load a checkpoint)::
+is not read by the Trainer itself, and no public Trainer API lets a callback load one)::
 
     trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)
 
