@@ -122,6 +122,7 @@ class TrialContext:
         self._last_progress = 0.0
         self._step = 0
         self._checkpoint_step: int | None = None
+        self._start_step: int | None = None
         # the searcher metric's name (None: no trial), looked up by report() every step
         self._metric = spec.metric if spec is not None else None
         # (step, metrics) of the newest report holding it since the last checkpoint: kept
@@ -369,6 +370,19 @@ class TrialContext:
         if time.monotonic() - self._last_progress >= _PROGRESS_EVERY_S:
             self._write_progress()
 
+    def training_started(self, step: int) -> None:
+        """Note the step this attempt's training starts from: the step of the checkpoint
+        it resumed, 0 for a start from scratch. ``progress.json`` carries it at once
+        (``start_step``): the reconciler counts every step of the previous attempt past
+        it as lost (a start below that attempt's checkpoint trains them again). Work up
+        to a resumed step is saved (``checkpoint_step``)."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise DlhpcError(f"training_started(): step must be a non-negative int, got {step!r}")
+        self._step = self._start_step = step
+        if step > 0:
+            self._checkpoint_step = step
+        self._write_progress()
+
     def exit_for_requeue(self) -> NoReturn:
         """Flush and exit with the code that tells dlhpc to run this trial again."""
         self._watch.noticed = True
@@ -384,6 +398,7 @@ class TrialContext:
         if self.attempt_dir is None or self.rank != 0:
             return
         body = {"time": time.time(), "step": self._step, "checkpoint_step": self._checkpoint_step}
+        body["start_step"] = self._start_step
         atomic_write_text(self.attempt_dir / PROGRESS_FILE, json.dumps(body))
 
     def close(self) -> None:

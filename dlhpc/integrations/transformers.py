@@ -2,12 +2,17 @@
 ``TrainingArguments`` fields dlhpc owns.
 
 The lines a Trainer script adds (``templates/examples/hf-trainer/``), for a script
-that already resumes the usual way (``trainer.train(resume_from_checkpoint=
-args.resume_from_checkpoint)``, as Hugging Face's example scripts do)::
+that already resumes the usual way, as Hugging Face's example scripts do::
 
     from dlhpc.integrations.transformers import DlhpcCallback, hparams
     args = hparams(parse_args())             # the trial's values (and seed) over the defaults
     trainer = Trainer(..., callbacks=[DlhpcCallback()])
+
+A script that calls ``trainer.train()`` bare adds a fourth: the Trainer resumes only
+from the checkpoint ``train()`` is given (``TrainingArguments.resume_from_checkpoint``
+is not read by the Trainer itself, and no public Trainer API lets a callback load one)::
+
+    trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)
 
 :func:`training_args` sets the fields dlhpc owns; :class:`DlhpcCallback` applies it
 to the Trainer's own arguments when the Trainer is built (``on_init_end``), so the
@@ -22,6 +27,13 @@ first is the same):
   and every ``save_steps``), ``save_total_limit`` = None (dlhpc's GC deletes);
 * ``resume_from_checkpoint`` = the newest *verified* dlhpc checkpoint folder (or
   None on a first run).
+
+When training begins the callback tells dlhpc the step it starts from
+(:meth:`~dlhpc.harness.context.TrialContext.training_started`) and prints
+``resumed at step N from ckpt-...`` only when the Trainer did resume. A Trainer that
+starts below the newest checkpoint (``train()`` not given it) gets a warning in the
+trial's log naming the line to add, and the steps it trains again count as lost in
+``dlhpc status``.
 
 What the callback does in a dlhpc job:
 
@@ -86,9 +98,14 @@ def training_args(
     """
     if unit not in _UNITS:
         raise DlhpcError(f"training_args(unit={unit!r}): one of {', '.join(_UNITS)}")
-    ctx = ctx if ctx is not None else dlhpc.init(local_hparams={})
+    _own_fields(args, unit, ctx if ctx is not None else dlhpc.init(local_hparams={}))
+    return args
+
+
+def _own_fields(args: TrainingArguments, unit: str, ctx: TrialContext) -> Checkpoint | None:
+    """:func:`training_args`' work; returns the checkpoint to resume from (None: none)."""
     if ctx.spec is None:
-        return args
+        return None
     if args.load_best_model_at_end:
         raise DlhpcError(
             "TrainingArguments.load_best_model_at_end is not supported under dlhpc: "
@@ -111,9 +128,7 @@ def training_args(
     for t in torn:
         ctx.log("warning", f"skipped torn checkpoint {t.path}: {t.reason}")
     args.resume_from_checkpoint = str(ckpt.path) if ckpt is not None else None
-    if ckpt is not None:
-        print(f"resumed at step {ckpt.step} from {ckpt.path.name}", flush=True)
-    return args
+    return ckpt
 
 
 class _Publish:
@@ -148,12 +163,30 @@ class DlhpcCallback(TrainerCallback):
         self._logged: dict[str, float] = {}
         self._reported: int | None = None
         self._stopping = False
+        self._resume: Checkpoint | None = None
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        training_args(args, self.unit, self.ctx)
+        self._resume = _own_fields(args, self.unit, self.ctx)
         # also at world size 1: the Trainer starts a gloo group whenever LOCAL_RANK is
         # set, as dlhpc's worker sets it in every job
         destroy_process_group_at_exit()
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Says whether the Trainer resumed: its ``global_step`` is where it starts."""
+        start, ckpt = int(state.global_step), self._resume
+        self.ctx.training_started(start)
+        if ckpt is None or start >= ckpt.step:
+            if start > 0:
+                source = f" from {ckpt.path.name}" if ckpt and ckpt.step == start else ""
+                print(f"resumed at step {start}{source}", flush=True)
+            return
+        self.ctx.log(
+            "warning",
+            f"the Trainer started at step {start}, not from checkpoint {ckpt.path.name} "
+            f"(step {ckpt.step}): its {ckpt.step - start} steps are trained again and "
+            "count as lost. trainer.train() resumes only from the checkpoint it is given: "
+            "call trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)",
+        )
 
     # -- metrics -------------------------------------------------------------
 

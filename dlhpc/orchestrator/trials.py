@@ -87,6 +87,18 @@ def _lost_steps(t: Trial, a: Attempt) -> int | None:
     return max(0, step - (ckpt if isinstance(ckpt, int) else 0))
 
 
+def _count_retrained(t: Trial, previous: Attempt, current: Attempt) -> None:
+    """Raise ``previous``'s lost steps to every step of it past where ``current``'s
+    training started (``start_step`` in its progress file, when its script says; a
+    start below ``previous``'s checkpoint trains those steps again)."""
+    start = (_attempt_file(t, current, PROGRESS_FILE) or {}).get("start_step")
+    if not isinstance(start, int):
+        return
+    step = (_attempt_file(t, previous, PROGRESS_FILE) or {}).get("step")
+    if isinstance(step, int) and step - start > (previous.lost_steps or 0):
+        previous.lost_steps = step - start
+
+
 def _log_tail(a: Attempt, lines: int = 5) -> str:
     if not a.log_path:
         return ""
@@ -170,6 +182,8 @@ def reconcile_trial(s: Session, t: Trial, p: TrialPass) -> None:
     now = p.now
     _update_attempts(t, p, now)
     current = t.attempts[-1] if t.attempts else None
+    if len(t.attempts) > 1:
+        _count_retrained(t, t.attempts[-2], t.attempts[-1])
     if t.stop_requested_at is not None:
         _settle_stop(s, t, current, p)
         return

@@ -17,7 +17,8 @@ Layout under the runs folder (one per store)::
           <stream>-<seq:08d>.jsonl   immutable event batches (dlhpc.protocol.events);
                                  stream SETUP_STREAM: the job script's setup failed
           heartbeat.json         HEARTBEAT_FILE: the worker's liveness, rewritten in place
-          progress.json          PROGRESS_FILE: step and last checkpoint step, rewritten
+          progress.json          PROGRESS_FILE: step, last checkpoint step and the step
+                                 training started from (if told), rewritten
 
 and under the checkpoint folder (``checkpoint.dir``)::
 

@@ -2,12 +2,14 @@
 
 Each adapter example under ``templates/examples/<name>/`` holds the script as its user
 wrote it before dlhpc (``train_plain.py``) beside the script that runs under dlhpc
-(``train.py``). This counts, per example, the lines ``train.py`` adds and changes
-against ``train_plain.py`` (a unified diff's ``+`` lines; blank lines and comment-only
-lines are not counted) and prints the README's "lines you add" table.
+(``train.py``); an example may hold another plain script, a common way to write the
+same one (``hf-trainer/train_plain_bare.py``: a bare ``trainer.train()``), with a row
+of its own. This counts, per row, the lines ``train.py`` adds and changes against the
+plain script (a unified diff's ``+`` lines; blank lines and comment-only lines are not
+counted) and prints the README's "lines you add" table.
 
     python scripts/figures/adapter_lines.py            # the markdown table
-    python scripts/figures/adapter_lines.py --json     # {example: {"added": n, "removed": n}}
+    python scripts/figures/adapter_lines.py --json     # {row: {"added": n, "removed": n}}
 
 tests/unit/test_adapter_lines.py checks that the README's table is this script's output.
 """
@@ -22,11 +24,19 @@ from pathlib import Path
 EXAMPLES = Path(__file__).resolve().parents[2] / "templates" / "examples"
 PLAIN, ADAPTED = "train_plain.py", "train.py"
 
-# example folder -> (framework as the table names it, how it is brought under dlhpc)
+# row -> (framework as the table names it, how it is brought under dlhpc); a row is an
+# example folder (its train_plain.py), or "<folder>:<plain script>"
 ADAPTERS: dict[str, tuple[str, str]] = {
     "argparse": ("plain argparse script", "an `entrypoint` template: `--lr {lr}`"),
     "lightning": ("PyTorch Lightning", "`dlhpc.integrations.lightning` callback"),
-    "hf-trainer": ("Hugging Face `Trainer`", "`dlhpc.integrations.transformers` callback"),
+    "hf-trainer": (
+        "Hugging Face `Trainer`, `train(resume_from_checkpoint=...)`",
+        "`dlhpc.integrations.transformers` callback",
+    ),
+    "hf-trainer:train_plain_bare.py": (
+        "Hugging Face `Trainer`, bare `trainer.train()`",
+        "the callback, and `train()` given the checkpoint",
+    ),
     "determined-core": ("Determined Core API", "the `determined` shim, `dlhpc convert determined`"),
 }
 
@@ -35,10 +45,16 @@ def _code_lines(lines: list[str]) -> list[str]:
     return [line for line in lines if line.strip() and not line.strip().startswith("#")]
 
 
-def count(folder: Path) -> dict[str, int]:
-    """``{"added": n, "removed": n}``: code lines of ``train.py`` not in ``train_plain.py``
+def sources(row: str) -> tuple[Path, str]:
+    """The example folder and the plain script's name of an ADAPTERS row."""
+    name, _, plain = row.partition(":")
+    return EXAMPLES / name, plain or PLAIN
+
+
+def count(folder: Path, plain_name: str = PLAIN) -> dict[str, int]:
+    """``{"added": n, "removed": n}``: code lines of ``train.py`` not in ``plain_name``
     and the reverse. Raises FileNotFoundError when either file is missing."""
-    plain = _code_lines((folder / PLAIN).read_text().splitlines())
+    plain = _code_lines((folder / plain_name).read_text().splitlines())
     adapted = _code_lines((folder / ADAPTED).read_text().splitlines())
     added = removed = 0
     for line in difflib.unified_diff(plain, adapted, lineterm="", n=0):
@@ -50,8 +66,8 @@ def count(folder: Path) -> dict[str, int]:
 
 
 def counts() -> dict[str, dict[str, int]]:
-    """The counts of every adapter example that exists, in ADAPTERS' order."""
-    return {name: count(EXAMPLES / name) for name in ADAPTERS if (EXAMPLES / name).is_dir()}
+    """The counts of every row whose example exists, in ADAPTERS' order."""
+    return {row: count(*sources(row)) for row in ADAPTERS if sources(row)[0].is_dir()}
 
 
 def table() -> str:
@@ -60,8 +76,9 @@ def table() -> str:
         "| your script | how it runs under dlhpc | lines you add | example |",
         "|---|---|---|---|",
     ]
-    for name, numbers in counts().items():
-        framework, how = ADAPTERS[name]
+    for row, numbers in counts().items():
+        framework, how = ADAPTERS[row]
+        name = sources(row)[0].name
         rows.append(
             f"| {framework} | {how} | {numbers['added']} "
             f"| [`templates/examples/{name}/`](templates/examples/{name}/) |"

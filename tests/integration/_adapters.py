@@ -57,16 +57,21 @@ def asha_with_one_requeue(
     ready_at: int,
     timeout: float = 900,
     on_requeue: Callable[[dict[str, Any]], None] | None = None,
+    each_tick: Callable[[], None] | None = None,
 ) -> tuple[dict[str, Any], int]:
     """Run the search; requeue the first trial seen RUNNING with ``steps_completed``
     in ``[ready_at, ready_at + 2)`` (a promoted trial in its second rung), then call
     ``on_requeue`` with that trial's status (e.g. to start its uninterrupted reference
-    run while the search goes on). Returns the final status and the requeued trial's id."""
+    run while the search goes on). ``each_tick`` is called after every tick (which
+    ticks every experiment: one launched beside this search runs on). Returns the
+    final status and the requeued trial's id."""
     exp_id = cli.json("launch", str(_yaml(tmp_path, example, hparams, searcher)))["experiment_id"]
     victim: int | None = None
     deadline = time.monotonic() + timeout
     while True:
         cli("tick", "-q")
+        if each_tick is not None:
+            each_tick()
         exp = cli.experiment(exp_id)
         if exp["state"] in TERMINAL:
             break

@@ -140,6 +140,7 @@ class Trial:
                 "HF_HUB_OFFLINE": "1",
                 "OMP_NUM_THREADS": "1",
                 "PYTHONPATH": str(REPO),
+                "PYTHONUNBUFFERED": "1",  # a rank that aborts has printed all it wrote
             }
             procs.append(
                 subprocess.Popen(
@@ -174,6 +175,15 @@ class Trial:
             for batch in read_event_batches(attempt):
                 found += [r for r in batch.records if r["type"] == kind]
         return found
+
+
+def rank_outputs(procs: list[subprocess.Popen[str]], outs: list[str], tail: int = 2000) -> str:
+    """A failure message: each rank's exit code and the last ``tail`` characters of its
+    output (pytest cuts a long message, which would hide the rank that failed)."""
+    return "\n".join(
+        f"== rank {rank} exited {proc.returncode}:\n{out[-tail:]}"
+        for rank, (proc, out) in enumerate(zip(procs, outs, strict=True))
+    )
 
 
 def state_dict_sha(state_dict: Mapping[str, Any]) -> str:

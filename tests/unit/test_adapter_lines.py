@@ -24,11 +24,16 @@ def _script() -> ModuleType:
 
 def test_every_adapter_has_its_example_with_the_plain_script_beside_it() -> None:
     lines = _script()
-    for name in lines.ADAPTERS:
-        folder = lines.EXAMPLES / name
+    for row in lines.ADAPTERS:
+        folder, plain = lines.sources(row)
         assert (folder / lines.PLAIN).is_file(), folder
+        assert (folder / plain).is_file(), (folder, plain)
         assert (folder / lines.ADAPTED).is_file(), folder
     assert list(lines.counts()) == list(lines.ADAPTERS)
+    assert lines.sources("hf-trainer:train_plain_bare.py") == (
+        lines.EXAMPLES / "hf-trainer",
+        "train_plain_bare.py",
+    )
 
 
 def test_counts_lines_added_and_changed_but_not_blank_or_comment_lines(tmp_path: Path) -> None:
@@ -38,6 +43,8 @@ def test_counts_lines_added_and_changed_but_not_blank_or_comment_lines(tmp_path:
         "import os\nimport dlhpc\n\n# a comment\nargs = dlhpc.fill(parse())\nrun(args)\n"
     )
     assert lines.count(tmp_path) == {"added": 2, "removed": 1}
+    (tmp_path / "bare.py").write_text("import os\nargs = parse()\n")
+    assert lines.count(tmp_path, "bare.py") == {"added": 3, "removed": 1}
 
 
 def test_the_readme_table_is_the_measured_one() -> None:

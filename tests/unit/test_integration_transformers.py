@@ -5,6 +5,8 @@ on the searcher's word, and owns the TrainingArguments fields dlhpc needs."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import signal
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest
 from dlhpc.errors import DlhpcError
 from dlhpc.protocol import request_stop
 from dlhpc.protocol.checkpoint import publish_checkpoint
-from tests.unit._adapters import Trial, require, state_dict_sha
+from tests.unit._adapters import Trial, rank_outputs, require, state_dict_sha
 from tests.unit.test_integration_lightning import added_lines
 
 HP = {"lr": 0.003, "hidden": 16, "batch_size": 32, "step_sleep": 0.0}
@@ -22,6 +24,26 @@ STEPS_PER_EPOCH = 16  # 512 examples, batches of 32
 # in its checkpoint, so after a resume the first log covers only the steps since then.
 RUNNING = {"loss", "train_loss"}
 TIMINGS = ("_runtime", "_per_second")
+RESUME_LINE = "trainer.train(resume_from_checkpoint=targs.resume_from_checkpoint)"
+
+
+def bare_train_example(folder: Path) -> Path:
+    """A copy of the example whose ``train.py`` calls ``trainer.train()`` bare: the
+    three lines of ``train_plain_bare.py`` -> ``train.py`` without the fourth."""
+    example = Path(__file__).resolve().parents[2] / "templates/examples/hf-trainer"
+    shutil.copytree(example, folder)
+    script = folder / "train.py"
+    text = script.read_text()
+    assert text.count(RESUME_LINE) == 1
+    script.write_text(text.replace(RESUME_LINE, "trainer.train()"))
+    return folder
+
+
+def _progress(t: Trial, attempt: int) -> dict[str, object]:
+    body: dict[str, object] = json.loads(
+        (t.trial_dir / "attempts" / str(attempt) / "progress.json").read_text()
+    )
+    return body
 
 
 def _weights_sha(checkpoint_dir: Path) -> str:
@@ -59,7 +81,8 @@ def test_preempted_mid_epoch_trial_ends_bitwise_as_one_run(tmp_path: Path) -> No
     step = int(mid.removeprefix("ckpt-"))
     assert STEPS_PER_EPOCH < step < 2 * STEPS_PER_EPOCH, mid
     code, out = t.run(3)
-    assert code == 0 and f"resumed at step {step}" in out, out
+    assert code == 0 and f"resumed at step {step} from {mid}" in out, out
+    assert "warning" not in out and _progress(t, 1)["start_step"] == step, out
     assert _weights_sha(t.checkpoint_dir) == _weights_sha(ref.checkpoint_dir)
     got = t.metrics()
     assert _deterministic(got) == _deterministic(expected)  # eval metrics, learning rate...
@@ -67,6 +90,30 @@ def test_preempted_mid_epoch_trial_ends_bitwise_as_one_run(tmp_path: Path) -> No
     assert got[2]["loss"] != expected[2]["loss"]  # the window the resume cut (see RUNNING)
     assert sorted(e["step"] for e in t.events("checkpoint")) == [16, step, 32, 48]
     assert not list((t.checkpoint_dir / "hf-output").glob("checkpoint-*"))  # all moved
+
+
+def test_bare_train_is_not_reported_as_resumed_and_says_which_line_to_add(
+    tmp_path: Path,
+) -> None:
+    """A script that calls ``trainer.train()`` bare: the Trainer cannot resume, so the
+    next attempt starts at step 0 though a checkpoint exists. No "resumed at step"; a
+    warning (output and the trial's records) names the line to add, and the progress
+    file says where training started, from which the reconciler counts the lost steps."""
+    require("transformers", "transformers", "accelerate", "tokenizers")
+    t = Trial(tmp_path / "t", str(bare_train_example(tmp_path / "bare")), HP)
+    code, out = t.run(1)  # paused at its grant: one epoch, one checkpoint
+    assert code == 0, out
+    assert t.checkpoints() == [f"ckpt-{STEPS_PER_EPOCH:010d}"]
+    code, out = t.run(2)  # the promotion's attempt: should resume at step 16
+    assert code == 0, out
+    assert "resumed at step" not in out, out
+    assert f"the Trainer started at step 0, not from checkpoint ckpt-{STEPS_PER_EPOCH:010d}" in out
+    line = "trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)"
+    (warning,) = [e for e in t.events("log") if e["level"] == "warning"]
+    assert line in warning["message"] and f"its {STEPS_PER_EPOCH} steps" in warning["message"]
+    assert _progress(t, 0)["start_step"] == _progress(t, 1)["start_step"] == 0
+    # trained again from scratch: the first epoch's checkpoint a second time, then the second
+    assert sorted(e["step"] for e in t.events("checkpoint")) == [16, 16, 32]
 
 
 def test_stop_file_saves_and_ends_the_trial_with_75(tmp_path: Path) -> None:
@@ -158,15 +205,16 @@ def test_ddp_term_on_one_rank_saves_every_ranks_part_and_both_resume(tmp_path: P
         time.sleep(0.1)
     procs[1].send_signal(signal.SIGTERM)
     outs = [p.communicate(timeout=240)[0] for p in procs]
-    assert [p.returncode for p in procs] == [75, 75], outs
+    assert [p.returncode for p in procs] == [75, 75], rank_outputs(procs, outs)
     (mid,) = [c for c in t.checkpoints() if c != first]
     assert {"rng_state_0.pth", "rng_state_1.pth"} <= {
         p.name for p in (t.checkpoint_dir / mid).iterdir()
     }
     procs = t.start_ranks(3, [sys.executable, "train.py"])
     outs = [p.communicate(timeout=240)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
-    assert all(f"resumed at step {int(mid[5:])}" in out for out in outs), outs
+    assert [p.returncode for p in procs] == [0, 0], rank_outputs(procs, outs)
+    resumed = f"resumed at step {int(mid[5:])} from {mid}"
+    assert all(resumed in out for out in outs), rank_outputs(procs, outs)
     assert t.checkpoints()[-1] == f"ckpt-{3 * STEPS_PER_EPOCH // 2:010d}"
 
 

@@ -1,8 +1,9 @@
 """Fine-tune a tiny BERT on a made-up sentiment task with the Hugging Face Trainer.
 
-``train_plain.py`` is the script before dlhpc; ``train.py`` is the same script with
-the lines dlhpc needs (``diff train_plain.py train.py``; see README.md). Nothing is
-downloaded: the model is built from a config and the tokenizer from a word list.
+``train_plain.py`` is the script before dlhpc (``train_plain_bare.py``: the same with a
+bare ``trainer.train()``); ``train.py`` is the same script with the lines dlhpc needs
+(``diff train_plain.py train.py``; see README.md). Nothing is downloaded: the model is
+built from a config and the tokenizer from a word list.
 """
 
 from __future__ import annotations
