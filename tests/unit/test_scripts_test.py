@@ -21,6 +21,8 @@ MATRIX = [
     "26.05-default",
     "22.05-strict",
     "22.05-noacct",
+    "24.11-strict",
+    "24.11-noacct",
     "26.05-strict",
     "26.05-noacct",
 ]
@@ -78,9 +80,10 @@ def test_dry_run_of_the_whole_matrix_lists_every_part_in_order() -> None:
     assert lines[0] == "+ scripts/setup-venv"
     assert lines[1] == "+ .venv/bin/python -m pip install -q --upgrade submitit"  # the newest
     assert lines.index("+ scripts/setup-browser") < lines.index("+ scripts/dev-cluster up")
-    assert "+ python -m pytest -q -p no:cacheprovider -x" in lines  # today's whole suite
-    # the whole suite's cluster goes down before the matrix's first part comes up
-    suite = lines.index("+ python -m pytest -q -p no:cacheprovider -x")
+    whole = "+ python -m pytest -q -p no:cacheprovider --durations=25 -x"
+    assert whole in lines  # the whole suite, listing its slowest tests
+    # dry: the whole suite's cluster goes down before the matrix's first part comes up
+    suite = lines.index(whole)
     down = lines.index("+ scripts/dev-cluster down")
     assert suite < down < min(i for i, ln in enumerate(lines) if "dev-cluster up --slurm" in ln)
     ups = [ln for ln in lines if " scripts/dev-cluster up --slurm" in ln]
@@ -94,6 +97,7 @@ def test_dry_run_of_the_whole_matrix_lists_every_part_in_order() -> None:
         full = v == "22.05" or p == "default"
         selection = "smoke\\ or\\ profile" if full else "profile\\ or\\ every_part"
         assert len(runs) == 1 and f" -m {selection} tests/integration" in runs[0], runs
+        assert " --durations=10 " in runs[0]
         assert ("--user dlhpc-user --" in runs[0]) == (p == "strict")
         assert "DLHPC_REQUIRE_CLUSTER=1 PYTHONDONTWRITEBYTECODE=1" in runs[0]
         assert f"{UNSET} scripts/dev-cluster down {flags}" in lines
@@ -108,8 +112,7 @@ def test_one_part_runs_only_that_part() -> None:
     assert "+ mypy" not in proc.stdout and proc.stdout.count("--profile noacct") == 4
 
 
-def test_an_extra_part_runs_only_when_named() -> None:
-    assert "--slurm 24.11 --profile strict" not in _dry(None).stdout
+def test_a_profile_on_the_middle_version_runs_its_own_tests_as_its_user() -> None:
     proc = _dry("24.11-strict")
     assert proc.returncode == 0 and "setup-browser" not in proc.stdout
     runs = [ln for ln in proc.stdout.splitlines() if "-m pytest" in ln]
@@ -173,7 +176,7 @@ def test_lanes_keep_a_version_in_one_lane_and_add_up_as_one_after_another(
     root, env = stand_in
     matrix = "24.11-default,22.05-strict,26.05-noacct,26.05-strict"
     runs = {}
-    for lanes in ("1", "2"):
+    for lanes in ("0", "2"):
         (root / "calls").unlink(missing_ok=True)
         proc = _script(
             {
@@ -186,7 +189,7 @@ def test_lanes_keep_a_version_in_one_lane_and_add_up_as_one_after_another(
         )
         assert proc.returncode == 1, proc.stdout + proc.stderr
         runs[lanes] = proc.stdout.splitlines()
-    serial, lanes2 = runs["1"], runs["2"]
+    serial, lanes2 = runs["0"], runs["2"]
     assert not any(ln.startswith("== lane") for ln in serial)
     # parts in matrix order; versions take lanes in turn: 24.11 -> 0, 22.05 -> 1, 26.05 -> 0
     assert any(
