@@ -120,6 +120,18 @@ def test_a_profile_on_the_middle_version_runs_its_own_tests_as_its_user() -> Non
     assert " -m profile\\ or\\ every_part tests/integration" in runs[0], runs
 
 
+def test_quick_runs_the_unit_tests_and_the_smoke_set_on_the_22_05_cluster_only() -> None:
+    lines = _dry(None, "--quick", "-x").stdout.splitlines()
+    assert lines[-1].startswith("0 passed, 0 failed, 0 skipped in "), lines
+    runs = [ln for ln in lines if "-m pytest" in ln]
+    assert runs == [
+        "+ .venv/bin/python -m pytest -q -p no:cacheprovider --durations=10"
+        " -m not\\ cluster\\ or\\ smoke -x"
+    ]
+    assert "+ scripts/dev-cluster up" in lines and not any("down" in ln for ln in lines)
+    assert not any(w in ln for ln in lines for w in ("--slurm", "mypy", "setup-browser", "pip"))
+
+
 def test_an_unknown_part_exits_2_naming_the_parts() -> None:
     proc = _dry("23.02-default")
     assert proc.returncode == 2 and "22.05-strict" in proc.stderr and "+ " not in proc.stdout
