@@ -34,6 +34,7 @@ from dlhpc.repro import (
 )
 from dlhpc.scheduler.slurm.environment import SlurmJobEnvironment
 from tests._config import load_experiment
+from tests.unit.test_code_snapshot import ignore_tree
 
 GIT = [
     "git",
@@ -86,42 +87,9 @@ def test_git_workdir_records_commit_branch_remote_diff_and_untracked(tmp_path: P
     assert code_record(work)["digest"] != rec["digest"]
 
 
-def _ignore_tree(work: Path) -> dict[str, str]:
-    """A workdir with nested ``.gitignore`` files and negations; returns the files git
-    keeps (path -> text), ``.gitignore`` files included."""
-    (work / "sub" / "deep").mkdir(parents=True)
-    (work / ".gitignore").write_text(
-        "# comment\n*.log\n!keep.log\ndata/\n/top.txt\nbuild/\n!build/again.txt\n"
-        "docs/*.md\n!docs/README.md\n"
-    )
-    (work / "sub" / ".gitignore").write_text("*.tmp\n!important.log\n/local.txt\n")
-    (work / "sub" / "deep" / ".gitignore").write_text("!x.tmp\n")
-    kept = {
-        "train.py": "print(1)\n",
-        "keep.log": "kept\n",
-        "sub/top.txt": "not anchored here\n",
-        "sub/m.py": "m\n",
-        "sub/important.log": "re-included by the deeper file\n",
-        "sub/deep/x.tmp": "re-included two levels down\n",
-        "sub/deep/local.txt": "anchored to sub/ only\n",
-        "docs/README.md": "negated\n",
-        "docs/api/ref.md": "a glob's * stops at /\n",
-    }
-    ignored = (
-        "a.log", "data/big.bin", "top.txt", "sub/x.tmp", "sub/local.txt", "sub/deep/y.tmp",
-        "build/again.txt", "build/out.o", "docs/guide.md", ".venv/lib/site.py", "m.pyc",
-    )  # fmt: skip
-    for rel, text in [*kept.items(), *((r, "ignored\n") for r in ignored)]:
-        (work / rel).parent.mkdir(parents=True, exist_ok=True)
-        (work / rel).write_text(text)
-    for rel in (".gitignore", "sub/.gitignore", "sub/deep/.gitignore"):
-        kept[rel] = (work / rel).read_text()
-    return kept
-
-
 def test_non_git_workdir_gets_a_manifest_honouring_gitignore_as_git_does(tmp_path: Path) -> None:
     work = tmp_path / "work"
-    kept = _ignore_tree(work)
+    kept = ignore_tree(work)
     expected = {rel: hashlib.sha256(text.encode()).hexdigest() for rel, text in kept.items()}
 
     rec = code_record(work)
