@@ -51,7 +51,7 @@ WORKDIR_FILES = {
     "sub/keep.out": "kept by the negation\n",
     "sub/c.txt": "kept\n",
 }
-CODE = {"train.py", ".gitignore", "sub/.gitignore", "sub/keep.out", "sub/c.txt"}
+CODE = {"exp.yaml", "train.py", ".gitignore", "sub/.gitignore", "sub/keep.out", "sub/c.txt"}
 
 
 def _default_logger_and_ignored_files(work: Path) -> None:
