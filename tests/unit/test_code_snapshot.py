@@ -10,7 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from dlhpc._perms import remove_tree
+from dlhpc.errors import UsageError
 from dlhpc.harness._workfolder import prepare_work_dir
 from dlhpc.orchestrator.runfiles import publish_staging, snapshot_code, stage_run_folder
 from dlhpc.protocol import code_dir, experiment_dir
@@ -74,6 +77,14 @@ def test_snapshot_is_the_manifest_of_the_record(tmp_path: Path) -> None:
     snapshot_code(work, tmp_path / "snap-git", skip=work / "runs")
     assert sorted(_tree_shas(tmp_path / "snap-git")) == code_files(work, work / "runs")[0]
     assert sorted(_tree_shas(tmp_path / "snap-git")) == sorted(kept)
+
+
+def test_snapshot_past_the_limit_copies_nothing(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    ignore_tree(work)
+    with pytest.raises(UsageError, match=r"MiB \(limit 0 MiB\) to snapshot"):
+        snapshot_code(work, tmp_path / "snap", skip=work / "runs", limit=10)
+    assert not (tmp_path / "snap").exists()
 
 
 def _no_write_bits(root: Path) -> list[str]:
