@@ -50,10 +50,13 @@ def _skipped(rel: str) -> bool:
 def _in_git_work_tree(root: Path) -> bool:
     if shutil.which("git") is None:
         return False
-    proc = subprocess.run(
-        ["git", "rev-parse", "--is-inside-work-tree"], cwd=root, env=_git_env(),
-        capture_output=True, timeout=15, check=False, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    try:
+        proc = subprocess.run(
+            ["git", "rev-parse", "--is-inside-work-tree"], cwd=root, env=_git_env(),
+            capture_output=True, timeout=15, check=False, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as err:
+        raise OSError(f"git rev-parse in {root}: {err}") from None
     return proc.returncode == 0 and proc.stdout.strip() == b"true"
 
 
