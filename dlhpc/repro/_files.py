@@ -65,19 +65,23 @@ def _git_env() -> dict[str, str]:
 
 
 def _git_files(root: Path) -> list[str]:
-    try:
-        proc = subprocess.run(
-            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z",
-             *skip_pathspecs()],
-            cwd=root, env=_git_env(), capture_output=True, timeout=60, check=False,
-            stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise OSError(f"git ls-files in {root}: {err}") from None
-    if proc.returncode != 0:
-        why = proc.stderr.decode(errors="replace").strip().splitlines()
-        raise OSError(f"git ls-files in {root}: {why[-1] if why else proc.returncode}")
-    return [r for r in proc.stdout.decode(errors="replace").split("\0") if r]
+    """Tracked files (submodules' included: research code often vendors one) and the
+    untracked files no ``.gitignore`` rule excludes; git cannot list both at once."""
+    rels: list[str] = []
+    for which in (["--cached", "--recurse-submodules"], ["--others", "--exclude-standard"]):
+        try:
+            proc = subprocess.run(
+                ["git", "ls-files", *which, "-z", *skip_pathspecs()],
+                cwd=root, env=_git_env(), capture_output=True, timeout=60, check=False,
+                stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise OSError(f"git ls-files in {root}: {err}") from None
+        if proc.returncode != 0:
+            why = proc.stderr.decode(errors="replace").strip().splitlines()
+            raise OSError(f"git ls-files in {root}: {why[-1] if why else proc.returncode}")
+        rels += [r for r in proc.stdout.decode(errors="replace").split("\0") if r]
+    return rels
 
 
 def _ignored(rel: str, levels: list[tuple[str, GitIgnoreSpec]]) -> bool:
@@ -124,14 +128,15 @@ def code_files(root: Path, skip: Path | None = None) -> tuple[list[str], str]:
 
     The one list that the code snapshot copies and the record's manifest hashes:
     the regular files (no symlinks) that ``.gitignore`` rules keep, as git applies
-    them: ``git ls-files --cached --others --exclude-standard`` in a git work tree,
+    them: ``git ls-files`` (tracked, submodules included, and untracked not
+    ignored) in a git work tree,
     else every ``.gitignore`` below ``root`` read by :mod:`pathspec` (nested files,
     negations, folder patterns). VCS, virtualenv and cache folders, ``*.pyc`` and
     ``skip`` (the state folder, when it lies inside) are left out. Raises OSError
     when git fails in a work tree.
     """
     if _in_git_work_tree(root):
-        rels, rules = _git_files(root), "git ls-files --cached --others --exclude-standard"
+        rels, rules = _git_files(root), "git ls-files (tracked, submodules, untracked not ignored)"
     else:
         rels, rules = _pathspec_files(root, skip), "pathspec (.gitignore files; no git work tree)"
     out = []

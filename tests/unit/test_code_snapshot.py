@@ -79,6 +79,22 @@ def test_snapshot_is_the_manifest_of_the_record(tmp_path: Path) -> None:
     assert sorted(_tree_shas(tmp_path / "snap-git")) == sorted(kept)
 
 
+def test_a_git_submodule_is_in_the_snapshot(tmp_path: Path) -> None:
+    lib, work = tmp_path / "lib", tmp_path / "work"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "protocol.file.allow=always"]
+    for repo in (lib, work):
+        subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (lib / "layers.py").write_text("WIDTH = 3\n")
+    subprocess.run([*git, "-C", str(lib), "add", "layers.py"], check=True)
+    subprocess.run([*git, "-C", str(lib), "commit", "-qm", "lib"], check=True)
+    (work / "train.py").write_text("import lib.layers\n")
+    subprocess.run([*git, "-C", str(work), "submodule", "-q", "add", str(lib), "lib"], check=True)
+    snapshot_code(work, tmp_path / "snap", skip=work / "runs")
+    got = sorted(_tree_shas(tmp_path / "snap"))
+    assert got == [".gitmodules", "lib/layers.py", "train.py"]
+    assert got == code_files(work, work / "runs")[0]
+
+
 def test_snapshot_past_the_limit_copies_nothing(tmp_path: Path) -> None:
     work = tmp_path / "work"
     ignore_tree(work)
