@@ -10,6 +10,8 @@ chmod at each call site. What a umask cannot do is done here, in one place:
   group and made setgid (:func:`make_dirs`); folders created below it inherit both;
 * ``tempfile.mkstemp`` creates 0600 whatever the umask: :func:`fix_fd_mode`;
 * ``shutil.copy2`` copies the source's mode: :func:`copy_file` masks it;
+* the code snapshot is read-only (:func:`read_only_tree`), and a tree that holds one is
+  removed with :func:`remove_tree`;
 * the database is never world-writable (:func:`check_db_files`);
 * "who am I" (:func:`current_user`) and "may I change this experiment"
   (:func:`check_may_modify`), so tests can fake the user at one boundary.
@@ -44,6 +46,8 @@ __all__ = [
     "current_user",
     "fix_fd_mode",
     "make_dirs",
+    "read_only_tree",
+    "remove_tree",
     "may_modify",
     "umask_mode",
     "user_name",
@@ -101,6 +105,30 @@ def copy_file(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> str:
     if not os.path.islink(out):
         os.chmod(out, stat.S_IMODE(os.lstat(src).st_mode) & ~current_umask())
     return str(out)
+
+
+def read_only_tree(root: Path) -> None:
+    """Take every write bit off ``root``, its folders and regular files (what a trial
+    must not change: the code snapshot); symlinks are left alone. Files and folders of
+    another user (a lab's group mode) are left as they are."""
+    for dirpath, _dirnames, filenames in os.walk(root, topdown=False):
+        for path in [*(os.path.join(dirpath, f) for f in filenames), dirpath]:
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode) or not st.st_mode & 0o222:
+                continue
+            with contextlib.suppress(PermissionError):
+                os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o222)
+
+
+def remove_tree(root: Path, ignore_errors: bool = False) -> None:
+    """``shutil.rmtree`` of a tree that may hold read-only folders (a code snapshot):
+    the owner's write bit is put back on each of its folders first."""
+    for dirpath, _dirnames, _filenames in os.walk(root):
+        with contextlib.suppress(OSError):
+            mode = stat.S_IMODE(os.lstat(dirpath).st_mode)
+            if not mode & stat.S_IWUSR:
+                os.chmod(dirpath, mode | stat.S_IWUSR | stat.S_IXUSR)
+    shutil.rmtree(root, ignore_errors=ignore_errors)
 
 
 def _group_id(group: str) -> int:

@@ -5,7 +5,8 @@ Called on the compute node, by submitit (``run_trial``) on Slurm or as
 opens the database: it publishes ``start`` and ``exit`` records into the
 attempt's folder (see :mod:`dlhpc.protocol`), keeps ``heartbeat.json`` fresh,
 and runs ``entry.sh`` (site modules, ``environment.setup``, the entrypoint) in
-the code snapshot, with the trial's facts in ``DLHPC_*`` variables.
+the trial's working folder (links to the read-only code snapshot:
+:mod:`dlhpc.harness._workfolder`), with the trial's facts in ``DLHPC_*`` variables.
 Hyperparameters reach the script only through ``trial.json``: read by
 ``dlhpc.init()``, or by the script runner that fills a template entrypoint
 (:mod:`dlhpc.integrations.script`, started by entry.sh as ``$DLHPC_PYTHON``).
@@ -47,6 +48,7 @@ from pathlib import Path
 from types import FrameType
 
 from dlhpc.errors import DlhpcError
+from dlhpc.harness._workfolder import prepare_work_dir
 from dlhpc.harness.distributed import rank_env
 from dlhpc.harness.telemetry import start_gpu_sampler
 from dlhpc.protocol import (
@@ -64,6 +66,7 @@ from dlhpc.protocol import (
     attempts_dir,
     read_small_json,
     trial_file,
+    work_dir,
 )
 from dlhpc.repro.job import attempt_record, deterministic_env
 from dlhpc.scheduler.environment import JobEnvironment
@@ -266,6 +269,7 @@ def run_entrypoint(trial_dir: Path) -> int:
     attempt_dir = attempts_dir(trial_dir) / attempt_key(job_id, restart)
     events = EventWriter(attempt_dir, f"worker-r{rank}")
     child_env = _child_env(spec, trial_dir, attempt_dir)
+    cwd = prepare_work_dir(Path(spec.code_dir), work_dir(trial_dir))
     _record_start(events, job, spec, child_env)
     heartbeat = _Heartbeat(attempt_dir / HEARTBEAT_FILE, HEARTBEAT_INTERVAL_S)
     if rank == 0:
@@ -275,7 +279,7 @@ def run_entrypoint(trial_dir: Path) -> int:
     on_node_rank0 = job.local_rank == 0
     sampler = start_gpu_sampler(attempt_dir, os.environ, job.node_id) if on_node_rank0 else None
     try:
-        code, received = _run_child(spec.entry_script, spec.code_dir, child_env, job)
+        code, received = _run_child(spec.entry_script, str(cwd), child_env, job)
     finally:
         heartbeat.stopped.set()
         if sampler is not None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -11,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dlhpc import _perms
-from dlhpc._perms import make_dirs
+from dlhpc._perms import make_dirs, remove_tree
 from dlhpc.config.lines import key_issue
 from dlhpc.config.schema import ExperimentConfig
 from dlhpc.config.serde import to_jsonable
@@ -129,7 +128,7 @@ def launch(
             tasks = _prepare_and_submit(store, pool, exp_id, prepare)
         return LaunchResult(exp_id, [t.job_id for t in tasks])
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_tree(staging, ignore_errors=True)
 
 
 def _check_limits(cfg: ExperimentConfig, pool: SchedulerPool) -> None:

@@ -12,11 +12,11 @@ import re
 import shlex
 import shutil
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 from dlhpc._argv_template import split_template
-from dlhpc._perms import copy_file
+from dlhpc._perms import copy_file, read_only_tree, remove_tree
 from dlhpc._threads import map_io
 from dlhpc.config.schema import ExperimentConfig
 from dlhpc.config.serde import to_jsonable
@@ -35,6 +35,7 @@ from dlhpc.protocol import (
     trial_dir,
     trial_file,
 )
+from dlhpc.repro import code_files
 
 __all__ = [
     "SNAPSHOT_LIMIT_BYTES",
@@ -53,35 +54,28 @@ __all__ = [
 SNAPSHOT_LIMIT_BYTES = 200 * 1024 * 1024
 # the launch's own job context (it may run inside an allocation): never a later job's
 _JOB_CONTEXT = re.compile(r"^(SLURM_(?!CONF$)|SLURMD_|SRUN_|SALLOC_|PMIX?_|OMPI_)")
-_IGNORED = {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".mypy_cache", ".pytest_cache"}
-
-
-def _snapshot_files(workdir: Path, skip: Path) -> Iterable[Path]:
-    for path in sorted(workdir.rglob("*")):
-        rel = path.relative_to(workdir)
-        if any(part in _IGNORED for part in rel.parts) or path.suffix == ".pyc":
-            continue
-        if path == skip or skip in path.parents:
-            continue
-        if path.is_file() and not path.is_symlink():
-            yield path
 
 
 def snapshot_code(workdir: Path, dest: Path, skip: Path, limit: int = SNAPSHOT_LIMIT_BYTES) -> int:
-    """Copy ``workdir`` to ``dest`` (without VCS/venv/caches); returns bytes copied.
+    """Copy the files of :func:`dlhpc.repro.code_files` (what the record's manifest
+    hashes) from ``workdir`` to ``dest``; returns bytes copied.
 
-    Raises UsageError before copying anything when the tree exceeds ``limit``:
+    Raises UsageError before copying anything when the files exceed ``limit``:
     data sets belong on scratch, referenced by path, not in the code folder.
     """
-    files = list(_snapshot_files(workdir, skip))
+    try:
+        rels, _rules = code_files(workdir, skip)
+    except OSError as err:
+        raise UsageError(f"cannot list the code of workdir {workdir}: {err}") from None
+    files = [workdir / rel for rel in rels]
     total = sum(p.stat().st_size for p in files)
     if total > limit:
         raise UsageError(
             f"workdir {workdir} holds {total / 2**20:.0f} MiB (limit {limit / 2**20:.0f} MiB) to"
-            " snapshot; move data out of it and read it by path"
+            " snapshot; move data out of it (or list it in .gitignore) and read it by path"
         )
-    for src in files:
-        target = dest / src.relative_to(workdir)
+    for rel, src in zip(rels, files, strict=True):
+        target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         copy_file(src, target)  # the mode masked by the site's umask, not the source's
     return total
@@ -143,7 +137,8 @@ def entry_script_text(cfg: ExperimentConfig, experiment_id: int) -> str:
     lines = [
         "#!/bin/bash",
         f"# dlhpc experiment {experiment_id} ({cfg.name}): written at launch, run by the",
-        "# worker in the code snapshot. Hyperparameters are in $DLHPC_TRIAL_DIR/trial.json.",
+        "# worker in the trial's working folder ($DLHPC_TRIAL_DIR/work: links to the",
+        "# read-only code snapshot). Hyperparameters are in $DLHPC_TRIAL_DIR/trial.json.",
         "",
         "# Slurm signals every process of the job (TERM at preemption, USR2 before the time",
         "# limit). The training process handles them; this shell must not die of them first.",
@@ -182,7 +177,8 @@ def _script_runner_lines(cfg: ExperimentConfig) -> list[str]:
 
 
 def stage_run_folder(cfg: ExperimentConfig, runs_root: Path, code_from: Path | None = None) -> Path:
-    """Build the code snapshot in a staging folder (nothing else sees it yet).
+    """Build the code snapshot in a staging folder (nothing else sees it yet); remove
+    it with :func:`~dlhpc._perms.remove_tree` (a copied snapshot's folders are read-only).
 
     ``code_from``: copy this folder (another experiment's snapshot, for ``dlhpc
     reproduce``) instead of snapshotting the workdir.
@@ -195,17 +191,20 @@ def stage_run_folder(cfg: ExperimentConfig, runs_root: Path, code_from: Path | N
         else:
             snapshot_code(cfg.workdir, code_dir(staging), skip=runs_root)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_tree(staging, ignore_errors=True)
         raise
     return staging
 
 
 def publish_staging(staging: Path, cfg: ExperimentConfig, exp_dir: Path, exp_id: int) -> Path:
     """Turn the staging folder into the experiment's run folder ``exp_dir`` (as recorded
-    in the database: :func:`~dlhpc.protocol.experiment_dir`) (idempotent)."""
+    in the database: :func:`~dlhpc.protocol.experiment_dir`) (idempotent). The code
+    snapshot is made read-only (no write bit on its files and folders): trials run in
+    their own working folders, and ``dlhpc reproduce`` copies the snapshot as launched."""
     if not exp_dir.exists():
         staging.rename(exp_dir)
     code_dir(exp_dir).mkdir(exist_ok=True)
+    read_only_tree(code_dir(exp_dir))
     atomic_write_text(entry_script(exp_dir), entry_script_text(cfg, exp_id))
     env = launch_environment(os.environ)
     # 0600 in every permissions mode: a login shell's environment holds tokens and

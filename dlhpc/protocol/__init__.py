@@ -58,6 +58,7 @@ from dlhpc.protocol.layout import (
     stop_requested,
     trial_dir,
     trial_file,
+    work_dir,
 )
 from dlhpc.protocol.spec import TrialSpec
 
@@ -99,4 +100,5 @@ __all__ = [
     "stop_requested",
     "trial_dir",
     "trial_file",
+    "work_dir",
 ]

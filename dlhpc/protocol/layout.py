@@ -8,11 +8,13 @@ Layout under the runs folder (one per store)::
       entry.sh                   ENTRY_SCRIPT: site modules + environment.setup + entrypoint
       launch-env.json            LAUNCH_ENV_FILE: the launch's environment (policy's mode), which
                                  later submissions (cron, scrontab ticks) run sbatch in
-      code/                      CODE_DIR: snapshot of the workdir at launch
+      code/                      CODE_DIR: snapshot of the workdir at launch (read-only)
       jobs/                      JOBS_DIR: the scheduler backend's folder (scripts, logs)
       trials/trial-000042/       trial_dir()
         trial.json               TRIAL_FILE: TrialSpec (hyperparameters never go through a shell)
         stop.json                STOP_FILE: the searcher stopped the trial (request_stop)
+        work/                    WORK_DIR: the trial's working folder (its jobs' cwd), with
+                                 links to code/'s top-level entries; what it writes lands here
         attempts/<attempt_key>/  attempt_dir()
           <stream>-<seq:08d>.jsonl   immutable event batches (dlhpc.protocol.events);
                                  stream SETUP_STREAM: the job script's setup failed
@@ -71,6 +73,8 @@ __all__ = [
     "stop_requested",
     "trial_dir",
     "trial_file",
+    "WORK_DIR",
+    "work_dir",
 ]
 
 EXPERIMENT_FILE = "experiment.json"
@@ -86,6 +90,7 @@ SETUP_DONE_VAR = "DLHPC_JOB_SETUP"
 TRIAL_DIR_VAR = "DLHPC_TRIAL_DIR"
 ATTEMPT_DIR_VAR = "DLHPC_ATTEMPT_DIR"
 CODE_DIR = "code"
+WORK_DIR = "work"
 JOBS_DIR = "jobs"
 TRIALS_DIR = "trials"
 TRIAL_FILE = "trial.json"
@@ -158,7 +163,7 @@ def launch_env_file(exp_dir: Path) -> Path:
 
 
 def code_dir(exp_dir: Path) -> Path:
-    """The experiment's code snapshot, where its jobs run."""
+    """The experiment's code snapshot (read-only; its trials run in :func:`work_dir`)."""
     return exp_dir / CODE_DIR
 
 
@@ -170,6 +175,11 @@ def jobs_dir(exp_dir: Path) -> Path:
 def trial_file(trial_path: Path) -> Path:
     """The trial's ``TrialSpec``."""
     return trial_path / TRIAL_FILE
+
+
+def work_dir(trial_path: Path) -> Path:
+    """The trial's working folder: its jobs' current folder, every attempt's."""
+    return trial_path / WORK_DIR
 
 
 def attempt_key(job_id: str, restart: int) -> str:

@@ -25,7 +25,7 @@ from dlhpc.repro._attempt import (
 )
 from dlhpc.repro._determinism import dataloader_generator, seed_worker, set_torch_deterministic
 from dlhpc.repro._diff import SECTIONS, Difference, diff_records, render_differences, trial_record
-from dlhpc.repro._files import fingerprint_data, gitignore_filter
+from dlhpc.repro._files import code_files, fingerprint_data
 from dlhpc.repro._launch import code_record, collect_launch_record
 
 __all__ = [
@@ -33,13 +33,13 @@ __all__ = [
     "SECTIONS",
     "Difference",
     "attempt_record",
+    "code_files",
     "code_record",
     "collect_launch_record",
     "dataloader_generator",
     "deterministic_env",
     "diff_records",
     "fingerprint_data",
-    "gitignore_filter",
     "is_secret_name",
     "merge_env_record",
     "redacted_env",

@@ -1,13 +1,10 @@
 """File helpers of the record: sha256, ``.gitignore`` filtering, data fingerprints.
 
-Standard library only (the job side imports :func:`fingerprint_data`). Contracts:
+Standard library at import (the job side imports :func:`fingerprint_data`). Contracts:
 
-* :func:`gitignore_filter` lists the regular files under a folder that
-  ``.gitignore`` rules do not exclude, with git itself when it is installed (a
-  throw-away bare repository whose work tree is the folder, so every ``.gitignore``
-  below it, negations included, is honoured), else with a small ``fnmatch``
-  reading of the ``.gitignore`` files (``!``, trailing ``/``, anchored patterns);
-  it says which it used.
+* :func:`code_files` lists a workdir's code, the one list that the code snapshot
+  copies and the record's manifest hashes: what ``.gitignore`` rules keep, as git
+  applies them (git itself in a work tree, else :mod:`pathspec`, imported only then).
 * :func:`fingerprint_data` describes declared data inputs: file list, sizes,
   mtimes, a digest of that listing, and a content digest when asked; it never
   raises for a missing or unreadable path (it says so in the entry).
@@ -15,17 +12,18 @@ Standard library only (the job side imports :func:`fingerprint_data`). Contracts
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import os
 import shutil
 import subprocess
-import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["LISTING_LIMIT", "SKIP_DIRS", "file_sha256", "fingerprint_data", "gitignore_filter"]
+if TYPE_CHECKING:
+    from pathspec import GitIgnoreSpec
+
+__all__ = ["LISTING_LIMIT", "SKIP_DIRS", "code_files", "file_sha256", "fingerprint_data"]
 
 SKIP_DIRS = (".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".mypy_cache", ".pytest_cache")
 LISTING_LIMIT = 1000  # files listed per data input in the record (the digests cover all)
@@ -45,85 +43,110 @@ def skip_pathspecs() -> list[str]:
     return ["--", ".", *(f":(exclude,glob)**/{d}/**" for d in SKIP_DIRS)]
 
 
-def _git_list(root: Path) -> list[str]:
-    scratch = tempfile.mkdtemp(prefix="dlhpc-ignore-")
+def _skipped(rel: str) -> bool:
+    return any(part in SKIP_DIRS for part in rel.split("/")) or rel.endswith(".pyc")
+
+
+def _in_git_work_tree(root: Path) -> bool:
+    if shutil.which("git") is None:
+        return False
     try:
-        git_dir = str(Path(scratch) / "g")
-        env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"}
-        subprocess.run(
-            ["git", "init", "-q", "--bare", git_dir], env=env, check=True, timeout=15,
-            capture_output=True,
-        )  # fmt: skip
         proc = subprocess.run(
-            ["git", f"--git-dir={git_dir}", f"--work-tree={root}", "ls-files", "--others",
-             "--exclude-standard", "-z", *skip_pathspecs()],
-            cwd=root, env=env, check=True, timeout=60, capture_output=True,
+            ["git", "rev-parse", "--is-inside-work-tree"], cwd=root, env=_git_env(),
+            capture_output=True, timeout=15, check=False, stdin=subprocess.DEVNULL,
         )  # fmt: skip
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return [r for r in proc.stdout.decode(errors="replace").split("\0") if r]
+    except subprocess.TimeoutExpired as err:
+        raise OSError(f"git rev-parse in {root}: {err}") from None
+    return proc.returncode == 0 and proc.stdout.strip() == b"true"
 
 
-_Rule = tuple[str, str, bool, bool, bool]  # base dir, pattern, negated, dir only, anchored
+def _git_env() -> dict[str, str]:
+    return {**os.environ, "GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
 
 
-def _read_rules(folder: Path, base: str) -> list[_Rule]:
-    try:
-        lines = (folder / ".gitignore").read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return []
-    rules = []
-    for line in lines:
-        line = line.rstrip()
-        if not line or line.startswith("#"):
+def _git_files(root: Path) -> list[str]:
+    """Tracked files (submodules' included: research code often vendors one) and the
+    untracked files no ``.gitignore`` rule excludes; git cannot list both at once."""
+    rels: list[str] = []
+    for which in (["--cached", "--recurse-submodules"], ["--others", "--exclude-standard"]):
+        try:
+            proc = subprocess.run(
+                ["git", "ls-files", *which, "-z", *skip_pathspecs()],
+                cwd=root, env=_git_env(), capture_output=True, timeout=60, check=False,
+                stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise OSError(f"git ls-files in {root}: {err}") from None
+        if proc.returncode != 0:
+            why = proc.stderr.decode(errors="replace").strip().splitlines()
+            raise OSError(f"git ls-files in {root}: {why[-1] if why else proc.returncode}")
+        rels += [r for r in proc.stdout.decode(errors="replace").split("\0") if r]
+    return rels
+
+
+def _ignored(rel: str, levels: list[tuple[str, GitIgnoreSpec]]) -> bool:
+    """Whether ``rel`` (a folder's ends with ``/``) is ignored: as git, the deepest
+    ``.gitignore`` with a matching pattern decides, its last matching pattern wins."""
+    for base, spec in reversed(levels):
+        if base and not rel.startswith(base):
             continue
-        negated = line.startswith("!")
-        pattern = line[1:] if negated else line
-        dir_only = pattern.endswith("/")
-        pattern = pattern.rstrip("/")
-        anchored = "/" in pattern
-        rules.append((base, pattern.lstrip("/"), negated, dir_only, anchored))
-    return rules
+        include = spec.check_file(rel[len(base) :]).include
+        if include is not None:
+            return include
+    return False
 
 
-def _ignored(rel: str, is_dir: bool, rules: Iterable[_Rule]) -> bool:
-    ignored = False
-    for base, pattern, negated, dir_only, anchored in rules:
-        if base and not rel.startswith(base + "/"):
-            continue
-        sub = rel[len(base) + 1 :] if base else rel
-        if dir_only and not is_dir:
-            continue
-        target = sub if anchored else sub.rsplit("/", 1)[-1]
-        if fnmatch.fnmatchcase(target, pattern):
-            ignored = not negated
-    return ignored
+def _pathspec_files(root: Path, skip: Path | None) -> list[str]:
+    from pathspec import GitIgnoreSpec  # only for a workdir outside git
 
-
-def _fnmatch_list(root: Path) -> list[str]:
     out: list[str] = []
-    rules: list[_Rule] = []
+    levels: dict[str, list[tuple[str, GitIgnoreSpec]]] = {"": []}
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
-        base = here.relative_to(root).as_posix()
-        base = "" if base == "." else base
-        rules.extend(_read_rules(here, base))
-        prefix = f"{base}/" if base else ""
+        rel_dir = here.relative_to(root).as_posix()
+        prefix = "" if rel_dir == "." else rel_dir + "/"
+        rules = list(levels.pop(prefix))
+        if ".gitignore" in filenames:
+            text = (here / ".gitignore").read_text(encoding="utf-8", errors="replace")
+            rules.append((prefix, GitIgnoreSpec.from_lines(text.splitlines())))
+        # git does not look inside an ignored folder: nothing below it comes back
         dirnames[:] = sorted(
-            d for d in dirnames if d not in SKIP_DIRS and not _ignored(prefix + d, True, rules)
+            d
+            for d in dirnames
+            if d not in SKIP_DIRS
+            and not (here / d).is_symlink()
+            and here / d != skip
+            and not _ignored(f"{prefix}{d}/", rules)
         )
-        out.extend(prefix + f for f in sorted(filenames) if not _ignored(prefix + f, False, rules))
+        levels.update({f"{prefix}{d}/": rules for d in dirnames})
+        out.extend(prefix + f for f in filenames if not _ignored(prefix + f, rules))
     return out
 
 
-def gitignore_filter(root: Path) -> tuple[list[str], str]:
-    """(relative POSIX paths of the files under ``root`` not ignored, which rules)."""
-    if shutil.which("git") is not None:
-        try:
-            return sorted(_git_list(root)), "git (.gitignore files, core.excludesFile)"
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return sorted(_fnmatch_list(root)), "fnmatch of .gitignore files (git not usable)"
+def code_files(root: Path, skip: Path | None = None) -> tuple[list[str], str]:
+    """The workdir's code: (sorted relative POSIX paths, which rules chose them).
+
+    The one list that the code snapshot copies and the record's manifest hashes:
+    the regular files (no symlinks) that ``.gitignore`` rules keep, as git applies
+    them: ``git ls-files`` (tracked, submodules included, and untracked not
+    ignored) in a git work tree,
+    else every ``.gitignore`` below ``root`` read by :mod:`pathspec` (nested files,
+    negations, folder patterns). VCS, virtualenv and cache folders, ``*.pyc`` and
+    ``skip`` (the state folder, when it lies inside) are left out. Raises OSError
+    when git fails in a work tree.
+    """
+    if _in_git_work_tree(root):
+        rels, rules = _git_files(root), "git ls-files (tracked, submodules, untracked not ignored)"
+    else:
+        rels, rules = _pathspec_files(root, skip), "pathspec (.gitignore files; no git work tree)"
+    out = []
+    for rel in sorted(set(rels)):
+        path = root / rel
+        if _skipped(rel) or (skip is not None and (path == skip or skip in path.parents)):
+            continue
+        if path.is_file() and not path.is_symlink():
+            out.append(rel)
+    return out, rules
 
 
 def _files_of(path: Path) -> list[tuple[str, Path]]:

@@ -43,7 +43,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dlhpc.repro._files import SKIP_DIRS, file_sha256, gitignore_filter, skip_pathspecs
+from dlhpc.repro._files import SKIP_DIRS, code_files, file_sha256, skip_pathspecs
 
 if TYPE_CHECKING:
     from dlhpc.config.schema import ExperimentConfig
@@ -174,8 +174,7 @@ def _git_code(workdir: Path, skip: Path | None, limit: int) -> dict[str, Any]:
 
 
 def _snapshot_code(workdir: Path, skip: Path | None, limit: int) -> dict[str, Any]:
-    rels, rules = gitignore_filter(workdir)
-    rels = [r for r in rels if not _skipped(r, skip, workdir)]
+    rels, rules = code_files(workdir, skip)  # exactly what the snapshot copies
     rec: dict[str, Any] = {"kind": "snapshot", "ignore_rules": rules}
     rec.update(_hashed(workdir, rels, limit, CODE_FILES_LIMIT))
     manifest = rec.get("manifest", {})

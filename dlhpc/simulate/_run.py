@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import shutil
 import tempfile
 import time
 from collections import Counter
@@ -35,6 +34,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from dlhpc._perms import remove_tree
 from dlhpc.config.schema import ExperimentConfig
 from dlhpc.orchestrator import launch, tick
 from dlhpc.orchestrator.decide import STOP_GRACE
@@ -173,7 +173,7 @@ def simulate_once(
             store.close()
     finally:
         if home is None:
-            shutil.rmtree(root, ignore_errors=True)
+            remove_tree(root, ignore_errors=True)
 
 
 def _drive(

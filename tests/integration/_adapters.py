@@ -32,10 +32,18 @@ __all__ = [
 ]
 
 
-def _yaml(tmp_path: Path, example: str, hparams: str, searcher: str) -> Path:
+def _yaml(
+    tmp_path: Path,
+    example: str,
+    hparams: str,
+    searcher: str,
+    prepare: Callable[[Path], None] | None = None,
+) -> Path:
     work = tmp_path / example
     work.mkdir()
     shutil.copy(EXAMPLES / example / "train.py", work / "train.py")
+    if prepare is not None:
+        prepare(work)
     exp = work / "exp.yaml"
     exp.write_text(
         f"name: {example}-e2e\nentrypoint: python train.py\n"
@@ -58,14 +66,17 @@ def asha_with_one_requeue(
     timeout: float = 900,
     on_requeue: Callable[[dict[str, Any]], None] | None = None,
     each_tick: Callable[[], None] | None = None,
+    prepare: Callable[[Path], None] | None = None,
 ) -> tuple[dict[str, Any], int]:
     """Run the search; requeue the first trial seen RUNNING with ``steps_completed``
     in ``[ready_at, ready_at + 2)`` (a promoted trial in its second rung), then call
     ``on_requeue`` with that trial's status (e.g. to start its uninterrupted reference
     run while the search goes on). ``each_tick`` is called after every tick (which
-    ticks every experiment: one launched beside this search runs on). Returns the
-    final status and the requeued trial's id."""
-    exp_id = cli.json("launch", str(_yaml(tmp_path, example, hparams, searcher)))["experiment_id"]
+    ticks every experiment: one launched beside this search runs on); ``prepare`` may
+    change the workdir (the example's ``train.py`` copied in) before the launch.
+    Returns the final status and the requeued trial's id."""
+    exp_yaml = _yaml(tmp_path, example, hparams, searcher, prepare)
+    exp_id = cli.json("launch", str(exp_yaml))["experiment_id"]
     victim: int | None = None
     deadline = time.monotonic() + timeout
     while True:

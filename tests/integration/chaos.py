@@ -871,9 +871,9 @@ def _workdir(keep: bool) -> Iterator[Path]:
         yield path
     finally:
         if not keep:
-            import shutil
+            from dlhpc._perms import remove_tree
 
-            shutil.rmtree(path, ignore_errors=True)
+            remove_tree(path, ignore_errors=True)  # it holds read-only code snapshots
 
 
 def main(argv: list[str] | None = None) -> int:

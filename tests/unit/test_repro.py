@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,9 +21,9 @@ from dlhpc.errors import ConfigError
 from dlhpc.protocol import TrialSpec
 from dlhpc.repro import (
     REDACTED,
-    _files,
     _launch,
     attempt_record,
+    code_files,
     code_record,
     collect_launch_record,
     diff_records,
@@ -33,6 +34,7 @@ from dlhpc.repro import (
 )
 from dlhpc.scheduler.slurm.environment import SlurmJobEnvironment
 from tests._config import load_experiment
+from tests.unit.test_code_snapshot import ignore_tree
 
 GIT = [
     "git",
@@ -85,40 +87,23 @@ def test_git_workdir_records_commit_branch_remote_diff_and_untracked(tmp_path: P
     assert code_record(work)["digest"] != rec["digest"]
 
 
-def test_non_git_workdir_gets_a_manifest_honouring_gitignore(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_non_git_workdir_gets_a_manifest_honouring_gitignore_as_git_does(tmp_path: Path) -> None:
     work = tmp_path / "work"
-    (work / "data").mkdir(parents=True)
-    (work / "sub").mkdir()
-    (work / ".venv" / "lib").mkdir(parents=True)
-    (work / ".gitignore").write_text("# comment\n*.log\n!keep.log\ndata/\n/top.txt\n")
-    (work / "sub" / ".gitignore").write_text("*.tmp\n")
-    files = {
-        "train.py": "print(1)\n",
-        "keep.log": "kept\n",
-        "sub/top.txt": "not anchored here\n",
-        "sub/m.py": "m\n",
-    }
-    for rel, text in files.items():
-        (work / rel).write_text(text)
-    for rel in ("a.log", "data/big.bin", "top.txt", "sub/x.tmp", ".venv/lib/site.py"):
-        (work / rel).write_text("ignored\n")
-    expected = {
-        rel: hashlib.sha256((work / rel).read_bytes()).hexdigest()
-        for rel in [*files, ".gitignore", "sub/.gitignore"]
-    }
+    kept = ignore_tree(work)
+    expected = {rel: hashlib.sha256(text.encode()).hexdigest() for rel, text in kept.items()}
 
     rec = code_record(work)
-    assert rec["kind"] == "snapshot" and rec["ignore_rules"].startswith("git")
+    assert rec["kind"] == "snapshot" and rec["ignore_rules"].startswith("pathspec")
     assert rec["manifest"] == expected and rec["files"] == len(expected)
-    # without git: the small fnmatch reading of the same rules agrees
-    monkeypatch.setattr(_files.shutil, "which", lambda name: None)
-    monkeypatch.setattr(_launch.shutil, "which", lambda name: None)
-    plain = code_record(work)
-    assert plain["ignore_rules"].startswith("fnmatch") and plain["manifest"] == expected
-    assert plain["digest"] == rec["digest"]
+    assert code_files(work) == (sorted(expected), rec["ignore_rules"])
+    # git's own answer for the same tree: the same files
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    in_git, rules = code_files(work)
+    assert rules.startswith("git ls-files") and in_git == sorted(expected)
+    subprocess.run(["git", "-C", str(work), "add", "-A"], check=True)  # tracked: the same list
+    assert code_files(work)[0] == sorted(expected)
     # past the size limit: a clear message, nothing hashed
+    shutil.rmtree(work / ".git")
     big = code_record(work, limit=10)
     assert "manifest" not in big and big["digest"] is None
     assert "past the limit of the code record" in big["error"] and "MiB" in big["error"]

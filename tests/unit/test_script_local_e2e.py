@@ -69,9 +69,13 @@ def test_plain_script_under_asha_on_the_local_backend(
     (best,) = [t for t in exp["trials"] if t["state"] == "COMPLETED"]
     assert best["steps_completed"] == 4
     assert best["best_metric"] == pytest.approx(best["hparams"]["x"] / 4)
-    # the code snapshot's argv.jsonl: one line per run of the script
+    # argv.jsonl beside the script's path: in each trial's working folder, one line per
+    # run of the script; none in the read-only code snapshot
     (code,) = home.glob("runs/exp-*/code")
-    argvs = [json.loads(line) for line in (code / "argv.jsonl").read_text().splitlines()]
+    assert not (code / "argv.jsonl").exists()
+    logs = sorted(home.glob("runs/exp-*/trials/trial-*/work/argv.jsonl"))
+    assert len(logs) == 2, logs
+    argvs = [json.loads(line) for log in logs for line in log.read_text().splitlines()]
     assert len(argvs) == 3  # two first runs, one promoted run resumed from epoch 2
     assert all(argv[1:3] == ["--tag", EVIL] for argv in argvs)
     resumed = [argv for argv in argvs if argv[-1]]

@@ -135,7 +135,7 @@ def shared_base() -> Iterator[Path]:
     mask = os.umask(0o022)
     yield base
     os.umask(mask)
-    shutil.rmtree(base, ignore_errors=True)
+    _perms.remove_tree(base, ignore_errors=True)  # it holds read-only code snapshots
 
 
 def _nobody_python(env: dict[str, str]) -> list[str] | None:

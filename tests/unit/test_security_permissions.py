@@ -22,7 +22,7 @@ from dlhpc._perms import current_umask
 from dlhpc.config import load_site
 from dlhpc.errors import ConfigError, StoreError
 from dlhpc.protocol import atomic_write_text
-from dlhpc.protocol.layout import LAUNCH_ENV_FILE
+from dlhpc.protocol.layout import CODE_DIR, LAUNCH_ENV_FILE
 from dlhpc.store import Store
 from tests.unit._cli import run, until_over
 
@@ -153,8 +153,12 @@ def test_group_mode_shares_with_the_lab_group_only(
         ok = st.st_gid == gid and not mode & 0o007 and mode & stat.S_IRGRP
         if p.name == LAUNCH_ENV_FILE:  # the launch's environment: its owner's alone
             ok = st.st_gid == gid and stat.S_IMODE(mode) == 0o600
+        snapshot = p.relative_to(tmp_path).parts[1:4:2] == ("runs", CODE_DIR)  # runs/exp-*/code
+        if snapshot:  # the code snapshot: the lab reads it, nobody writes it
+            ok = ok and not mode & 0o222
         if stat.S_ISDIR(mode):
-            ok = ok and bool(mode & stat.S_ISGID) and mode & 0o070 == 0o070
+            group = 0o050 if snapshot else 0o070
+            ok = ok and bool(mode & stat.S_ISGID) and mode & group == group
         if not ok:
             wrong.append(f"{p} {stat.filemode(mode)} gid {st.st_gid}")
     assert wrong == []

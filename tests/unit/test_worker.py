@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dlhpc.protocol import TrialSpec, read_event_batches
+from dlhpc.protocol import TrialSpec, read_event_batches, work_dir
 
 
 def _trial(tmp_path: Path, entry: str, hparams: dict[str, object]) -> Path:
@@ -70,8 +70,9 @@ def test_hostile_hparams_reach_the_script_only_through_the_file(tmp_path: Path) 
     tdir = _trial(tmp_path, entry, {"name": evil})
     proc = _run(tdir)
     assert proc.returncode == 0, proc.stderr
-    code = tmp_path / "exp" / "code"
-    assert json.loads((code / "out.json").read_text()) == [{"name": evil}, "yes"]
+    # written where the script ran: the trial's working folder, not the code snapshot
+    assert json.loads((work_dir(tdir) / "out.json").read_text()) == [{"name": evil}, "yes"]
+    assert not (tmp_path / "exp" / "code" / "out.json").exists()
     assert not list(tmp_path.rglob("PWNED*"))
     adir = tdir / "attempts" / "local-abc_0.r0"
     records = [r for b in read_event_batches(adir) for r in b.records]
@@ -161,7 +162,7 @@ def _start_and_signal(tdir: Path, sig: int, env_extra: dict[str, str]) -> int:
         [sys.executable, "-m", "dlhpc.harness.worker", str(tdir)],
         env=env,
     )
-    ready = tdir.parent.parent / "code" / "ready"
+    ready = work_dir(tdir) / "ready"  # the script runs in the trial's working folder
     deadline = time.monotonic() + 60
     while not ready.exists():
         assert time.monotonic() < deadline, "script never started"
@@ -212,7 +213,7 @@ def test_searcher_stop_file_ends_the_trial_at_its_next_step(tmp_path: Path) -> N
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env["DLHPC_JOB_ID"] = "local-s_0"
     proc = subprocess.Popen([sys.executable, "-m", "dlhpc.harness.worker", str(tdir)], env=env)
-    ready = tdir.parent.parent / "code" / "ready"
+    ready = work_dir(tdir) / "ready"  # the script runs in the trial's working folder
     deadline = time.monotonic() + 60
     while not ready.exists():
         assert time.monotonic() < deadline, "script never started"
