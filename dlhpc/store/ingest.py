@@ -35,6 +35,7 @@ from dlhpc.store._records import (
     log_row,
     metric_rows,
 )
+from dlhpc.store.checkpoint_dirs import foreign_checkpoint, trial_checkpoint_dir
 from dlhpc.store.tables import (
     Attempt,
     Base,
@@ -299,6 +300,10 @@ def _apply(
         apply_exit(attempt, rec)
         result.exited = True
     elif kind == "checkpoint":
+        refused = _foreign_checkpoint_record(trial, rec, now)
+        if refused is not None:
+            out.events.append(refused)
+            return
         row = checkpoint_row(trial.id, attempt.id, rec, now)
         row["metric"] = _checkpoint_metric(session, trial, rec, out.pending[trial.id])
         out.checkpoints.append(row)
@@ -310,6 +315,25 @@ def _apply(
         attempt.env_json = merge_env_record(attempt.env_json, rec)
     elif kind == "log":
         out.events.append(log_row(trial, rec, now))
+
+
+def _foreign_checkpoint_record(
+    trial: Trial, rec: dict[str, Any], now: datetime
+) -> dict[str, Any] | None:
+    """The warning ``events`` row that replaces a ``checkpoint`` record whose folder is
+    not one of the trial's own (:func:`~dlhpc.store.checkpoint_dirs.foreign_checkpoint`:
+    another trial's, elsewhere, or another step's), or None to store it."""
+    step = finite_int(rec.get("step", 0))
+    own = trial_checkpoint_dir(trial.experiment, trial.id)
+    why = (
+        "its step is not an integer"
+        if step is None
+        else foreign_checkpoint(own, str(rec.get("path", "")), step)
+    )
+    if why is None:
+        return None
+    message = f"checkpoint record refused (not stored): {why}"
+    return log_row(trial, {"level": "warning", "message": message, "time": rec.get("time")}, now)
 
 
 def settling(session: Session, now: datetime, users: Collection[str]) -> list[tuple[int, int, str]]:
