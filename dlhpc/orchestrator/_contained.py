@@ -10,8 +10,9 @@ trial folder's descriptor. A symlink anywhere below the root is refused
 followed: the check and the act use the same descriptor.
 
 :func:`remove_own_checkpoint` (the GC's delete) renames the folder out of sight
-and removes it with ``shutil.rmtree(..., dir_fd=...)``, counting the bytes it
-frees itself (``stat`` of each file it removes, not the size a job recorded).
+and removes it bottom-up through descriptors (``os.fwalk``, which follows no
+symlink), counting the bytes it frees itself (``stat`` of each file just before
+it unlinks it, not the size a job recorded).
 :func:`checked_checkpoint` is the registry's and export's check: the trial's own
 folder, the recorded step, the manifest.
 """
@@ -21,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
 import stat
 import uuid
 from collections.abc import Iterator
@@ -93,13 +93,39 @@ def _freed_bytes(parent_fd: int, name: str, where: Path) -> int:
     return sum(size for links, size, nlink in seen.values() if links >= nlink)
 
 
+def _raise(err: OSError) -> None:
+    raise err
+
+
+def _remove_tree(parent_fd: int, name: str, where: Path) -> int:
+    """Remove the folder ``name`` (in ``parent_fd``; not a symlink) bottom-up through
+    descriptors (``os.fwalk`` follows no symlink: a symlink below is unlinked, not
+    followed) and return the bytes freed: the size of each regular file whose last
+    link it removed, taken by ``stat`` just before the unlink."""
+    top = _open_below(parent_fd, name, where)
+    freed = 0
+    try:
+        walk = os.fwalk(".", topdown=False, onerror=_raise, follow_symlinks=False, dir_fd=top)
+        for _, dirs, files, dir_fd in walk:
+            for f in files:
+                st = os.stat(f, dir_fd=dir_fd, follow_symlinks=False)
+                os.unlink(f, dir_fd=dir_fd)
+                if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+                    freed += st.st_size
+            for d in dirs:
+                os.rmdir(d, dir_fd=dir_fd)
+    finally:
+        os.close(top)
+    os.rmdir(name, dir_fd=parent_fd)
+    return freed
+
+
 def remove_own_checkpoint(own: TrialCheckpointDir, name: str, dry_run: bool = False) -> int | None:
     """Remove the checkpoint folder ``name`` of the trial's folder ``own`` and return the
     bytes it freed (``dry_run``: would free; nothing is touched), or None when it (or
-    a folder above it) is absent. UnsafePathError for a symlink anywhere below the
+    a folder above it) is absent. It is renamed out of sight first (a reader never
+    sees it half deleted). UnsafePathError for a symlink anywhere below the
     configured root, or a ``name`` that is not a folder; OSError as it comes."""
-    if not shutil.rmtree.avoids_symlink_attacks:
-        raise OSError("this platform's shutil.rmtree is open to symlink attacks; nothing deleted")
     try:
         with _trial_fd(own) as fd:
             if dry_run:
@@ -109,11 +135,10 @@ def remove_own_checkpoint(own: TrialCheckpointDir, name: str, dry_run: bool = Fa
             doomed = f"{_DEL_PREFIX}{name}-{uuid.uuid4().hex}"
             os.rename(name, doomed, src_dir_fd=fd, dst_dir_fd=fd)  # renames a link, never follows
             try:
-                freed = _freed_bytes(fd, doomed, own.path)
+                freed = _remove_tree(fd, doomed, own.path)
             except UnsafePathError:  # swapped for a symlink after the check: put it back
                 os.rename(doomed, name, src_dir_fd=fd, dst_dir_fd=fd)
                 raise
-            shutil.rmtree(doomed, dir_fd=fd)
             os.fsync(fd)
             return freed
     except FileNotFoundError:

@@ -44,9 +44,9 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, cast
 
-from sqlalchemy import Select, bindparam, func, select, update
+from sqlalchemy import Select, Table, bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from dlhpc.errors import DlhpcError, NotFoundError, UnsafePathError, UsageError
@@ -319,7 +319,7 @@ def _delete_one(c: CkptInfo, own: TrialCheckpointDir | None, report: GcReport) -
 
 def _mark_deleted(store: Store, freed: Mapping[int, int]) -> None:
     """Rows DELETED, each with the bytes its deletion freed as its size."""
-    table = Checkpoint.__table__
+    table = cast(Table, Checkpoint.__table__)
     stmt = (
         update(table)
         .where(table.c.id == bindparam("cid"), table.c.state == CheckpointState.ACTIVE.value)
