@@ -112,8 +112,11 @@ def _remove_tree(parent_fd: int, name: str, where: Path) -> int:
                 os.unlink(f, dir_fd=dir_fd)
                 if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
                     freed += st.st_size
-            for d in dirs:
-                os.rmdir(d, dir_fd=dir_fd)
+            for d in dirs:  # a symlink to a folder is listed here, never entered
+                if stat.S_ISLNK(os.stat(d, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                    os.unlink(d, dir_fd=dir_fd)
+                else:
+                    os.rmdir(d, dir_fd=dir_fd)
     finally:
         os.close(top)
     os.rmdir(name, dir_fd=parent_fd)
