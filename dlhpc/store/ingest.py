@@ -5,7 +5,9 @@ The caller supplies the write transaction; everything an event file implies
 in that one transaction, so a reconciler killed at any line either applied a
 file completely or not at all, and a second pass skips what the first applied.
 ``gpu`` records become ``gpu_samples`` rows (one per GPU per sample; a row already
-there is kept, and a GPU entry without a usable index is skipped).
+there is kept, and a GPU entry without a usable index is skipped). A ``checkpoint``
+record whose folder is not one of the trial's own
+(:mod:`dlhpc.store.checkpoint_dirs`) is not stored: a warning event takes its place.
 """
 
 from __future__ import annotations
