@@ -28,13 +28,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from dlhpc.errors import UnsafePathError, UsageError
-from dlhpc.protocol.checkpoint import list_checkpoints, verify_checkpoint
+from dlhpc.protocol.checkpoint import DELETING_PREFIX, list_checkpoints, verify_checkpoint
 from dlhpc.store.checkpoint_dirs import TrialCheckpointDir, foreign_checkpoint
 
 __all__ = ["checked_checkpoint", "open_trial_dir", "remove_own_checkpoint"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-_DEL_PREFIX = ".del-ckpt-"  # as the in-job prune names its removals (it clears leftovers)
 
 
 def _open_below(parent_fd: int, name: str, where: Path) -> int:
@@ -135,7 +134,7 @@ def remove_own_checkpoint(own: TrialCheckpointDir, name: str, dry_run: bool = Fa
                 return _freed_bytes(fd, name, own.path)
             if not stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
                 raise UnsafePathError(f"{own.path / name} is a symlink or not a folder")
-            doomed = f"{_DEL_PREFIX}{name}-{uuid.uuid4().hex}"
+            doomed = f"{DELETING_PREFIX}{name}-{uuid.uuid4().hex}"
             os.rename(name, doomed, src_dir_fd=fd, dst_dir_fd=fd)  # renames a link, never follows
             try:
                 freed = _remove_tree(fd, doomed, own.path)
