@@ -17,16 +17,19 @@ row); "newest" is the highest step, re-saves of one step ordered by row id. The
 metric is fixed at ingest (:func:`dlhpc.store.ingest._checkpoint_metric`).
 
 :func:`gc` applies the plan to one experiment under the reconciler lease: each
-doomed folder is renamed out of sight and removed (only a folder named
-``ckpt-<step>[-n]`` strictly under the experiment's checkpoint root
-``<checkpoint.dir>/exp-<id>`` after resolving symlinks, never a symlink itself;
-anything else is *refused*: kept, its row left ACTIVE), then its row becomes
-DELETED with ``deleted_at``. A row whose folder is already gone is marked DELETED
-too and frees nothing (reported as *missing*). The folder goes before its row, so
-a crash between the two leaves a row that the next pass finds missing. The
-reconciler runs it for every active experiment each tick, after the searcher pass
-(:func:`gc_pass`); ``dlhpc gc`` runs it on demand. A row whose folder name a job
-publishes again after its deletion becomes ACTIVE again at ingest.
+doomed folder is renamed out of sight and removed, only if it is one of its
+trial's own (``<checkpoint.dir>/exp-<id>/trial-<id>/ckpt-<step>[-n]`` with the
+row's step, :mod:`dlhpc.store.checkpoint_dirs`), reached from the configured root
+without following a symlink and removed through the same descriptor
+(:mod:`._contained`); anything else is *refused*: kept, its row left ACTIVE. Its
+row then becomes DELETED with ``deleted_at`` and, as its size, the bytes the
+removal freed, measured by the login node (never the size a job recorded). A row
+whose folder is already gone is marked DELETED too, with 0 bytes (reported as
+*missing*). The folder goes before its row, so a crash between the two leaves a
+row that the next pass finds missing. The reconciler runs it for every active
+experiment each tick, after the searcher pass (:func:`gc_pass`); ``dlhpc gc``
+runs it on demand. A row whose folder name a job publishes again after its
+deletion becomes ACTIVE again at ingest.
 
 Only the reconciler deletes published checkpoints: jobs prune nothing but torn and
 stale temp folders (see :mod:`dlhpc.protocol.checkpoint`).
@@ -35,25 +38,28 @@ stale temp folders (see :mod:`dlhpc.protocol.checkpoint`).
 from __future__ import annotations
 
 import heapq
-import json
 import math
-import os
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, cast
 
-from sqlalchemy import Select, func, select, update
+from sqlalchemy import Select, Table, bindparam, func, select, update
 from sqlalchemy.orm import Session
 
-from dlhpc._safepath import inside
 from dlhpc.errors import DlhpcError, NotFoundError, UnsafePathError, UsageError
-from dlhpc.protocol import checkpoint_experiment_dir, recorded_slug
-from dlhpc.protocol.checkpoint import CHECKPOINT_NAME_RE, remove_checkpoint
+from dlhpc.orchestrator._contained import remove_own_checkpoint
 from dlhpc.states import TERMINAL_TRIAL_STATES, CheckpointState
 from dlhpc.store import Checkpoint, Decision, Experiment, Store, Trial, utcnow
+from dlhpc.store.checkpoint_dirs import (
+    TrialCheckpointDir,
+    checkpoint_config,
+    experiment_checkpoint_dir,
+    foreign_checkpoint,
+    trial_checkpoint_dir,
+)
 from dlhpc.store.model_registry import registered_checkpoints
 
 __all__ = [
@@ -178,18 +184,7 @@ def plan_gc(
 def checkpoint_root(exp: Experiment) -> Path | None:
     """``<checkpoint.dir>/<its run folder's name>``, where this experiment's trials
     checkpoint (``exp-000007-<slug>``, or ``exp-000007`` for older experiments)."""
-    ck = _checkpoint_cfg(exp)
-    if not ck.get("dir"):
-        return None
-    return checkpoint_experiment_dir(Path(ck["dir"]), exp.id, recorded_slug(exp.id, exp.run_dir))
-
-
-def _checkpoint_cfg(exp: Experiment) -> dict[str, Any]:
-    try:
-        ck = json.loads(exp.config_json or "{}").get("checkpoint") or {}
-    except (ValueError, AttributeError):
-        return {}
-    return ck if isinstance(ck, dict) else {}
+    return experiment_checkpoint_dir(exp)
 
 
 def _protected(s: Session, exp_id: int, among: Collection[int] | None = None) -> set[int]:
@@ -245,7 +240,7 @@ def _active(s: Session, exp_id: int, *, where: Iterable[Any] = ()) -> list[CkptI
 def experiment_plan(s: Session, exp: Experiment) -> tuple[list[CkptInfo], GcPlan]:
     """The experiment's ACTIVE checkpoints and what the policy does with them now."""
     rows = _active(s, exp.id)
-    policy = GcPolicy.from_config(_checkpoint_cfg(exp))
+    policy = GcPolicy.from_config(checkpoint_config(exp))
     models = registered_checkpoints(s, exp.id)
     return rows, plan_gc(rows, _protected(s, exp.id), policy, exp.smaller_is_better, models)
 
@@ -288,28 +283,52 @@ class GcReport:
     experiment_id: int
     dry_run: bool
     kept: int = 0
-    bytes_freed: int = 0  # the rows' sizes (manifest sizes) of the folders removed
+    bytes_freed: int = 0  # measured while removing (dry run: what removing would free)
     deleted: list[str] = field(default_factory=list)  # folders removed
     missing: list[str] = field(default_factory=list)  # already gone: row marked, 0 bytes
-    refused: list[str] = field(default_factory=list)  # not under the root: kept as they are
+    refused: list[str] = field(default_factory=list)  # not the trial's own: kept as they are
     errors: list[str] = field(default_factory=list)
 
 
-def _safe_folder(path: str, root: Path | None) -> Path | None:
-    """``path`` if it may be deleted: absolute, named like a checkpoint folder
-    (``ckpt-<step>[-n]``), not a symlink, and strictly under ``root`` (resolved by
-    the caller: once per GC) once symlinks in it are resolved; else None."""
-    if root is None or not path or not os.path.isabs(path) or os.path.islink(path):
-        return None
-    if not CHECKPOINT_NAME_RE.match(os.path.basename(path)):
+def _own_dirs(exp: Experiment, rows: Iterable[CkptInfo]) -> dict[int, TrialCheckpointDir | None]:
+    """Each trial's own checkpoint folder, built from what launch recorded."""
+    return {c.trial_id: trial_checkpoint_dir(exp, c.trial_id) for c in rows}
+
+
+def _delete_one(c: CkptInfo, own: TrialCheckpointDir | None, report: GcReport) -> int | None:
+    """Delete one doomed checkpoint's folder into ``report``; the bytes freed when its
+    row becomes DELETED (0: already gone), None when it stays ACTIVE (refused, error)."""
+    if foreign_checkpoint(own, c.path, c.step) is not None or own is None:
+        report.refused.append(c.path)
         return None
     try:
-        real = inside(root, path, "checkpoint folder", root_resolved=True)
+        freed = remove_own_checkpoint(own, Path(c.path).name, report.dry_run)
     except UnsafePathError:
+        report.refused.append(c.path)
         return None
-    if os.path.lexists(real) and not real.is_dir():
+    except OSError as err:
+        report.errors.append(f"checkpoint {c.id} ({c.path}): {err}")
         return None
-    return real
+    if freed is None:
+        report.missing.append(c.path)
+        return 0
+    report.deleted.append(c.path)
+    report.bytes_freed += freed
+    return freed
+
+
+def _mark_deleted(store: Store, freed: Mapping[int, int]) -> None:
+    """Rows DELETED, each with the bytes its deletion freed as its size."""
+    table = cast(Table, Checkpoint.__table__)
+    stmt = (
+        update(table)
+        .where(table.c.id == bindparam("cid"), table.c.state == CheckpointState.ACTIVE.value)
+        .values(
+            state=CheckpointState.DELETED.value, deleted_at=utcnow(), size_bytes=bindparam("freed")
+        )
+    )
+    with store.write() as s:
+        s.connection().execute(stmt, [{"cid": i, "freed": n} for i, n in freed.items()])
 
 
 def gc(store: Store, experiment_id: int, dry_run: bool = False) -> GcReport:
@@ -326,44 +345,23 @@ def gc(store: Store, experiment_id: int, dry_run: bool = False) -> GcReport:
             exp = s.get(Experiment, experiment_id)
             if exp is None:
                 raise NotFoundError(f"no experiment {experiment_id}")
-            policy = GcPolicy.from_config(_checkpoint_cfg(exp))
+            policy = GcPolicy.from_config(checkpoint_config(exp))
             rows = _deciding_rows(s, exp, policy)
             models = registered_checkpoints(s, exp.id)
             protected = _protected(s, exp.id, {c.trial_id for c in rows})
             plan = plan_gc(rows, protected, policy, exp.smaller_is_better, models)
             active = s.scalar(select(func.count()).select_from(_active_ids(exp.id).subquery()))
-            root = checkpoint_root(exp)
+            by_id = {c.id: c for c in rows}
+            own = _own_dirs(exp, (by_id[i] for i in plan.delete))
         report.kept = (active or 0) - len(plan.delete)  # every row is kept or deleted
-        by_id = {c.id: c for c in rows}
-        gone: list[int] = []
-        real_root = Path(os.path.realpath(root)) if root is not None and plan.delete else None
+        gone: dict[int, int] = {}
         for cid in plan.delete:
             c = by_id[cid]
-            folder = _safe_folder(c.path, real_root)
-            if folder is None:
-                report.refused.append(c.path)
-                continue
-            try:
-                if not folder.exists():
-                    report.missing.append(c.path)
-                elif dry_run or remove_checkpoint(folder):
-                    report.deleted.append(c.path)
-                    report.bytes_freed += c.size_bytes
-                else:  # vanished meanwhile
-                    report.missing.append(c.path)
-            except OSError as err:
-                report.errors.append(f"checkpoint {cid} ({c.path}): {err}")
-                continue
-            gone.append(cid)
+            freed = _delete_one(c, own[c.trial_id], report)
+            if freed is not None:
+                gone[cid] = freed
         if gone and not dry_run:
-            with store.write() as s:
-                s.execute(
-                    update(Checkpoint)
-                    .where(
-                        Checkpoint.id.in_(gone), Checkpoint.state == CheckpointState.ACTIVE.value
-                    )
-                    .values(state=CheckpointState.DELETED.value, deleted_at=utcnow())
-                )
+            _mark_deleted(store, gone)
     return report
 
 

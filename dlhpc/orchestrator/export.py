@@ -6,8 +6,11 @@
   metric (its newest when none has a metric, or with ``latest=True``), verified
   against its manifest (sizes and sha256) after the copy; absent when the trial has
   no checkpoint folder left (``repro.json`` then says ``"checkpoint": null``). Only a
-  folder inside the experiment's checkpoint root is copied (a path a job reported
-  elsewhere is passed over), and one holding a symlink is refused;
+  folder of the trial's own with the row's step is copied
+  (:mod:`dlhpc.store.checkpoint_dirs`, no symlink below the configured root); one
+  elsewhere (another trial's), of another step, holding a symlink, or not matching
+  its manifest (step, sizes, sha256) is refused (:class:`~dlhpc.errors.UsageError`);
+  a folder that is gone is passed over;
 * ``config.yaml``: the resolved config the trial ran with; ``experiment.yaml``: the
   experiment YAML as given at launch;
 * ``metrics.csv``: ``step,name,value,time`` for every metric the trial reported
@@ -43,13 +46,13 @@ import yaml
 from sqlalchemy import select
 
 from dlhpc._perms import copy_file, make_dirs, share_dir
-from dlhpc._safepath import is_inside
 from dlhpc.errors import DlhpcError, NotFoundError, UnsafePathError, UsageError
-from dlhpc.orchestrator.checkpoints import checkpoint_root
+from dlhpc.orchestrator._contained import checked_checkpoint
 from dlhpc.protocol.checkpoint import MANIFEST_NAME, FileRecord, verify_checkpoint
 from dlhpc.protocol.checkpoint import Checkpoint as CkptFolder
 from dlhpc.states import CheckpointState
 from dlhpc.store import Attempt, Checkpoint, Experiment, Metric, Store, Trial
+from dlhpc.store.checkpoint_dirs import TrialCheckpointDir, trial_checkpoint_dir
 
 __all__ = ["ExportResult", "export_trial"]
 
@@ -80,14 +83,18 @@ def _candidates(rows: list[Checkpoint], smaller: bool, latest: bool) -> list[Che
 
 
 def _verify_copy(folder: Path, step: int) -> None:
+    """The copy matches its manifest: its step is ``step`` and every file's size and
+    sha256 are the manifest's (:class:`~dlhpc.errors.UsageError` if not)."""
     try:
         m = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))
         files = {k: FileRecord(int(v["size"]), str(v["sha256"])) for k, v in m["files"].items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise DlhpcError(f"the copied checkpoint's manifest does not read: {err}") from err
+    if m.get("step") != step:
+        raise UsageError(f"the checkpoint's manifest says step {m.get('step')!r}, not {step}")
     why = verify_checkpoint(CkptFolder(folder, step, 0.0, files, {}))
     if why is not None:
-        raise DlhpcError(f"the copied checkpoint does not match its manifest: {why}")
+        raise UsageError(f"the checkpoint does not match its manifest: {why}")
 
 
 def _no_links(folder: Path) -> None:
@@ -99,18 +106,28 @@ def _no_links(folder: Path) -> None:
                 raise UnsafePathError(f"the checkpoint holds a symlink: {name}; not exported")
 
 
+def _copy_checkpoint(src: Path, dst: Path, c: Checkpoint) -> None:
+    """Copy ``src`` (checked) to ``dst`` and verify the copy; a copy that holds a
+    symlink or does not verify is refused, naming checkpoint ``c``."""
+    shutil.copytree(src, dst, symlinks=True, copy_function=copy_file)
+    _no_links(dst)
+    try:
+        _verify_copy(dst, c.step)
+    except UsageError as err:
+        raise UsageError(f"checkpoint {c.id} (step {c.step}) is not exported: {err}") from err
+
+
 def _write_checkpoint(
-    tmp: Path, rows: list[Checkpoint], smaller: bool, latest: bool, root: Path | None
+    tmp: Path, rows: list[Checkpoint], smaller: bool, latest: bool, own: TrialCheckpointDir | None
 ) -> dict[str, Any] | None:
     for rank, c in enumerate(_candidates(rows, smaller, latest)):
-        if root is None or not is_inside(root, c.path) or os.path.islink(c.path):
-            continue  # a path a job reported outside the experiment's checkpoint folder
-        src = Path(c.path)
-        if not src.is_dir() or not (src / MANIFEST_NAME).is_file():
-            continue
-        shutil.copytree(src, tmp / "checkpoint", symlinks=True, copy_function=copy_file)
-        _no_links(tmp / "checkpoint")
-        _verify_copy(tmp / "checkpoint", c.step)
+        try:  # sizes here; every sha256 on the copy
+            src = checked_checkpoint(own, c.path, c.step, verify_hashes=False)
+        except UsageError as err:
+            raise UsageError(f"checkpoint {c.id} (step {c.step}) is not exported: {err}") from err
+        if src is None:
+            continue  # gone: the next preferred one
+        _copy_checkpoint(src, tmp / "checkpoint", c)
         chosen = "latest" if latest or c.metric is None else "best"
         return {
             "id": c.id,
@@ -143,7 +160,7 @@ class _Facts:
     yaml_text: str
     repro: Any
     smaller: bool  # the searcher metric's direction
-    root: Path | None  # the experiment's checkpoint folder
+    own: TrialCheckpointDir | None  # the trial's checkpoint folder
 
 
 def _attempt_facts(a: Attempt) -> dict[str, Any]:
@@ -206,7 +223,7 @@ def _read(store: Store, trial_id: int, checkpoint_id: int | None) -> _Facts:
             yaml_text=exp.yaml_text,
             repro=_json(exp.repro_json),
             smaller=exp.smaller_is_better,
-            root=checkpoint_root(exp),
+            own=trial_checkpoint_dir(exp, trial_id),
         )
 
 
@@ -264,7 +281,7 @@ def export_trial(
     tmp.mkdir()
     try:
         share_dir(tmp, store.permissions)
-        ckpt = _write_checkpoint(tmp, facts.rows, facts.smaller, latest, facts.root)
+        ckpt = _write_checkpoint(tmp, facts.rows, facts.smaller, latest, facts.own)
         if checkpoint_id is not None:
             if ckpt is None:
                 raise DlhpcError(f"checkpoint {checkpoint_id}'s folder is gone or not exportable")

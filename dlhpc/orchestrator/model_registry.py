@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,13 +29,12 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from dlhpc._perms import current_user
-from dlhpc._safepath import is_inside
 from dlhpc.errors import NotFoundError, UsageError
-from dlhpc.orchestrator.checkpoints import checkpoint_root
+from dlhpc.orchestrator._contained import checked_checkpoint
 from dlhpc.orchestrator.export import ExportResult, export_trial
-from dlhpc.protocol.checkpoint import list_checkpoints, verify_checkpoint
 from dlhpc.states import CheckpointState
 from dlhpc.store import Checkpoint, ModelVersion, Store, utcnow
+from dlhpc.store.checkpoint_dirs import trial_checkpoint_dir
 from dlhpc.store.model_registry import (
     VersionRow,
     check_model_name,
@@ -52,7 +50,6 @@ __all__ = [
     "export_version",
     "record_summary",
     "register",
-    "unverified_reason",
     "version_facts",
 ]
 
@@ -114,21 +111,6 @@ def _pick(
     return newest[0], "latest (no checkpoint of the trial has a metric)"
 
 
-def unverified_reason(path: Path, step: int, root: Path | None) -> str | None:
-    """Why the checkpoint folder ``path`` may not be registered or exported, or None:
-    outside the experiment's checkpoint folder ``root``, a symlink, gone, or not
-    matching its manifest (every file's size and sha256 are checked)."""
-    if root is None or not is_inside(root, str(path)) or os.path.islink(path):
-        return f"{path} is not inside the experiment's checkpoint folder"
-    if not path.is_dir():
-        return f"{path} is gone"
-    found = [c for c in list_checkpoints(path.parent) if c.path.name == path.name]
-    if not found or found[0].step != step:
-        return f"{path}: its MANIFEST.json is missing or does not read (step {step})"
-    why = verify_checkpoint(found[0])
-    return None if why is None else f"{path}: {why}"
-
-
 def register(
     store: Store, trial_id: int, name: str, checkpoint_id: int | None = None, note: str = ""
 ) -> Registered:
@@ -145,10 +127,13 @@ def register(
             _, exp = trial_experiment(s, trial_id)
             c, chosen = _pick(s, trial_id, checkpoint_id, exp.smaller_is_better, exp.metric)
             cid, step, metric, path = c.id, c.step, c.metric, c.path
-            exp_id, root = exp.id, checkpoint_root(exp)
-        why = unverified_reason(Path(path), step, root)
-        if why is not None:
-            raise UsageError(f"checkpoint {cid} (step {step}) does not verify: {why}")
+            exp_id, own = exp.id, trial_checkpoint_dir(exp, trial_id)
+        try:
+            folder = checked_checkpoint(own, path, step)
+        except UsageError as err:
+            raise UsageError(f"checkpoint {cid} (step {step}) does not verify: {err}") from err
+        if folder is None:
+            raise UsageError(f"checkpoint {cid} (step {step}): {path} is gone; not registered")
         with store.write() as s:
             now = s.get(Checkpoint, cid)
             if now is None or now.state != CheckpointState.ACTIVE.value:

@@ -16,8 +16,9 @@ newer one is verified, so a crash at any instant leaves the previous verified
 checkpoint intact. The newest ``(step, re-save number)`` wins.
 
 Under dlhpc the reconciler's GC (:mod:`dlhpc.orchestrator.checkpoints`) is the
-only one that deletes published checkpoints (:func:`remove_checkpoint`); a job
-prunes with ``keep_latest=None``, which removes only torn and stale temp folders.
+only one that deletes published checkpoints (renamed to a :data:`DELETING_PREFIX`
+name first, as :func:`prune` does); a job prunes with ``keep_latest=None``, which
+removes only torn and stale temp folders (and removals interrupted earlier).
 
 One writer per folder at a time (rank 0 of one job); readers may run anytime.
 Jobs publish through the training-side API (:mod:`dlhpc.harness.state`), the
@@ -47,6 +48,7 @@ from dlhpc.protocol.atomic import atomic_write_bytes, fsync_dir
 
 __all__ = [
     "CHECKPOINT_NAME_RE",
+    "DELETING_PREFIX",
     "MANIFEST_NAME",
     "Checkpoint",
     "FileRecord",
@@ -55,7 +57,6 @@ __all__ = [
     "list_checkpoints",
     "prune",
     "publish_checkpoint",
-    "remove_checkpoint",
     "temp_checkpoint_dir",
     "verify_checkpoint",
 ]
@@ -66,7 +67,8 @@ STALE_TMP_SECONDS = 3600.0
 # a published checkpoint folder's name
 CHECKPOINT_NAME_RE = re.compile(r"^ckpt-(?P<step>\d{10,})(?:-(?P<seq>[1-9]\d*))?$")
 _TMP_RE = re.compile(r"^\.tmp-ckpt-(?P<step>\d+)-[0-9a-f]{32}$")
-_DEL_PREFIX = ".del-ckpt-"
+# a checkpoint folder being deleted is renamed to this prefix + its name + a random suffix
+DELETING_PREFIX = ".del-ckpt-"
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 _CHUNK = 8 << 20
 
@@ -352,19 +354,13 @@ def _newest_mtime(folder: Path) -> float:
 
 def _remove(root: Path, folder: Path) -> bool:
     """Rename ``folder`` out of sight (atomic), then delete it."""
-    doomed = root / f"{_DEL_PREFIX}{folder.name}-{uuid.uuid4().hex}"
+    doomed = root / f"{DELETING_PREFIX}{folder.name}-{uuid.uuid4().hex}"
     try:
         os.rename(folder, doomed)
     except FileNotFoundError:
         return False
     shutil.rmtree(doomed, ignore_errors=True)
     return True
-
-
-def remove_checkpoint(folder: Path) -> bool:
-    """Delete one checkpoint folder: renamed out of sight first (atomic, so a reader
-    never sees it half deleted), then removed; False if it was not there."""
-    return _remove(folder.parent, folder)
 
 
 def prune(
@@ -414,7 +410,7 @@ def prune(
         if doomed and _remove(root, e.path):
             removed.append(e.path)
     for name in os.listdir(root) if root.is_dir() else []:
-        if name.startswith(_DEL_PREFIX):  # a removal interrupted earlier
+        if name.startswith(DELETING_PREFIX):  # a removal interrupted earlier
             shutil.rmtree(root / name, ignore_errors=True)
     if removed:
         fsync_dir(root)

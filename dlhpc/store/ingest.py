@@ -5,7 +5,9 @@ The caller supplies the write transaction; everything an event file implies
 in that one transaction, so a reconciler killed at any line either applied a
 file completely or not at all, and a second pass skips what the first applied.
 ``gpu`` records become ``gpu_samples`` rows (one per GPU per sample; a row already
-there is kept, and a GPU entry without a usable index is skipped).
+there is kept, and a GPU entry without a usable index is skipped). A ``checkpoint``
+record whose folder is not one of the trial's own
+(:mod:`dlhpc.store.checkpoint_dirs`) is not stored: a warning event takes its place.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from dlhpc.store._records import (
     log_row,
     metric_rows,
 )
+from dlhpc.store.checkpoint_dirs import foreign_checkpoint, trial_checkpoint_dir
 from dlhpc.store.tables import (
     Attempt,
     Base,
@@ -299,6 +302,10 @@ def _apply(
         apply_exit(attempt, rec)
         result.exited = True
     elif kind == "checkpoint":
+        refused = _foreign_checkpoint_record(trial, rec, now)
+        if refused is not None:
+            out.events.append(refused)
+            return
         row = checkpoint_row(trial.id, attempt.id, rec, now)
         row["metric"] = _checkpoint_metric(session, trial, rec, out.pending[trial.id])
         out.checkpoints.append(row)
@@ -310,6 +317,25 @@ def _apply(
         attempt.env_json = merge_env_record(attempt.env_json, rec)
     elif kind == "log":
         out.events.append(log_row(trial, rec, now))
+
+
+def _foreign_checkpoint_record(
+    trial: Trial, rec: dict[str, Any], now: datetime
+) -> dict[str, Any] | None:
+    """The warning ``events`` row that replaces a ``checkpoint`` record whose folder is
+    not one of the trial's own (:func:`~dlhpc.store.checkpoint_dirs.foreign_checkpoint`:
+    another trial's, elsewhere, or another step's), or None to store it."""
+    step = finite_int(rec.get("step", 0))
+    own = trial_checkpoint_dir(trial.experiment, trial.id)
+    why = (
+        "its step is not an integer"
+        if step is None
+        else foreign_checkpoint(own, str(rec.get("path", "")), step)
+    )
+    if why is None:
+        return None
+    message = f"checkpoint record refused (not stored): {why}"
+    return log_row(trial, {"level": "warning", "message": message, "time": rec.get("time")}, now)
 
 
 def settling(session: Session, now: datetime, users: Collection[str]) -> list[tuple[int, int, str]]:

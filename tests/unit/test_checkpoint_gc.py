@@ -256,6 +256,18 @@ def world(tmp_path: Path) -> Iterator[tuple[Store, dict[str, Any]]]:
     store.close()
 
 
+def _disk_bytes(folder: Path) -> int:
+    """The sizes of the files below ``folder``, as the test sees them."""
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _doomed_bytes(store: Store, ids: dict[str, Any]) -> int:
+    """The bytes on disk of the world's folders the GC deletes (a1, b1, d1)."""
+    with store.read() as s:
+        paths = [s.get(Checkpoint, ids[k]).path for k in ("a1", "b1", "d1")]  # type: ignore[union-attr]
+    return sum(_disk_bytes(Path(p)) for p in paths)
+
+
 def _states(store: Store) -> dict[int, str]:
     with store.read() as s:
         return {c.id: c.state for c in s.scalars(select(Checkpoint))}
@@ -269,14 +281,16 @@ def test_gc_dry_run_then_real_then_noop(world: tuple[Store, dict[str, Any]]) -> 
     # never best): b1 goes. C: best c1 (.1), newest c2: both stay. D: a tie, the newer d2
     # is best and newest: d1 goes.
     doomed = [ids["a1"], ids["b1"], ids["d1"]]
+    on_disk = sum(_disk_bytes(Path(paths[i])) for i in doomed)  # payload + manifest
+    assert on_disk > 1000 + 10 + 7  # the payloads the rows' sizes count
     dry = gc(store, ids["exp"], dry_run=True)
     assert dry.deleted == [paths[i] for i in doomed]
-    assert dry.bytes_freed == 1000 + 10 + 7
+    assert dry.bytes_freed == on_disk
     assert all(Path(paths[i]).is_dir() for i in doomed)
     assert set(_states(store).values()) == {"ACTIVE"}
 
     real = gc(store, ids["exp"])
-    assert (real.deleted, real.bytes_freed, real.errors) == (dry.deleted, 1017, [])
+    assert (real.deleted, real.bytes_freed, real.errors) == (dry.deleted, on_disk, [])
     assert real.kept == len(paths) - 3
     assert not any(Path(paths[i]).exists() for i in doomed)
     for i, p in paths.items():
@@ -380,11 +394,12 @@ def test_gc_takes_the_lease_and_the_tick_hook_reports(
         report = TickReport()
         gc_pass(store, ids["exp"], report)
         assert report.errors and "another reconciler" in report.errors[0]
-        assert gc(store, ids["exp"], dry_run=True).bytes_freed == 1017  # no lease needed
+        doomed = _doomed_bytes(store, ids)
+        assert gc(store, ids["exp"], dry_run=True).bytes_freed == doomed  # no lease needed
     report = TickReport()
     with store.hold_lease():  # as inside a tick
         gc_pass(store, ids["exp"], report)
-    assert (report.checkpoint_bytes_freed, report.errors) == (1017, [])
+    assert (report.checkpoint_bytes_freed, report.errors) == (doomed, [])
     other.close()
 
 
@@ -404,6 +419,7 @@ def test_live_and_promoted_trials_keep_their_newest(world: tuple[Store, dict[str
 
 def test_status_reports_disk_use(world: tuple[Store, dict[str, Any]]) -> None:
     store, ids = world
+    doomed = _doomed_bytes(store, ids)
     gc(store, ids["exp"])
     with store.read() as s:
         disk = status_data(s, ids["exp"]).to_json()["experiments"][0]["disk"]
@@ -411,7 +427,7 @@ def test_status_reports_disk_use(world: tuple[Store, dict[str, Any]]) -> None:
         "checkpoints": 7,
         "checkpoint_bytes": 2 * 1000 + 1000 + 10 + 7 + 1000 + 1,
         "deleted_checkpoints": 3,
-        "freed_bytes": 1017,
+        "freed_bytes": doomed,  # measured by the GC, not the rows' 1000 + 10 + 7
         "checkpoint_root": f"{ids['root']}/exp-{ids['exp']:06d}",
     }
 
@@ -442,6 +458,7 @@ def test_checkpoint_metric_comes_from_the_job_and_older_records_by_step(
     with store.write() as s:
         exp = _experiment(s, tmp_path / "ckpt")
         t = _trial(s, exp, "RUNNING", 0)
+        own = tmp_path / "ckpt" / f"exp-{exp.id:06d}" / f"trial-{t.id:06d}"
         spec = TrialSpec(
             experiment_id=exp.id,
             trial_id=t.id,
@@ -451,13 +468,13 @@ def test_checkpoint_metric_comes_from_the_job_and_older_records_by_step(
             experiment_dir=str(tmp_path),
             code_dir=str(tmp_path),
             entry_script="",
-            checkpoint_dir=str(tmp_path / "ckpt"),
+            checkpoint_dir=str(own),
             metric="acc",
             smaller_is_better=False,
         )
     attempt = tmp_path / "attempt" / "1_0.r0"
     ctx = TrialContext(spec, attempt, {})
-    saver = _Saver(tmp_path / "ckpt")
+    saver = _Saver(own)
     for epoch, acc in ((1, 0.5), (2, NAN)):
         ctx.report(epoch, {"acc": acc, "loss": 1.0})
         saver.step = 100 * epoch  # checkpoint steps count batches, reports count epochs
@@ -467,8 +484,8 @@ def test_checkpoint_metric_comes_from_the_job_and_older_records_by_step(
     old = tmp_path / "attempt" / "1_0.r1"  # an older job: no metric in its record
     w = EventWriter(old, "user-r0")
     w.add("metric", step=3, metrics={"acc": 0.7})
-    w.add("checkpoint", step=3, path=str(tmp_path / "ckpt" / "old"), size=1)
-    w.add("checkpoint", step=4, path=str(tmp_path / "ckpt" / "old4"), size=1)
+    w.add("checkpoint", step=3, path=str(own / "ckpt-0000000003"), size=1)
+    w.add("checkpoint", step=4, path=str(own / "ckpt-0000000004"), size=1)
     w.flush()
     with store.write() as s:
         trial = s.get(Trial, t.id)
@@ -485,7 +502,7 @@ def test_checkpoint_metric_comes_from_the_job_and_older_records_by_step(
         row.state, row.deleted_at, row.pinned = "DELETED", utcnow(), True
     again = tmp_path / "attempt" / "1_0.r2"
     w = EventWriter(again, "user-r0")
-    w.add("checkpoint", step=3, path=str(tmp_path / "ckpt" / "old"), size=9, metric=0.9)
+    w.add("checkpoint", step=3, path=str(own / "ckpt-0000000003"), size=9, metric=0.9)
     w.flush()
     with store.write() as s:
         trial = s.get(Trial, t.id)
@@ -609,17 +626,19 @@ def test_cli_checkpoints_pin_gc(cli_world: dict[str, Any]) -> None:
     assert (dry["dry_run"], dry["bytes_freed"]) == (True, 0)
     assert _run("unpin", str(ids[2])).exit_code == 0
     dry = json.loads(_run("gc", str(ids["exp"]), "--dry-run", "--json").output)
-    assert dry["bytes_freed"] == 200 and dry["experiments"][0]["deleted"][0].endswith("0002")
+    on_disk = _disk_bytes(Path(dry["experiments"][0]["deleted"][0]))  # 200 B + its manifest
+    assert 200 < on_disk < 1024
+    assert dry["bytes_freed"] == on_disk and dry["experiments"][0]["deleted"][0].endswith("0002")
 
     res = _run("gc")
-    assert res.exit_code == 0 and "freed 200 B (200 bytes)" in res.output
+    assert res.exit_code == 0 and f"freed {on_disk} B ({on_disk} bytes)" in res.output
     assert not Path(dry["experiments"][0]["deleted"][0]).exists()
     res = _run("checkpoints", str(ids["exp"]), "--all", "--json")
     states = {r["id"]: r["state"] for r in json.loads(res.output)["checkpoints"]}
     assert states == {ids[1]: "ACTIVE", ids[2]: "DELETED", ids[3]: "ACTIVE"}
     assert "deleted" in _run("checkpoints", str(ids["exp"]), "--all").output
     res = _run("status", str(ids["exp"]))
-    assert "checkpoints: 2 kept, 400 B; GC freed 200 B (1 deleted)" in res.output, res.output
+    assert f"checkpoints: 2 kept, 400 B; GC freed {on_disk} B (1 deleted)" in res.output, res.output
 
     for args, msg in (
         (("pin", str(ids[2])), f"checkpoint {ids[2]} was deleted"),

@@ -9,17 +9,17 @@ import re
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from dlhpc._safepath import inside, is_inside
 from dlhpc.config import name_slug
-from dlhpc.errors import UnsafePathError
+from dlhpc.errors import UnsafePathError, UsageError
 from dlhpc.orchestrator.checkpoints import gc
 from dlhpc.orchestrator.decide import write_stop_files
 from dlhpc.orchestrator.export import export_trial
 from dlhpc.protocol import STOP_FILE, EventWriter, iter_attempt_dirs, trial_dir
 from dlhpc.protocol.checkpoint import publish_checkpoint
-from dlhpc.store import IngestedFile, Metric, Store, Trial, utcnow
+from dlhpc.store import Checkpoint, IngestedFile, Metric, Store, Trial, utcnow
 from dlhpc.store.ingest import ingest_attempt
 from tests.unit._cli import run
 from tests.unit.test_checkpoint_gc import _ckpt, _experiment, _folder, _trial
@@ -159,8 +159,11 @@ def test_export_copies_only_from_the_checkpoint_root_and_no_symlinks(
         t = s.get(Trial, tid)
         assert t is not None
         _ckpt(s, t, outside.path, 9, 1.0, 1)  # the best by metric, but not ours to copy
-    result = export_trial(store, tid, tmp_path / "e1")
-    assert result.checkpoint is None and not (tmp_path / "e1" / "checkpoint").exists()
+    with pytest.raises(UsageError, match="is not inside the trial's own checkpoint folder"):
+        export_trial(store, tid, tmp_path / "e1")
+    assert not (tmp_path / "e1").exists() and [p.name for p in tmp_path.glob(".e1*")] == []
+    with store.write() as s:
+        s.execute(delete(Checkpoint))
     inner = _folder(root, exp_id, tid, 4)
     (inner / "leak").symlink_to("/etc/hostname")
     with store.write() as s:
