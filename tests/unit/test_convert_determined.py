@@ -82,7 +82,7 @@ hyperparameters:
 
 
 def test_the_stand_in_nests_flattened_hyperparameters_again() -> None:
-    from dlhpc.integrations.determined.core_api import nest
+    from dlhpc.integrations.determined.cluster import nest
 
     flat = {"optimizer.lr": 0.1, "optimizer.m.b": 2, "other.x": 1, "y": 3}
     assert nest(flat, '["optimizer"]') == {

@@ -3,7 +3,7 @@ jobs whose entrypoint starts with ``python -m dlhpc.integrations.determined`` (s
 :mod:`dlhpc.integrations.determined`). It covers the Core API a script uses:
 ``get_cluster_info()``, ``core.init()`` and what the context holds."""
 
-from dlhpc.integrations.determined.core_api import ClusterInfo, TrialInfo, get_cluster_info
+from dlhpc.integrations.determined.cluster import ClusterInfo, TrialInfo, get_cluster_info
 
 from . import core
 
