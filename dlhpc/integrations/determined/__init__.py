@@ -27,7 +27,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["ENV_NESTED", "ENV_SLOTS", "ENV_TIME_METRIC", "ENV_UNIT", "ENV_USER_DATA", "SHIM_PATH"]
+__all__ = [
+    "ENV_NESTED",
+    "ENV_SLOTS",
+    "ENV_TIME_METRIC",
+    "ENV_UNIT",
+    "ENV_USER_DATA",
+    "SHIM_PATH",
+    "UNSUPPORTED_APIS",
+    "unsupported",
+]
 
 # the folder holding the stand-in ``determined`` package (put first on PYTHONPATH)
 SHIM_PATH = Path(__file__).resolve().parent / "pythonpath"
@@ -43,3 +52,18 @@ ENV_NESTED = "DLHPC_DETERMINED_NESTED"
 ENV_USER_DATA = "DLHPC_DETERMINED_USER_DATA"
 # the slots of each container (node): ``len(info.slot_ids)``, the workers a launch layer starts
 ENV_SLOTS = "DLHPC_DETERMINED_SLOTS_PER_NODE"
+
+# Determined's modules the stand-in does not provide (its Trial APIs and framework
+# adapters): importing one raises ImportError(unsupported(...)); `dlhpc convert` refuses
+# scripts that use them (dlhpc.convert keeps the same names; a test holds them equal)
+UNSUPPORTED_APIS = ("pytorch", "keras", "lightning", "transformers", "horovod")
+
+
+def unsupported(what: str) -> str:
+    """Why ``what`` (a Determined module or launcher) does not run under dlhpc, and what does."""
+    return (
+        f"{what} is not supported by dlhpc's Determined stand-in, which runs Core API"
+        " scripts only (det.core.init(), as in Determined's examples/tutorials/core_api);"
+        " train with plain PyTorch under `with det.core.init() as core_context:` instead of"
+        " PyTorchTrial / det.pytorch.Trainer / det.keras, or use dlhpc's own integrations"
+    )
