@@ -45,9 +45,13 @@ def trial_api_uses(path: Path) -> list[tuple[int, str]]:
             hits = [_unsupported(n) for n in [node.module, *names]]
             found += [(node.lineno, h) for h in dict.fromkeys(hits) if h]
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-            if node.value.id in aliases and node.attr in TRIAL_MODULES:
-                found.append((node.lineno, f"determined.{node.attr}"))
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+            and node.attr in TRIAL_MODULES
+        ):
+            found.append((node.lineno, f"determined.{node.attr}"))
     return sorted(set(found))
 
 

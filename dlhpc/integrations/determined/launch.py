@@ -33,6 +33,7 @@ from types import FrameType
 from typing import IO
 
 from dlhpc.errors import DlhpcError
+from dlhpc.harness.distributed import single_process_env
 from dlhpc.integrations.determined.cluster import (
     ENV_CONTAINER_ADDRS,
     ENV_CONTAINER_RANK,
@@ -62,15 +63,19 @@ def worker_envs(environ: Mapping[str, str], framework: str) -> list[dict[str, st
     ``GROUP_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), DeepSpeed's (``LOCAL_SIZE``,
     ``CROSS_RANK``, ``CROSS_SIZE``), Determined's (``DET_CHIEF_IP`` and
     ``USE_TORCH_DISTRIBUTED`` or ``USE_DEEPSPEED``) and the container's layout for
-    ``get_cluster_info()``. ``framework``: ``torch`` or ``deepspeed``. Raises DlhpcError
-    without slots or without the job's ``MASTER_PORT``."""
+    ``get_cluster_info()``. One container: ``MASTER_ADDR`` is ``127.0.0.1`` (Determined's
+    ``localhost``), and without a job's ``MASTER_PORT`` a port free now. ``framework``:
+    ``torch`` or ``deepspeed``. Raises DlhpcError without slots, or with several
+    containers and no ``MASTER_PORT``."""
     slots = slots_per_container(environ)
     if slots < 1:
         raise DlhpcError("a launch layer needs at least one slot (resources.slots_per_trial)")
+    rank, addrs = container_layout(environ)
     port = environ.get("MASTER_PORT", "")
+    if not port and len(addrs) == 1:  # a lone task outside Slurm (the local backend)
+        port = single_process_env(environ)["MASTER_PORT"]
     if not port.isdigit():
         raise DlhpcError(f"MASTER_PORT must be the job's rendezvous port, got {port!r}")
-    rank, addrs = container_layout(environ)
     common = {
         "WORLD_SIZE": str(len(addrs) * slots),
         "LOCAL_WORLD_SIZE": str(slots),
@@ -79,7 +84,7 @@ def worker_envs(environ: Mapping[str, str], framework: str) -> list[dict[str, st
         "CROSS_RANK": str(rank),
         "GROUP_WORLD_SIZE": str(len(addrs)),
         "CROSS_SIZE": str(len(addrs)),
-        "MASTER_ADDR": addrs[0],
+        "MASTER_ADDR": addrs[0] if len(addrs) > 1 else "127.0.0.1",
         "MASTER_PORT": port,
         "DET_CHIEF_IP": addrs[0],
         ENV_CONTAINER_RANK: str(rank),

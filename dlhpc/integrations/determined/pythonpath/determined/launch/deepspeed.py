@@ -1,4 +1,5 @@
-"""``python3 -m determined.launch.deepspeed``: see :func:`dlhpc.integrations.determined.launch.deepspeed_main`."""
+"""``python3 -m determined.launch.deepspeed``: see
+:func:`dlhpc.integrations.determined.launch.deepspeed_main`."""
 
 import sys
 

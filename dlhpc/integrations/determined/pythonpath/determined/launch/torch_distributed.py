@@ -1,4 +1,5 @@
-"""``python3 -m determined.launch.torch_distributed``: see :func:`dlhpc.integrations.determined.launch.torch_distributed_main`."""
+"""``python3 -m determined.launch.torch_distributed``: see
+:func:`dlhpc.integrations.determined.launch.torch_distributed_main`."""
 
 import sys
 

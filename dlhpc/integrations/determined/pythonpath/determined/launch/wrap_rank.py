@@ -1,4 +1,5 @@
-"""``python3 -m determined.launch.wrap_rank``: see :func:`dlhpc.integrations.determined.launch.wrap_rank_main`."""
+"""``python3 -m determined.launch.wrap_rank``: see
+:func:`dlhpc.integrations.determined.launch.wrap_rank_main`."""
 
 import sys
 
