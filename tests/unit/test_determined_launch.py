@@ -238,3 +238,22 @@ def test_stage_4_of_the_tutorial_runs_unchanged_with_its_own_launcher(tmp_path: 
     metrics = [(r["step"], r["metrics"]) for r in records if r["type"] == "metric"]
     assert metrics[-1] == (100, {"x": 600.0})  # 100 batches of both workers' increment_by 3
     assert [r["step"] for r in records if r["type"] == "checkpoint"][-1] == 100
+
+
+def test_sh_c_runs_one_simple_command_in_its_place_and_the_rest_through_sh(
+    tmp_path: Path,
+) -> None:
+    """Like bash -c, so that the script, not a dash in between, gets preemption's TERM."""
+    (tmp_path / "pid.py").write_text("import os\nprint(os.getpid())\n")
+    one = subprocess.Popen(
+        [*SHIM, "sh", "-c", "python3 'pid.py'"], cwd=tmp_path, stdout=subprocess.PIPE, text=True
+    )
+    out, _ = one.communicate(timeout=60)
+    assert out.strip() == str(one.pid)  # exec'd all the way: the same process
+    both = subprocess.run(
+        [*SHIM, "sh", "-c", "echo $((1 + 1)) && FOO=x sh -c 'echo $FOO'"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert both.stdout == "2\nx\n", both.stderr
