@@ -135,8 +135,9 @@ def resources(
 ) -> tuple[dict[str, Any], int | None]:
     """``resources.slots_per_trial`` as nodes of ``slots_per_node`` slots (the option, else
     ``slurm.slots_per_node``, else all on one node), with one task per node, as Determined
-    runs the entrypoint once per container: GPUs (``--slot-type gpu``) or CPUs for the
-    node's workers (``cpu``); the ``slurm`` section's GPU type and sbatch arguments.
+    runs the entrypoint once per container, and a CPU for each of the node's workers: GPUs
+    (``--slot-type gpu``) or CPUs only (``cpu``); the ``slurm`` section's GPU type and
+    sbatch arguments.
     Returns the section and the slots per node (None after an error)."""
     keys = ("resources",)
     res = src.mapping(keys, src.data.get("resources"))
@@ -163,13 +164,11 @@ def resources(
             " slurm.slots_per_node)",
         )
         return out, None
-    section: dict[str, Any] = {"nodes": slots // per_node}
-    if slot_type == "cpu":
-        section |= {"gpus_per_node": 0, "tasks_per_node": 1, "cpus_per_task": per_node}
-    else:
-        section |= {"gpus_per_node": f"{gpu_type}:{per_node}" if gpu_type else per_node}
-        section["tasks_per_node"] = 1
-    return {**section, **out}, per_node
+    gpus: int | str = 0 if slot_type == "cpu" else per_node
+    if slot_type == "gpu" and gpu_type:
+        gpus = f"{gpu_type}:{per_node}"
+    section = {"nodes": slots // per_node, "gpus_per_node": gpus, "tasks_per_node": 1}
+    return {**section, "cpus_per_task": per_node, **out}, per_node
 
 
 def checkpoint_section(src: Source) -> dict[str, Any]:

@@ -272,5 +272,7 @@ def test_determineds_core_api_tutorial_runs_unchanged(cli: Cli, tmp_path: Path) 
     (dist,) = exps["4_distributed"]["trials"]  # each batch adds the 4 workers' increment_by
     assert dist["steps_completed"] == 100, dist
     assert last_x[dist["id"]] == 100 * 4 * dist["hparams"]["increment_by"], dist
-    text = _log(logs[dist["id"]])
-    assert all(f"[rank={r}] INFO" in text for r in range(4)), text[-3000:]
+    node_logs = [_log(logs[dist["id"]].replace("_0_log.", f"_{n}_log.")) for n in (0, 1)]
+    for node, text in enumerate(node_logs):  # each node's launcher started its 2 workers
+        for rank in (2 * node, 2 * node + 1):
+            assert f"[rank={rank}] INFO" in text, (node, text[-3000:])

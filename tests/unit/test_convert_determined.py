@@ -155,7 +155,12 @@ data: {url: s3://bucket}
         "python -m dlhpc.integrations.determined sh -c 'python3 -m"
         " determined.launch.torch_distributed -- python3 train.py --flag '\"'\"'a b'\"'\"''"
     )
-    assert data["resources"] == {"nodes": 2, "gpus_per_node": 2, "tasks_per_node": 1}
+    assert data["resources"] == {
+        "nodes": 2,
+        "gpus_per_node": 2,
+        "tasks_per_node": 1,
+        "cpus_per_task": 2,  # one per worker
+    }
     assert data["max_restarts"] == 2
     assert data["checkpoint"] == {
         "keep_best": 2,
@@ -222,6 +227,7 @@ def test_determineds_slurm_section(tmp_path: Path) -> None:
         "nodes": 2,
         "gpus_per_node": "a100:2",
         "tasks_per_node": 1,
+        "cpus_per_task": 2,
     }
     before = (tmp_path / "out" / "exp.yaml").read_text()
     res, out = _convert(tmp_path, BASE + "slurm:\n  sbatch_args: [--array=1-3]\n")
