@@ -6,16 +6,15 @@ only ``resources.slots_per_trial`` fitted to the cluster, launched together and 
 together. Stage 4 runs its own launcher once per node (two nodes of two slots), which
 starts a worker per slot through ``determined.launch.wrap_rank``.
 
-
-The example's Determined config is translated by ``dlhpc convert determined``; the
-converted ASHA search runs the script through the stand-in ``determined`` package:
-weak trials pause at their rung and are stopped, promoted ones resume from the
-checkpoint they published through ``core_context.checkpoint.store_path``, a
-higher-priority job preempts the running trials (``preempt.should_preempt()`` turns
-true, the script checkpoints and returns, the stand-in exits for requeue) and they
-resume from ``info.latest_checkpoint``. Every preempted trial's newest checkpoint
-holds bitwise the weights of the same trial trained without interruption, and the
-metrics are in ``dlhpc status --json``.
+The example's (``templates/examples/determined-core``) Determined config is
+translated by ``dlhpc convert determined``; the converted ASHA search runs the script
+through the stand-in ``determined`` package: weak trials pause at their rung and are
+stopped, promoted ones resume from the checkpoint they published through
+``core_context.checkpoint.store_path``, a higher-priority job preempts the running
+trials (``preempt.should_preempt()`` turns true, the script checkpoints and returns, the
+stand-in exits for requeue) and they resume from ``info.latest_checkpoint``. Every
+preempted trial's newest checkpoint holds bitwise the weights of the same trial trained
+without interruption, and the metrics are in ``dlhpc status --json``.
 """
 
 from __future__ import annotations

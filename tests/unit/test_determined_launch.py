@@ -149,7 +149,9 @@ def _run_worker(tdir: Path) -> tuple[subprocess.CompletedProcess[str], list[dict
 
 TORCH_SCRIPT = """\
 import json, os, determined as det
+from_ds = det.core.DistributedContext.from_deepspeed()  # the same ranks from DeepSpeed's names
 distributed = det.core.DistributedContext.from_torch_distributed()
+assert vars(from_ds) == vars(distributed), (vars(from_ds), vars(distributed))
 info = det.get_cluster_info()
 with det.core.init(distributed=distributed) as core:
     mine = (core.distributed.rank, int(os.environ["LOCAL_RANK"]), info.container_rank)

@@ -142,20 +142,33 @@ class DistributedContext:
         self._star: _Star | None = None
 
     @classmethod
-    def from_torch_distributed(cls, chief_ip: str | None = None) -> DistributedContext:
-        """From the variables torchrun (and dlhpc's launch layers) set."""
+    def _from_env(cls, names: tuple[str, ...], chief_ip: str | None) -> DistributedContext:
+        """From the variables ``names`` (rank, size, local rank and size, cross rank and
+        size); a missing one is that of a lone process, the cross size is derived."""
         env = os.environ
-        size = int(env.get("WORLD_SIZE", "1"))
-        local_size = int(env.get("LOCAL_WORLD_SIZE", "1"))
+        rank, size, local_rank, local_size, cross_rank, cross_size = names
+        n, per_node = int(env.get(size, "1")), int(env.get(local_size, "1"))
         return cls(
-            rank=int(env.get("RANK", "0")),
-            size=size,
-            local_rank=int(env.get("LOCAL_RANK", "0")),
-            local_size=local_size,
-            cross_rank=int(env.get("GROUP_RANK", "0")),
-            cross_size=max(1, size // max(1, local_size)),
+            rank=int(env.get(rank, "0")),
+            size=n,
+            local_rank=int(env.get(local_rank, "0")),
+            local_size=per_node,
+            cross_rank=int(env.get(cross_rank, "0")),
+            cross_size=int(env.get(cross_size, str(max(1, n // max(1, per_node))))),
             chief_ip=chief_ip or env.get("DET_CHIEF_IP") or env.get("MASTER_ADDR"),
         )
+
+    @classmethod
+    def from_torch_distributed(cls, chief_ip: str | None = None) -> DistributedContext:
+        """From the variables torchrun (and the stand-in's launch layers) set."""
+        names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+        return cls._from_env((*names, "GROUP_WORLD_SIZE"), chief_ip)
+
+    @classmethod
+    def from_deepspeed(cls, chief_ip: str | None = None) -> DistributedContext:
+        """From the variables DeepSpeed's launcher (and the stand-in's) set."""
+        names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE")
+        return cls._from_env(names, chief_ip)
 
     def get_rank(self) -> int:
         return self.rank
