@@ -42,13 +42,14 @@ def convert() -> None:
     type=click.Choice(["gpu", "cpu"]),
     default="gpu",
     show_default=True,
-    help="What resources.slots_per_trial counts: GPUs (one task each) or CPU tasks.",
+    help="What resources.slots_per_trial counts: GPUs, or CPUs (one worker each).",
 )
 @click.option(
-    "--gpus-per-node",
+    "--slots-per-node",
     type=click.IntRange(min=1),
     default=None,
-    help="Split slots_per_trial over nodes of this many GPUs (default: all on one node).",
+    help="Split slots_per_trial over nodes of this many slots; one task per node runs the"
+    " entrypoint (default: slurm.slots_per_node, else all on one node).",
 )
 @site_option
 def determined(
@@ -56,7 +57,7 @@ def determined(
     output: Path,
     workdir: Path | None,
     slot_type: str,
-    gpus_per_node: int | None,
+    slots_per_node: int | None,
     site: str | None,
 ) -> None:
     """Translate Determined experiment config EXPERIMENT (Core API) into a dlhpc
@@ -69,7 +70,7 @@ def determined(
         out_dir=output.parent,
         workdir=workdir,
         slot_type=slot_type,
-        gpus_per_node=gpus_per_node,
+        slots_per_node=slots_per_node,
     )
     text = result.render()
     output.parent.mkdir(parents=True, exist_ok=True)

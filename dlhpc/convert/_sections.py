@@ -10,7 +10,10 @@ from typing import Any
 from dlhpc.convert._source import Source
 
 __all__ = [
+    "CORE_API_ROUTE",
+    "ENV_SLOTS",
     "LAUNCHER",
+    "LAUNCH_LAYERS",
     "UNTRANSLATED",
     "checkpoint_section",
     "entrypoint",
@@ -22,7 +25,16 @@ __all__ = [
 # (dlhpc.integrations.determined; a test holds the names equal)
 LAUNCHER = "python -m dlhpc.integrations.determined"
 ENV_USER_DATA = "DLHPC_DETERMINED_USER_DATA"
-_DET_LAUNCHERS = ("determined.launch.torch_distributed", "determined.launch.horovod")
+# Determined's launch layers the stand-in provides (determined.launch.<name>)
+LAUNCH_LAYERS = ("torch_distributed", "deepspeed")
+# the slots of each node, for the stand-in's ClusterInfo.slot_ids
+ENV_SLOTS = "DLHPC_DETERMINED_SLOTS_PER_NODE"
+CORE_API_ROUTE = (
+    "dlhpc runs Core API scripts only (det.core.init(), as in Determined's"
+    " examples/tutorials/core_api): train with plain PyTorch under `with det.core.init() as"
+    " core_context:` instead of PyTorchTrial / det.pytorch.Trainer / det.keras, or use"
+    " dlhpc's own integrations"
+)
 
 # Determined fields with no dlhpc equivalent: the reason each is not translated
 UNTRANSLATED: dict[str, str] = {
@@ -48,44 +60,54 @@ UNTRANSLATED: dict[str, str] = {
 }
 
 
-def entrypoint(src: Source) -> str | None:
-    """The dlhpc entrypoint: Determined's command behind the stand-in's launcher, with
-    Determined's own distributed launcher left out (dlhpc starts one task per slot and
-    sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT itself)."""
+def _launcher_args(src: Source, module: str, args: list[str]) -> None:
+    """Check what follows Determined's launch layer ``module`` in the entrypoint."""
+    keys = ("entrypoint",)
+    launcher = module.rsplit(".", 1)[-1]
+    if launcher not in LAUNCH_LAYERS:
+        names = ", ".join(f"determined.launch.{name}" for name in LAUNCH_LAYERS)
+        src.error(keys, f"{module} is not supported: dlhpc's stand-in runs {names}")
+        return
+    if "--" in args and launcher == "torch_distributed" and args[: args.index("--")]:
+        src.error(
+            keys,
+            f"torch.distributed.run overrides {args[: args.index('--')]} are not supported:"
+            " dlhpc sets the nodes, processes per node, ranks and rendezvous itself",
+        )
+    elif args[:1] == ["--trial"] or any(a.startswith("--trial=") for a in args[:1]):
+        src.error(keys, f"--trial (a Trial API class) is not supported: {CORE_API_ROUTE}")
+    elif not [a for a in args if a != "--"]:
+        src.error(keys, f"no command after {module}")
+
+
+def entrypoint(src: Source) -> tuple[str | None, list[str]]:
+    """The dlhpc entrypoint and the words of Determined's. As in Determined, a string
+    runs through ``sh -c`` and a list as it is, once per node, behind the stand-in's
+    launcher; Determined's launch layers (``python3 -m determined.launch.torch_distributed
+    SCRIPT...``, ``deepspeed``) are kept: the stand-in's start one worker per slot."""
     value = src.data.get("entrypoint")
     keys = ("entrypoint",)
     if value is None:
         src.error(keys, "required: the command that runs the Core API script")
-        return None
+        return None, []
     if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-        argv = list(value)
+        argv, command = list(value), shlex.join(value)
     elif isinstance(value, str) and value.strip():
         try:
             argv = shlex.split(value)
         except ValueError as err:
             src.error(keys, f"cannot split into arguments: {err}")
-            return None
+            return None, []
+        command = f"sh -c {shlex.quote(value)}"
     else:
         src.error(keys, f"must be a command (a string or a list of strings), got {value!r}")
-        return None
+        return None, []
     if len(argv) == 1 and ":" in argv[0] and not argv[0].endswith(".py"):
-        src.error(
-            keys,
-            f"{argv[0]!r} is a Trial API class (module:Class); dlhpc runs Core API scripts"
-            " (an entrypoint command such as `python3 train.py`)",
-        )
-        return None
-    if len(argv) >= 3 and argv[1] == "-m" and argv[2] in _DET_LAUNCHERS:
-        rest = argv[3:]
-        rest = rest[rest.index("--") + 1 :] if "--" in rest else rest
-        while rest and rest[0].startswith("-"):
-            rest = rest[1:]
-        src.note(keys, f"{argv[2]} left out: dlhpc starts one process per slot itself")
-        argv = rest
-        if not argv:
-            src.error(keys, f"{value!r}: no command after Determined's launcher")
-            return None
-    return f"{LAUNCHER} {shlex.join(argv)}"
+        src.error(keys, f"{argv[0]!r} is a Trial API class (module:Class): {CORE_API_ROUTE}")
+        return None, argv
+    if len(argv) >= 3 and argv[1] == "-m" and argv[2].startswith("determined.launch."):
+        _launcher_args(src, argv[2], argv[3:])
+    return f"{LAUNCHER} {command}", argv
 
 
 def _slurm(src: Source) -> tuple[str | None, list[str], int | None]:
@@ -108,14 +130,20 @@ def _slurm(src: Source) -> tuple[str | None, list[str], int | None]:
     return gpu_type, list(args or []), per_node
 
 
-def resources(src: Source, slot_type: str, gpus_per_node: int | None) -> dict[str, Any]:
-    """``resources.slots_per_trial`` as GPUs (one task each), or as CPU tasks; the
-    ``slurm`` section's GPU type, sbatch arguments and slots per node."""
+def resources(
+    src: Source, slot_type: str, slots_per_node: int | None
+) -> tuple[dict[str, Any], int | None]:
+    """``resources.slots_per_trial`` as nodes of ``slots_per_node`` slots (the option, else
+    ``slurm.slots_per_node``, else all on one node), with one task per node, as Determined
+    runs the entrypoint once per container, and a CPU for each of the node's workers: GPUs
+    (``--slot-type gpu``) or CPUs only (``cpu``); the ``slurm`` section's GPU type and
+    sbatch arguments.
+    Returns the section and the slots per node (None after an error)."""
     keys = ("resources",)
     res = src.mapping(keys, src.data.get("resources"))
     for key in sorted(set(res) - {"slots_per_trial"}):
         src.note((*keys, key), "not translated (set resources.partition/qos/... by hand)")
-    gpu_type, sbatch_args, slots_per_node = _slurm(src)
+    gpu_type, sbatch_args, per_node_given = _slurm(src)
     out: dict[str, Any] = {"sbatch_args": sbatch_args} if sbatch_args else {}
     if "slots_per_trial" in res:
         slots = src.int_at((*keys, "slots_per_trial"), res["slots_per_trial"])
@@ -123,23 +151,24 @@ def resources(src: Source, slot_type: str, gpus_per_node: int | None) -> dict[st
         slots = 1
         src.note((*keys, "slots_per_trial"), "not given: Determined's default, 1 slot")
     if slots is None:
-        return out
+        return out, None
     if slots == 0:
-        return {"gpus_per_node": 0, **out}
-    if slot_type == "cpu":
-        if gpu_type is not None:
-            src.note(("slurm", "gpu_type"), "not used: --slot-type cpu")
-        return {"gpus_per_node": 0, "tasks_per_node": slots, **out}
-    per_node = gpus_per_node or slots_per_node or slots
+        return {"gpus_per_node": 0, "tasks_per_node": 1, **out}, 0
+    if slot_type == "cpu" and gpu_type is not None:
+        src.note(("slurm", "gpu_type"), "not used: --slot-type cpu")
+    per_node = min(slots_per_node or per_node_given or slots, slots)
     if slots % per_node:
         src.error(
             (*keys, "slots_per_trial"),
-            f"{slots} slots do not fill nodes of {per_node} GPUs (--gpus-per-node,"
+            f"{slots} slots do not fill nodes of {per_node} slots (--slots-per-node,"
             " slurm.slots_per_node)",
         )
-        return out
-    gpus: int | str = f"{gpu_type}:{per_node}" if gpu_type else per_node
-    return {"nodes": slots // per_node, "gpus_per_node": gpus, **out}
+        return out, None
+    gpus: int | str = 0 if slot_type == "cpu" else per_node
+    if slot_type == "gpu" and gpu_type:
+        gpus = f"{gpu_type}:{per_node}"
+    section = {"nodes": slots // per_node, "gpus_per_node": gpus, "tasks_per_node": 1}
+    return {**section, "cpus_per_task": per_node, **out}, per_node
 
 
 def checkpoint_section(src: Source) -> dict[str, Any]:

@@ -1,19 +1,23 @@
 """``dlhpc convert determined``: a Determined experiment config -> a dlhpc experiment.
 
 Translated: ``name``, ``description``, ``entrypoint`` (behind the launcher that makes
-the stand-in ``determined`` package importable; Determined's own distributed launcher
-left out), ``hyperparameters`` (const, int, double, log with its base, categorical,
+the stand-in ``determined`` package importable; a string through ``sh -c``, as in
+Determined; Determined's launch layers ``torch_distributed`` and ``deepspeed`` kept),
+``hyperparameters`` (const, int, double, log with its base, categorical,
 nested ones as ``outer.inner`` names that the stand-in nests again), ``searcher``
 (single, random, grid, adaptive_asha and async_halving as dlhpc's ``asha``: metric,
 smaller_is_better, max_trials, max_concurrent_trials, max_length with its unit or
 Determined 0.38's max_time and time_metric, divisor, max_rungs / num_rungs, stop_once),
-``resources.slots_per_trial``, ``max_restarts``, ``checkpoint_storage`` (keep settings,
+``resources.slots_per_trial`` (one task per node, as Determined runs the entrypoint once
+per container; the slots per node in ``DLHPC_DETERMINED_SLOTS_PER_NODE``),
+``max_restarts``, ``checkpoint_storage`` (keep settings,
 a shared_fs folder), ``environment.environment_variables``, ``data`` (as
 ``info.user_data``) and ``reproducibility.experiment_seed``.
 
 Everything else is listed in :attr:`Conversion.notes` (never silently dropped); the
 command prints them and writes them at the top of the output. Type errors, an
-unknown searcher or hyperparameter type and a Trial API entrypoint raise
+unknown searcher or hyperparameter type, a Trial API entrypoint or a script that uses
+Determined's Trial APIs (``determined.pytorch``, ``determined.keras``, ...) raise
 :class:`~dlhpc.errors.ConfigError` naming ``file:line: field``.
 """
 
@@ -29,6 +33,8 @@ import yaml
 
 from dlhpc.config.lines import key_line
 from dlhpc.convert._sections import (
+    CORE_API_ROUTE,
+    ENV_SLOTS,
     UNTRANSLATED,
     checkpoint_section,
     entrypoint,
@@ -36,6 +42,7 @@ from dlhpc.convert._sections import (
     resources,
 )
 from dlhpc.convert._source import Source, read_source
+from dlhpc.convert._trial_api import scripts_of, trial_api_uses
 from dlhpc.errors import ConfigError
 
 __all__ = ["Conversion", "convert_determined", "map_issues"]
@@ -236,30 +243,46 @@ def _top_level(src: Source, out: dict[str, Any]) -> None:
             out["reproducibility"] = {"seed": seed}
 
 
+def _check_scripts(src: Source, argv: list[str], context: Path) -> None:
+    """Refuse the entrypoint when a script it names uses Determined's Trial APIs."""
+    for script in scripts_of(argv, context):
+        try:
+            uses = trial_api_uses(script)
+        except (OSError, UnicodeDecodeError, SyntaxError) as err:
+            src.note(("entrypoint",), f"{script.name} not checked for Trial API use: {err}")
+            continue
+        for line, module in uses:
+            src.error(("entrypoint",), f"{script.name} line {line} uses {module}: {CORE_API_ROUTE}")
+
+
 def convert_determined(
     path: Path,
     *,
     out_dir: Path,
     workdir: Path | None = None,
     slot_type: str = "gpu",
-    gpus_per_node: int | None = None,
+    slots_per_node: int | None = None,
 ) -> Conversion:
     """Translate the Determined config ``path`` into an experiment file to be written in
     ``out_dir``. ``workdir``: the Determined context folder (default: ``path``'s), written
-    relative to ``out_dir``. ``slot_type``: ``gpu`` (a slot is a GPU, ``gpus_per_node`` per
-    node, default all on one node) or ``cpu`` (a slot is a CPU task)."""
+    relative to ``out_dir``. ``slot_type``: ``gpu`` (a slot is a GPU) or ``cpu`` (a CPU
+    for one worker); ``slots_per_node``: how many slots each node has (default:
+    ``slurm.slots_per_node``, else all on one node)."""
     src = read_source(path)
     out: dict[str, Any] = {}
     name = src.data.get("name", path.stem)
     out["name"] = src.typed(("name",), name, lambda v: isinstance(v, str) and bool(v), "text")
     if isinstance(src.data.get("description"), str):
         out["description"] = src.data["description"]
-    out["entrypoint"] = entrypoint(src)
     context = (workdir or path.parent).resolve()
+    out["entrypoint"], argv = entrypoint(src)
+    _check_scripts(src, argv, context)
     if context != out_dir.resolve():
         out["workdir"] = os.path.relpath(context, out_dir.resolve())
-    out["resources"] = resources(src, slot_type, gpus_per_node)
+    out["resources"], per_node = resources(src, slot_type, slots_per_node)
     env = environment_vars(src)
+    if per_node is not None:
+        env[ENV_SLOTS] = str(per_node)
     hparams: dict[str, Any] = {}
     roots: set[str] = set()
     _hparams(src, src.data.get("hyperparameters"), ("hyperparameters",), hparams, roots)

@@ -1,14 +1,20 @@
-"""A Determined Core API script, unmodified, on the real dev Slurm cluster.
+"""Determined Core API scripts, unmodified, on the real dev Slurm cluster.
 
-The example's Determined config is translated by ``dlhpc convert determined``; the
-converted ASHA search runs the script through the stand-in ``determined`` package:
-weak trials pause at their rung and are stopped, promoted ones resume from the
-checkpoint they published through ``core_context.checkpoint.store_path``, a
-higher-priority job preempts the running trials (``preempt.should_preempt()`` turns
-true, the script checkpoints and returns, the stand-in exits for requeue) and they
-resume from ``info.latest_checkpoint``. Every preempted trial's newest checkpoint
-holds bitwise the weights of the same trial trained without interruption, and the
-metrics are in ``dlhpc status --json``.
+Determined's own Core API tutorial (``tests/data/determined-core-api-tutorial``, v0.38.1):
+stages 0-4, the scripts unchanged, each config through ``dlhpc convert determined`` with
+only ``resources.slots_per_trial`` fitted to the cluster, launched together and ticked
+together. Stage 4 runs its own launcher once per node (two nodes of two slots), which
+starts a worker per slot through ``determined.launch.wrap_rank``.
+
+The example's (``templates/examples/determined-core``) Determined config is
+translated by ``dlhpc convert determined``; the converted ASHA search runs the script
+through the stand-in ``determined`` package: weak trials pause at their rung and are
+stopped, promoted ones resume from the checkpoint they published through
+``core_context.checkpoint.store_path``, a higher-priority job preempts the running
+trials (``preempt.should_preempt()`` turns true, the script checkpoints and returns, the
+stand-in exits for requeue) and they resume from ``info.latest_checkpoint``. Every
+preempted trial's newest checkpoint holds bitwise the weights of the same trial trained
+without interruption, and the metrics are in ``dlhpc status --json``.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from tests.integration.conftest import REPO, Cli
 pytestmark = pytest.mark.cluster
 
 EXAMPLE = REPO / "templates" / "examples" / "determined-core"
+TUTORIAL = REPO / "tests" / "data" / "determined-core-api-tutorial"
+STAGES = ("0_start", "1_metrics", "2_checkpoints", "3_hpsearch", "4_distributed")
 MAX_LENGTH = 40  # batches; rungs of 20 and 40
 RUNG = MAX_LENGTH // 2
 EVERY = 2  # batches between checkpoints (and preemption checks)
@@ -221,3 +229,49 @@ def test_a_core_api_script_under_converted_asha_with_preemption(cli: Cli, tmp_pa
         assert got["batches"] == want["batches"]
         for name, tensor in want["model"].items():
             assert torch.equal(tensor, got["model"][name]), (tid, name)
+
+
+def test_determineds_core_api_tutorial_runs_unchanged(cli: Cli, tmp_path: Path) -> None:
+    work = tmp_path / "tutorial"
+    shutil.copytree(TUTORIAL, work)
+    stage4 = work / "4_distributed.yaml"  # 8 slots -> 2 nodes of 2 (the dev cluster's CPUs)
+    stage4.write_text(stage4.read_text().replace("slots_per_trial: 8", "slots_per_trial: 4"))
+    ids = {}
+    for stage in STAGES:
+        out = tmp_path / f"{stage}.dlhpc.yaml"
+        cli("convert", "determined", str(work / f"{stage}.yaml"), "--slot-type", "cpu",
+            "--slots-per-node", "2", "-o", str(out))  # fmt: skip
+        ids[stage] = cli.json("launch", str(out))["experiment_id"]
+    last = ids["3_hpsearch"]  # the longest: ten trials, all at once
+    cli.tick_until(last, lambda e: e["state"] != "ACTIVE", timeout=600)
+    exps = {stage: cli.tick_until(i, lambda e: e["state"] != "ACTIVE") for stage, i in ids.items()}
+    for stage, exp in exps.items():
+        assert exp["state"] == "COMPLETED", (stage, json.dumps(exp, indent=1))
+        assert all(t["crashes"] == 0 for t in exp["trials"]), (stage, exp["trials"])
+    con = sqlite3.connect(cli.home / "dlhpc.db")
+    try:
+        last_x = dict(  # each trial's newest validation x
+            con.execute(
+                "SELECT trial_id, value FROM metrics m WHERE name = 'x' AND step ="
+                " (SELECT MAX(step) FROM metrics WHERE trial_id = m.trial_id AND name = 'x')"
+            ).fetchall()
+        )
+        logs = dict(con.execute("SELECT trial_id, log_path FROM attempts").fetchall())
+    finally:
+        con.close()
+    (start,) = exps["0_start"]["trials"]
+    assert start["state"] == "COMPLETED"
+    for stage in ("1_metrics", "2_checkpoints"):  # x counts the 100 batches
+        (trial,) = exps[stage]["trials"]
+        assert last_x[trial["id"]] == 100 and trial["steps_completed"] == 100, trial
+    search = exps["3_hpsearch"]["trials"]
+    assert len(search) == 10 and any(t["state"] == "COMPLETED" for t in search), search
+    for t in search:  # x grows by increment_by per batch
+        assert last_x[t["id"]] == t["hparams"]["increment_by"] * t["steps_completed"], t
+    (dist,) = exps["4_distributed"]["trials"]  # each batch adds the 4 workers' increment_by
+    assert dist["steps_completed"] == 100, dist
+    assert last_x[dist["id"]] == 100 * 4 * dist["hparams"]["increment_by"], dist
+    node_logs = [_log(logs[dist["id"]].replace("_0_log.", f"_{n}_log.")) for n in (0, 1)]
+    for node, text in enumerate(node_logs):  # each node's launcher started its 2 workers
+        for rank in (2 * node, 2 * node + 1):
+            assert f"[rank={rank}] INFO" in text, (node, text[-3000:])

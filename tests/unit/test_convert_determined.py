@@ -15,6 +15,7 @@ from click.testing import CliRunner, Result
 from dlhpc.cli.main import cli
 from dlhpc.config import load_experiment
 from dlhpc.convert import convert_determined
+from dlhpc.convert._trial_api import TRIAL_MODULES
 from dlhpc.search import SearcherTable
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "templates" / "examples" / "determined-core"
@@ -82,7 +83,7 @@ hyperparameters:
 
 
 def test_the_stand_in_nests_flattened_hyperparameters_again() -> None:
-    from dlhpc.integrations.determined.core_api import nest
+    from dlhpc.integrations.determined.cluster import nest
 
     flat = {"optimizer.lr": 0.1, "optimizer.m.b": 2, "other.x": 1, "y": 3}
     assert nest(flat, '["optimizer"]') == {
@@ -148,11 +149,18 @@ environment: {environment_variables: [A=1, B=x=y]}
 reproducibility: {experiment_seed: 11}
 data: {url: s3://bucket}
 """
-    data = _ok(tmp_path, text, "--gpus-per-node", "2")
+    data = _ok(tmp_path, text, "--slots-per-node", "2")
+    # as in Determined: the string through sh -c, the launch layer kept, once per node
     assert data["entrypoint"] == (
-        "python -m dlhpc.integrations.determined python3 train.py --flag 'a b'"
+        "python -m dlhpc.integrations.determined sh -c 'python3 -m"
+        " determined.launch.torch_distributed -- python3 train.py --flag '\"'\"'a b'\"'\"''"
     )
-    assert data["resources"] == {"nodes": 2, "gpus_per_node": 2}
+    assert data["resources"] == {
+        "nodes": 2,
+        "gpus_per_node": 2,
+        "tasks_per_node": 1,
+        "cpus_per_task": 2,  # one per worker
+    }
     assert data["max_restarts"] == 2
     assert data["checkpoint"] == {
         "keep_best": 2,
@@ -163,10 +171,49 @@ data: {url: s3://bucket}
     env = data["environment"]["vars"]
     assert env["A"] == "1" and env["B"] == "x=y"
     assert env["DLHPC_DETERMINED_USER_DATA"] == '{"url": "s3://bucket"}'
+    assert env["DLHPC_DETERMINED_SLOTS_PER_NODE"] == "2"
     assert data["reproducibility"] == {"seed": 11}
     assert data["workdir"] == ".."  # the Determined context folder, relative to the output
-    cpu = _ok(tmp_path, text, "--slot-type", "cpu")
-    assert cpu["resources"] == {"gpus_per_node": 0, "tasks_per_node": 4}
+    cpu = _ok(tmp_path, text, "--slot-type", "cpu")  # all on one node: CPUs for 4 workers
+    assert cpu["resources"] == {
+        "nodes": 1,
+        "gpus_per_node": 0,
+        "tasks_per_node": 1,
+        "cpus_per_task": 4,
+    }
+    assert cpu["environment"]["vars"]["DLHPC_DETERMINED_SLOTS_PER_NODE"] == "4"
+    as_list = "entrypoint: [python3, -m, determined.launch.deepspeed, python3, 'a b.py']"
+    listed = _ok(tmp_path, text.replace(text.splitlines()[1], as_list))
+    assert listed["entrypoint"] == (  # a list runs as it is
+        "python -m dlhpc.integrations.determined python3 -m determined.launch.deepspeed"
+        " python3 'a b.py'"
+    )
+
+
+def test_a_launch_layer_the_stand_in_has_not_or_a_trial_api_script_exits_2(
+    tmp_path: Path,
+) -> None:
+    launcher = BASE.replace("python3 train.py", "python3 -m determined.launch.TAIL")
+    for tail, why in (
+        ("horovod python3 train.py", "determined.launch.horovod is not supported"),
+        ("torch_distributed --trial model_def:T", "--trial (a Trial API class)"),
+        ("torch_distributed --nproc_per_node 2 -- python3 t.py", "overrides"),
+        ("deepspeed", "no command after"),
+    ):
+        res, out = _convert(tmp_path, launcher.replace("TAIL", tail))
+        assert res.exit_code == 2 and why in res.stderr and not out.exists(), res.stderr
+    (tmp_path / "train.py").write_text(
+        "import determined as det\nfrom determined import core\n\n"
+        "class T(det.pytorch.PyTorchTrial):\n    pass\n"
+        "from determined.keras import DeterminedCallback\n"
+    )
+    res, out = _convert(tmp_path, BASE)
+    assert res.exit_code == 2 and not out.exists()
+    assert "train.py line 4 uses determined.pytorch" in res.stderr, res.stderr
+    assert "train.py line 6 uses determined.keras" in res.stderr
+    assert "det.core.init()" in res.stderr  # the Core API route
+    (tmp_path / "train.py").write_text("import determined as det\nwith det.core.init():\n  pass\n")
+    _ok(tmp_path, BASE)
 
 
 def test_determineds_slurm_section(tmp_path: Path) -> None:
@@ -179,6 +226,8 @@ def test_determineds_slurm_section(tmp_path: Path) -> None:
         "sbatch_args": ["--exclude=node7"],
         "nodes": 2,
         "gpus_per_node": "a100:2",
+        "tasks_per_node": 1,
+        "cpus_per_task": 2,
     }
     before = (tmp_path / "out" / "exp.yaml").read_text()
     res, out = _convert(tmp_path, BASE + "slurm:\n  sbatch_args: [--array=1-3]\n")
@@ -276,3 +325,5 @@ def test_the_names_the_stand_in_reads_are_the_ones_convert_writes() -> None:
     assert conv.ENV_NESTED == shim.ENV_NESTED
     assert sections.ENV_USER_DATA == shim.ENV_USER_DATA
     assert sections.LAUNCHER.split()[-1] == shim.__name__
+    assert sections.ENV_SLOTS == shim.ENV_SLOTS
+    assert TRIAL_MODULES == shim.UNSUPPORTED_APIS

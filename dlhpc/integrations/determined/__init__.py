@@ -6,7 +6,7 @@ dlhpc job through a stand-in ``determined`` package that lives in :data:`SHIM_PA
 That folder is on ``PYTHONPATH`` only when the experiment's entrypoint asks for it
 by starting with the launcher (what ``dlhpc convert determined`` writes)::
 
-    entrypoint: python -m dlhpc.integrations.determined python3 train.py
+    entrypoint: python -m dlhpc.integrations.determined sh -c 'python3 train.py'
 
 so outside such jobs an installed ``determined`` is never shadowed, and dlhpc never
 needs it. The stand-in maps the Core API onto :mod:`dlhpc.harness`
@@ -15,6 +15,11 @@ needs it. The stand-in maps the Core API onto :mod:`dlhpc.harness`
 like ``ctx.checkpoint``), ``preempt.should_preempt()`` -> ``ctx.should_stop()``, the
 searcher's single operation -> the trial's grant (``ctx.max_length``).
 
+As in Determined, the entrypoint runs once per node (a *container*,
+:mod:`~dlhpc.integrations.determined.cluster`); ``determined.launch.torch_distributed``
+and ``determined.launch.deepspeed`` start one worker per slot
+(:mod:`~dlhpc.integrations.determined.launch`).
+
 Importing this package costs nothing (no torch, no harness).
 """
 
@@ -22,7 +27,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["ENV_NESTED", "ENV_TIME_METRIC", "ENV_UNIT", "ENV_USER_DATA", "SHIM_PATH"]
+__all__ = [
+    "ENV_NESTED",
+    "ENV_SLOTS",
+    "ENV_TIME_METRIC",
+    "ENV_UNIT",
+    "ENV_USER_DATA",
+    "SHIM_PATH",
+    "UNSUPPORTED_APIS",
+    "unsupported",
+]
 
 # the folder holding the stand-in ``determined`` package (put first on PYTHONPATH)
 SHIM_PATH = Path(__file__).resolve().parent / "pythonpath"
@@ -36,3 +50,20 @@ ENV_UNIT = "DLHPC_DETERMINED_UNIT"
 ENV_NESTED = "DLHPC_DETERMINED_NESTED"
 # the experiment's ``data:`` mapping as JSON: ``info.user_data``
 ENV_USER_DATA = "DLHPC_DETERMINED_USER_DATA"
+# the slots of each container (node): ``len(info.slot_ids)``, the workers a launch layer starts
+ENV_SLOTS = "DLHPC_DETERMINED_SLOTS_PER_NODE"
+
+# Determined's modules the stand-in does not provide (its Trial APIs and framework
+# adapters): importing one raises ImportError(unsupported(...)); `dlhpc convert` refuses
+# scripts that use them (dlhpc.convert keeps the same names; a test holds them equal)
+UNSUPPORTED_APIS = ("pytorch", "keras", "lightning", "transformers", "horovod")
+
+
+def unsupported(what: str) -> str:
+    """Why ``what`` (a Determined module or launcher) does not run under dlhpc, and what does."""
+    return (
+        f"{what} is not supported by dlhpc's Determined stand-in, which runs Core API"
+        " scripts only (det.core.init(), as in Determined's examples/tutorials/core_api);"
+        " train with plain PyTorch under `with det.core.init() as core_context:` instead of"
+        " PyTorchTrial / det.pytorch.Trainer / det.keras, or use dlhpc's own integrations"
+    )

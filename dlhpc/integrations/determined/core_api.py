@@ -3,9 +3,8 @@ on :mod:`dlhpc.harness`.
 
 Mapping (each object has the methods Determined's Core API tutorials call):
 
-* ``get_cluster_info()``: None outside a dlhpc job; in one, ``trial.hparams``,
-  ``trial.trial_id``, ``trial.experiment_id``, ``trial.trial_seed``, ``user_data``
-  and ``latest_checkpoint`` (the newest *verified* checkpoint's storage id).
+* ``get_cluster_info()``: :mod:`~dlhpc.integrations.determined.cluster` (the trial's
+  facts, ``latest_checkpoint``, the container layout).
 * ``train.report_training_metrics`` / ``report_validation_metrics`` /
   ``report_metrics``: ``ctx.report(steps_completed, metrics)``; training metrics are
   named ``train_<name>`` (unless they start with ``train``), so a training value never
@@ -21,9 +20,9 @@ Mapping (each object has the methods Determined's Core API tutorials call):
   (``ctx.max_length``: the rung's length under ASHA); ``report_completed(value)``
   reports the searcher metric at that length. A promotion is a new job with a longer
   grant that resumes from ``latest_checkpoint``.
-* ``distributed``: rank and size from the allocation (``RANK``, ``WORLD_SIZE``,
-  ``LOCAL_RANK`` ...); its collectives are trivial with one process and use
-  ``torch.distributed`` object collectives with more.
+* ``distributed``: the ``DistributedContext`` the script passes (required, as in
+  Determined, when the trial has several slots or containers); its ranks become the
+  process's ``RANK``/``WORLD_SIZE``/... so that only the chief publishes.
 """
 
 from __future__ import annotations
@@ -40,10 +39,17 @@ from typing import Any
 
 from dlhpc import harness
 from dlhpc.harness.context import TrialContext
-from dlhpc.integrations.determined import ENV_NESTED, ENV_TIME_METRIC, ENV_UNIT, ENV_USER_DATA
-from dlhpc.integrations.determined.checkpoints import CheckpointContext, latest_storage_id
+from dlhpc.integrations.determined import ENV_TIME_METRIC, ENV_UNIT
+from dlhpc.integrations.determined.checkpoints import CheckpointContext
+from dlhpc.integrations.determined.cluster import (
+    ENV_CONTAINER_ADDRS,
+    ENV_CONTAINER_RANK,
+    ClusterInfo,
+    TrialInfo,
+    container_layout,
+    get_cluster_info,
+)
 from dlhpc.integrations.determined.distributed import DistributedContext
-from dlhpc.protocol import ATTEMPT_DIR_VAR, TRIAL_DIR_VAR
 
 __all__ = [
     "ClusterInfo",
@@ -81,62 +87,8 @@ class SearcherMode(enum.Enum):
     ChiefOnly = "CHEIF_ONLY"  # sic, as Determined spells it
 
 
-class TrialInfo:
-    """``info.trial``: this trial's facts."""
-
-    def __init__(self, ctx: TrialContext, user_data: dict[str, Any]) -> None:
-        self.trial_id = ctx.trial_id
-        self.experiment_id = ctx.experiment_id
-        self.trial_seed = ctx.seed
-        self.hparams: dict[str, Any] = nest(ctx.hparams, os.environ.get(ENV_NESTED, ""))
-        self.user_data = user_data
-
-
-def nest(hparams: dict[str, Any], roots_json: str) -> dict[str, Any]:
-    """``hparams`` with the ``outer.inner`` names of the nested roots (a JSON list, as
-    ``dlhpc convert`` writes it) turned back into Determined's nested mappings."""
-    roots = set(json.loads(roots_json)) if roots_json else set()
-    out: dict[str, Any] = {}
-    for name, value in hparams.items():
-        parts = name.split(".")
-        if len(parts) == 1 or parts[0] not in roots:
-            out[name] = value
-            continue
-        here = out
-        for part in parts[:-1]:
-            here = here.setdefault(part, {})
-        here[parts[-1]] = value
-    return out
-
-
-class ClusterInfo:
-    """``det.get_cluster_info()`` inside a dlhpc job."""
-
-    def __init__(self, ctx: TrialContext) -> None:
-        raw = os.environ.get(ENV_USER_DATA, "")
-        self.user_data: dict[str, Any] = json.loads(raw) if raw else {}
-        self.task_type = "TRIAL"
-        self.task_id = f"{ctx.experiment_id}.{ctx.trial_id}"
-        self.allocation_id = os.environ.get(ATTEMPT_DIR_VAR, "")
-        self.container_rank = int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0")))
-        self.master_url = ""
-        self.cluster_id = "dlhpc"
-        self._trial = TrialInfo(ctx, self.user_data)
-        root = ctx.checkpoint_dir
-        self._latest_checkpoint = latest_storage_id(root) if root is not None else None
-
-    @property
-    def trial(self) -> TrialInfo:
-        return self._trial
-
-    @property
-    def latest_checkpoint(self) -> str | None:
-        """The storage id of the trial's newest verified checkpoint (None on a first run)."""
-        return self._latest_checkpoint
-
-
-# One TrialContext per process: Determined's API is module functions (get_cluster_info,
-# core.init), and two contexts would write the same event stream twice.
+# One TrialContext per process: Determined's API is module functions (core.init), and
+# two contexts would write the same event stream twice.
 _CONTEXT: list[TrialContext] = []
 
 
@@ -147,11 +99,21 @@ def _context() -> TrialContext:
     return _CONTEXT[0]
 
 
-def get_cluster_info() -> ClusterInfo | None:
-    """This trial's :class:`ClusterInfo`; None outside a dlhpc job (as Determined off-cluster)."""
-    if not os.environ.get(TRIAL_DIR_VAR):
-        return None
-    return ClusterInfo(_context())
+def _adopt_ranks(distributed: DistributedContext) -> None:
+    """Make ``distributed``'s ranks this process's (``RANK``, ``WORLD_SIZE``, ...), so that
+    the trial context it is about to get (which reads them) publishes from the chief only:
+    workers a script starts itself inherit their launcher's. The container's own rank and
+    addresses are pinned first, so ``get_cluster_info()`` keeps reporting them."""
+    if not os.environ.get(ENV_CONTAINER_RANK):
+        rank, addrs = container_layout(os.environ)
+        os.environ[ENV_CONTAINER_RANK] = str(rank)
+        os.environ[ENV_CONTAINER_ADDRS] = json.dumps(addrs)
+    os.environ.update(
+        RANK=str(distributed.rank),
+        WORLD_SIZE=str(distributed.size),
+        LOCAL_RANK=str(distributed.local_rank),
+        LOCAL_WORLD_SIZE=str(distributed.local_size),
+    )
 
 
 class TrainContext:
@@ -313,12 +275,7 @@ class Context:
         steps = [0]
         self._ctx = ctx
         self.distributed = distributed or DistributedContext(
-            rank=ctx.rank,
-            size=ctx.world_size,
-            local_rank=ctx.local_rank,
-            local_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-            cross_rank=int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0"))),
-            cross_size=int(os.environ.get("NNODES", os.environ.get("SLURM_NNODES", "1"))),
+            rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1
         )
         self.train = TrainContext(ctx, steps)
         self.checkpoint = CheckpointContext(ctx, Path(root), steps)
@@ -340,6 +297,7 @@ class Context:
             self._ctx.exit_for_requeue()
 
     def close(self) -> None:
+        self.distributed.close()
         self._ctx.close()
 
 
@@ -351,15 +309,23 @@ def init(
     tensorboard_mode: Any = None,
     async_checkpointing: bool = False,
 ) -> Context:
-    """The Core API context of this dlhpc trial (raises outside a dlhpc job)."""
+    """The Core API context of this dlhpc trial (raises outside a dlhpc job). As in
+    Determined, a trial of several slots or containers needs ``distributed`` (ValueError
+    without it); its ranks become this process's (:func:`_adopt_ranks`)."""
     if checkpoint_storage is not None:
         warnings.warn(
             "dlhpc: checkpoint_storage is ignored; checkpoints go to the trial's checkpoint.dir",
             stacklevel=2,
         )
-    if not os.environ.get(TRIAL_DIR_VAR):
+    info = get_cluster_info()
+    if info is None:
         raise RuntimeError(
             "det.core.init(): dlhpc's determined stand-in runs only inside dlhpc jobs"
             " (DLHPC_TRIAL_DIR unset)"
         )
+    if distributed is None:
+        if len(info.container_addrs) > 1 or len(info.slot_ids) > 1:
+            raise ValueError("you must provide a valid DistributedContext for a multi-slot task")
+    else:
+        _adopt_ranks(distributed)
     return Context(_context(), distributed, preempt_mode)
