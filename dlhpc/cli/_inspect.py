@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import click
 
 from dlhpc.cli._common import open_store, site_option
-from dlhpc.errors import UsageError
+from dlhpc.errors import DlhpcError, UsageError
 from dlhpc.report.quota import quota_warning
 from dlhpc.report.status import iter_status_json, status_data
 from dlhpc.report.status_types import ExperimentStatus, write_json
@@ -109,10 +109,16 @@ def status(
 @click.option("-f", "--follow", is_flag=True, help="Keep printing as the log grows.")
 @click.option("--stderr/--stdout", "use_err", default=False, help="Which stream (default stdout).")
 def logs(trial_id: int, site: str | None, follow: bool, use_err: bool) -> None:
-    """Print the log of TRIAL_ID's latest attempt."""
+    """Print the log of TRIAL_ID's latest attempt (a job the scheduler requeued under
+    its own id writes every run into the same log)."""
     store = open_store(site)
     with store.read() as s:
         attempt, folder = latest_attempt(s, trial_id)
+    if not attempt.log_path:  # a job whose submission is not recorded yet (adopt fills it)
+        raise DlhpcError(
+            f"trial {trial_id}: its latest attempt {attempt.attempt_key} (job"
+            f" {attempt.job_id}) has no log file recorded"
+        )
     path = Path(attempt.log_path)
     if use_err:
         path = path.with_name(path.name.replace(".out", ".err"))
