@@ -15,7 +15,7 @@ from dlhpc.errors import DlhpcError, UsageError
 from dlhpc.report.quota import quota_warning
 from dlhpc.report.status import iter_status_json, status_data
 from dlhpc.report.status_types import ExperimentStatus, write_json
-from dlhpc.store.queries import latest_attempt
+from dlhpc.store.queries import trial_attempt
 
 if TYPE_CHECKING:  # rich loads only to print a table: not for --json
     from rich.console import Group
@@ -108,16 +108,22 @@ def status(
 @site_option
 @click.option("-f", "--follow", is_flag=True, help="Keep printing as the log grows.")
 @click.option("--stderr/--stdout", "use_err", default=False, help="Which stream (default stdout).")
-def logs(trial_id: int, site: str | None, follow: bool, use_err: bool) -> None:
+@click.option(
+    "--attempt",
+    "key",
+    metavar="KEY",
+    help="An earlier attempt, by its key (JOB.rN, as `dlhpc status --json` lists them).",
+)
+def logs(trial_id: int, site: str | None, follow: bool, use_err: bool, key: str | None) -> None:
     """Print the log of TRIAL_ID's latest attempt (a job the scheduler requeued under
-    its own id writes every run into the same log)."""
+    its own id writes all its runs into one log)."""
     store = open_store(site)
     with store.read() as s:
-        attempt, folder = latest_attempt(s, trial_id)
+        attempt, folder = trial_attempt(s, trial_id, key)
     if not attempt.log_path:  # a job whose submission is not recorded yet (adopt fills it)
         raise DlhpcError(
-            f"trial {trial_id}: its latest attempt {attempt.attempt_key} (job"
-            f" {attempt.job_id}) has no log file recorded"
+            f"trial {trial_id}: attempt {attempt.attempt_key} (job {attempt.job_id})"
+            " has no log file recorded"
         )
     path = Path(attempt.log_path)
     if use_err:

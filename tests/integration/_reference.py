@@ -22,8 +22,10 @@ from tests.integration.conftest import REPO, Cli
 
 __all__ = [
     "DIGITS",
+    "PLANNED_EXIT_NOISE",
     "References",
     "final_sha",
+    "logs_of",
     "reference_sha",
     "reference_shas",
     "seed_of",
@@ -143,3 +145,16 @@ def hog_argv(sleep_s: int) -> list[str]:
         "--wrap",
         f"sleep {sleep_s}",
     ]
+
+
+#: What a planned exit (75: checkpointed for a requeue) must not leave in a job's log.
+PLANNED_EXIT_NOISE = ("Traceback", "triggered an exception", "srun: error")
+
+
+def logs_of(cli: Cli, trial_id: int, key: str | None = None) -> tuple[str, str]:
+    """(stdout, stderr) of the trial's attempt ``key`` (None: its latest) as ``dlhpc logs``
+    prints them. A job that Slurm requeued under its own id holds all its runs."""
+    extra = ["--attempt", key] if key else []
+    out = cli("logs", str(trial_id), *extra).stdout
+    err = cli("logs", str(trial_id), "--stderr", *extra).stdout
+    return out, err

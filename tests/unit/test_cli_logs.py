@@ -1,4 +1,4 @@
-"""``dlhpc logs``: the latest attempt's log, whichever way the attempt came to be."""
+"""``dlhpc logs``: an attempt's log, whichever way the attempt came to be."""
 
 from __future__ import annotations
 
@@ -57,6 +57,18 @@ def test_a_job_the_scheduler_requeued_shows_its_log_with_every_run(
     assert res.exit_code == 0 and res.output == "run 0: epoch 1\nrun 1: resumed at epoch 1\n"
     res = _logs(str(tid), "--stderr")
     assert res.exit_code == 0 and res.output == "run 0 err\nrun 1 err\n"
+    # the trial submitted again as a new job: its newest log, or an earlier one by key
+    (jobs / "60_0_0_log.out").write_text("run 2: resumed at epoch 2\n")
+    with home.write() as s:
+        s.add(new_attempt(tid, "60_0.r0", "RUNNING", utcnow(), submission_id=sub.id,
+                          log_path=str(jobs / "60_0_0_log.out")))  # fmt: skip
+    assert _logs(str(tid)).output == "run 2: resumed at epoch 2\n"
+    for key in ("55_0.r0", "55_0.r1"):
+        res = _logs(str(tid), "--attempt", key, "--stderr")
+        assert res.exit_code == 0 and res.output == "run 0 err\nrun 1 err\n"
+    res = CliRunner().invoke(cli, ["logs", str(tid), "--attempt", "55_0.r7"])
+    assert res.exit_code == 2 and f"trial {tid} has no attempt '55_0.r7'" in res.output
+    assert "['55_0.r0', '55_0.r1', '60_0.r0']" in res.output
 
 
 @pytest.mark.parametrize("stream", [[], ["--stderr"], ["-f"]], ids=["stdout", "stderr", "follow"])
@@ -69,5 +81,5 @@ def test_an_attempt_without_a_recorded_log_says_so(
     res = CliRunner().invoke(cli, ["logs", str(tid), *stream])
     assert res.exit_code == 1, res.output
     assert res.stderr == (
-        f"error: trial {tid}: its latest attempt 77_0.r0 (job 77_0) has no log file recorded\n"
+        f"error: trial {tid}: attempt 77_0.r0 (job 77_0) has no log file recorded\n"
     )
