@@ -53,9 +53,7 @@ def experiment_owners(s: Session) -> dict[int, str]:
     return {eid: user for eid, user in rows}
 
 
-def trial_attempt(
-    s: Session, trial_id: int, key: str | None = None
-) -> tuple[Attempt, Path | None]:
+def trial_attempt(s: Session, trial_id: int, key: str | None = None) -> tuple[Attempt, Path | None]:
     """The trial's attempt ``key`` (``<job id>.r<restart>``; None: its newest) and its
     submission's folder (None: not submitted through a recorded submission). Raises
     :class:`~dlhpc.errors.NotFoundError` for an unknown trial or key, or a trial not

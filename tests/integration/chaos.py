@@ -66,9 +66,11 @@ from typing import Any
 from dlhpc.protocol import HEARTBEAT_FILE, PROGRESS_FILE, read_event_batches, read_small_json
 from tests.integration._reference import (
     DIGITS,
+    PLANNED_EXIT_NOISE,
     References,
     final_sha,
     hog_argv,
+    logs_of,
     seed_of,
     start_references,
 )
@@ -160,6 +162,16 @@ def _state_dir(env: Mapping[str, str]) -> Path:
     return Path(env.get("DLHPC_DEV_CLUSTER_DIR", "/var/tmp/dlhpc-dev-cluster"))
 
 
+def _dev_cluster(command: str, env: Mapping[str, str]) -> list[str]:
+    """``scripts/dev-cluster COMMAND`` for the cluster ``env`` names (``dev-cluster env``
+    exports its version and profile): without them ``up`` would start another cluster."""
+    argv = [str(DEV_CLUSTER), command]
+    for flag, var in (("--slurm", "DLHPC_DEV_SLURM"), ("--profile", "DLHPC_DEV_PROFILE")):
+        if env.get(var):
+            argv += [flag, env[var]]
+    return argv
+
+
 def _pid_alive(pid: int, comm: str) -> bool:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip() == comm and not Path(
@@ -190,7 +202,7 @@ def kill_slurmd(env: Mapping[str, str], node: str) -> int:
 def cluster_healthy(env: Mapping[str, str]) -> bool:
     """All daemons run and no node is down or drained (``scripts/dev-cluster status``)."""
     status = subprocess.run(
-        [str(DEV_CLUSTER), "status"], env=dict(env), capture_output=True, text=True, check=False
+        _dev_cluster("status", env), env=dict(env), capture_output=True, text=True, check=False
     )
     if status.returncode != 0:
         return False
@@ -210,7 +222,7 @@ def restore_cluster(env: Mapping[str, str], attempts: int = 3) -> str:
     tail = ""
     for _ in range(attempts):
         proc = subprocess.run(
-            [str(DEV_CLUSTER), "up"],
+            _dev_cluster("up", env),
             env=dict(env),
             capture_output=True,
             text=True,
@@ -857,11 +869,43 @@ def check_campaign(cli: Cli, result: CampaignResult, cfg: CampaignConfig) -> Non
         need(names == METRIC_NAMES, f"trial {trial_id}: metric names {names}")
     need(integrity == ("ok",), f"integrity_check: {integrity}")
 
+    _check_logs(cli, result, trials, need)
+
     # bitwise equal to the uninterrupted runs
     refs = result.references.wait()
     for tid in trials:
         got = final_sha(cli, result.exp_id, tid)
         need(got == refs[tid], f"trial {tid}: final weights {got} != reference {refs[tid]}")
+
+
+def _check_logs(
+    cli: Cli,
+    result: CampaignResult,
+    trials: Mapping[int, dict[str, Any]],
+    need: Callable[[object, str], None],
+) -> None:
+    """``dlhpc logs`` after each action: the attempt after the one it hit prints the
+    script's resume (Slurm's requeue under the same id: the same log as the hit run; a
+    resubmission: the new job's); the hit attempt's stderr shows no traceback and no srun
+    error when every run of its job ended as planned (exit 75 or 0); and each trial's
+    latest log ends with its final weights."""
+    for r in result.driver.records:
+        if r.kind not in EXPECTED_CAUSES or r.trial_id is None or r.attempt_key is None:
+            continue
+        attempts = trials[r.trial_id]["attempts"]
+        i = [a["key"] for a in attempts].index(r.attempt_key)
+        after = attempts[i + 1]["key"]
+        out, _ = logs_of(cli, r.trial_id, after)
+        need("resumed at epoch" in out, f"{r.kind}: dlhpc logs of {after} has no resume:\n{out}")
+        job = attempts[i]["job_id"]
+        if all(a["exit_code"] in (0, 75) for a in attempts if a["job_id"] == job):
+            _, err = logs_of(cli, r.trial_id, r.attempt_key)
+            noise = [x for x in PLANNED_EXIT_NOISE if x in err]
+            need(not noise, f"{r.kind}: the log of {r.attempt_key} shows {noise}:\n{err}")
+    for tid in trials:
+        out, _ = logs_of(cli, tid)
+        sha = final_sha(cli, result.exp_id, tid)
+        need(f"weights_sha256={sha}" in out, f"trial {tid}: dlhpc logs lacks its end:\n{out}")
 
 
 @contextlib.contextmanager

@@ -287,12 +287,26 @@ def test_a_restart_of_a_job_under_its_own_id_is_recorded_with_the_job_log(
     tid = exp_and_trial(store, tmp_path)
     with store.write() as s:
         exp_id = s.scalars(select(Trial.experiment_id)).one()
-        sub = Submission(experiment_id=exp_id, name="n", state="SUBMITTED",
-                         trial_ids_json=f"[{tid}]", folder="/jobs", created_at=utcnow())  # fmt: skip
+        sub = Submission(
+            experiment_id=exp_id,
+            name="n",
+            state="SUBMITTED",
+            trial_ids_json=f"[{tid}]",
+            folder="/jobs",
+            created_at=utcnow(),
+        )
         s.add(sub)
         s.flush()
-        s.add(new_attempt(tid, "55_0.r0", "RUNNING", utcnow(), submission_id=sub.id,
-                          log_path="/jobs/55_0_0_log.out"))  # fmt: skip
+        s.add(
+            new_attempt(
+                tid,
+                "55_0.r0",
+                "RUNNING",
+                utcnow(),
+                submission_id=sub.id,
+                log_path="/jobs/55_0_0_log.out",
+            )
+        )
     attempts = tmp_path / "t" / "attempts"
     for key in ("55_0.r0", "55_0.r1", "55_0.r2", "56_0.r0"):
         w = EventWriter(attempts / key, "worker-r0")
@@ -301,8 +315,9 @@ def test_a_restart_of_a_job_under_its_own_id_is_recorded_with_the_job_log(
     with store.write() as s:
         t = s.get(Trial, tid)
         assert t is not None
-        ingest_attempts(s, [(t, attempts / k) for k in sorted(p.name for p in attempts.iterdir())],
-                        utcnow())  # fmt: skip
+        ingest_attempts(
+            s, [(t, attempts / k) for k in sorted(p.name for p in attempts.iterdir())], utcnow()
+        )
     with store.read() as s:
         rows = s.execute(
             select(Attempt.attempt_key, Attempt.submission_id, Attempt.log_path).order_by(
