@@ -242,4 +242,8 @@ def test_requeue_refused_by_slurm_is_resubmitted_and_resumes_bitwise(
     assert first["key"] == f"{first_job}.r0" and rest[-1]["cause"] == "completed"
     refused = [m for m in _worker_logs(cli, first["key"]) if "scontrol requeue" in m]
     assert refused and "presently disabled" in refused[0], refused
+    _check_logs(cli, done)  # the new job's log
+    # the first job's: its run ended as planned (exit 75, the requeue refused), quietly
+    _, err = logs_of(cli, t["id"], first["key"])
+    assert not [x for x in PLANNED_EXIT_NOISE if x in err], err
     _check_exact(cli, tmp_path, done, epochs)
