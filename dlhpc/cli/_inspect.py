@@ -115,8 +115,9 @@ def status(
     help="An earlier attempt, by its key (JOB.rN, as `dlhpc status --json` lists them).",
 )
 def logs(trial_id: int, site: str | None, follow: bool, use_err: bool, key: str | None) -> None:
-    """Print the log of TRIAL_ID's latest attempt (a job the scheduler requeued under
-    its own id writes all its runs into one log)."""
+    """Print the log of TRIAL_ID's latest attempt.
+
+    A task the scheduler requeued under its own id writes all its runs into one log."""
     store = open_store(site)
     with store.read() as s:
         attempt, folder = trial_attempt(s, trial_id, key)
