@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 import click
 
 from dlhpc.cli._common import open_store, site_option
-from dlhpc.errors import UsageError
+from dlhpc.errors import DlhpcError, UsageError
 from dlhpc.report.quota import quota_warning
 from dlhpc.report.status import iter_status_json, status_data
 from dlhpc.report.status_types import ExperimentStatus, write_json
-from dlhpc.store.queries import latest_attempt
+from dlhpc.store.queries import trial_attempt
 
 if TYPE_CHECKING:  # rich loads only to print a table: not for --json
     from rich.console import Group
@@ -108,11 +108,24 @@ def status(
 @site_option
 @click.option("-f", "--follow", is_flag=True, help="Keep printing as the log grows.")
 @click.option("--stderr/--stdout", "use_err", default=False, help="Which stream (default stdout).")
-def logs(trial_id: int, site: str | None, follow: bool, use_err: bool) -> None:
-    """Print the log of TRIAL_ID's latest attempt."""
+@click.option(
+    "--attempt",
+    "key",
+    metavar="KEY",
+    help="An earlier attempt, by its key (JOB.rN, as `dlhpc status --json` lists them).",
+)
+def logs(trial_id: int, site: str | None, follow: bool, use_err: bool, key: str | None) -> None:
+    """Print the log of TRIAL_ID's latest attempt.
+
+    A task the scheduler requeued under its own id writes all its runs into one log."""
     store = open_store(site)
     with store.read() as s:
-        attempt, folder = latest_attempt(s, trial_id)
+        attempt, folder = trial_attempt(s, trial_id, key)
+    if not attempt.log_path:  # a job whose submission is not recorded yet (adopt fills it)
+        raise DlhpcError(
+            f"trial {trial_id}: attempt {attempt.attempt_key} (job {attempt.job_id})"
+            " has no log file recorded"
+        )
     path = Path(attempt.log_path)
     if use_err:
         path = path.with_name(path.name.replace(".out", ".err"))

@@ -78,7 +78,8 @@ _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 class TrialFailed(DlhpcError):
-    """The entrypoint exited non-zero (raised so that Slurm marks the job FAILED)."""
+    """The entrypoint failed: a non-zero exit other than the planned
+    :data:`~dlhpc.protocol.REQUEUE_EXIT_CODE` (raised so that Slurm marks the job FAILED)."""
 
 
 def job_identity(environ: Mapping[str, str]) -> tuple[str, int, int]:
@@ -289,7 +290,7 @@ def run_entrypoint(trial_dir: Path) -> int:
     reason, first = _record_exit(events, job, attempt_dir, code, received)
     if rank == 0 and reason == "requeue" and first and first == job.time_limit_signal:
         error = job.requeue_self()  # the scheduler kills this run and queues the task again
-        if error:  # e.g. not permitted: the job ends non-zero and the reconciler resubmits
+        if error:  # e.g. not permitted: the job just ends and the reconciler resubmits
             message = f"{error}; the reconciler submits the trial again instead"
             events.add("log", level="warning", message=message)
             events.flush()
@@ -297,9 +298,13 @@ def run_entrypoint(trial_dir: Path) -> int:
 
 
 def run_trial(trial_dir: str) -> None:
-    """submitit entry point: run the trial, raise TrialFailed on a non-zero exit."""
+    """submitit entry point: run the trial; raise TrialFailed on a non-zero exit other
+    than :data:`REQUEUE_EXIT_CODE`. That planned exit (checkpointed for a requeue, or
+    stopped at the searcher's request) returns quietly: no traceback in the job's log,
+    no failed task; its exit record says what happened, and neither a scheduler's
+    requeue nor the reconciler's verdict depends on the task's exit status."""
     code = run_entrypoint(Path(trial_dir))
-    if code != 0:
+    if code not in (0, REQUEUE_EXIT_CODE):
         raise TrialFailed(f"entrypoint exited with code {code}")
 
 

@@ -143,16 +143,16 @@ def _adopt(
             return 0
         trial_ids = json.loads(row.trial_ids_json)
         for trial_id, job_id in matched.items():
-            attempt = session.scalar(
+            attempts = session.scalars(
                 select(Attempt).where(Attempt.trial_id == trial_id, Attempt.job_id == job_id)
-            )
-            if attempt is not None:  # its files were ingested already: claim it
+            ).all()
+            logs = pool.get(backend).log_paths(Path(row.folder), job_id)
+            log_path = str(logs[0]) if logs else ""
+            for attempt in attempts:  # its files were ingested already: claim its runs
                 attempt.submission_id = attempt.submission_id or row.id
-            else:
-                logs = pool.get(backend).log_paths(Path(row.folder), job_id)
-                session.add(
-                    first_attempt(trial_id, row.id, job_id, str(logs[0]) if logs else "", now)
-                )
+                attempt.log_path = attempt.log_path or log_path
+            if not attempts:
+                session.add(first_attempt(trial_id, row.id, job_id, log_path, now))
                 adopted += 1
             trial = session.get(Trial, trial_id)
             if trial is not None:

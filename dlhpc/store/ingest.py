@@ -171,7 +171,8 @@ def new_attempt(
 def _attempts_of(
     session: Session, folders: Sequence[tuple[Trial, Path]], now: datetime
 ) -> list[Attempt]:
-    """The attempt of each (trial, attempt folder), created when new: one query."""
+    """The attempt of each (trial, attempt folder), created when new: one query, and
+    one more when some are new (see :func:`_job_origins`)."""
     keys = {(t.id, p.name) for t, p in folders}
     found = {
         (a.trial_id, a.attempt_key): a
@@ -182,15 +183,40 @@ def _attempts_of(
             )
         )
     }
-    new = False
+    created = []
     for t, p in folders:
         if (t.id, p.name) not in found:
             found[(t.id, p.name)] = new_attempt(t.id, p.name, JobState.RUNNING.value, now)
-            session.add(found[(t.id, p.name)])
-            new = True
-    if new:
+            created.append(found[(t.id, p.name)])
+    if created:
+        origins = _job_origins(session, created)
+        for a in created:
+            a.submission_id, a.log_path = origins.get((a.trial_id, a.job_id), (None, ""))
+        session.add_all(created)
         session.flush()  # their ids
     return [found[(t.id, p.name)] for t, p in folders]
+
+
+def _job_origins(
+    session: Session, attempts: Sequence[Attempt]
+) -> dict[tuple[int, str], tuple[int | None, str]]:
+    """(trial, job id) -> (submission, log path) recorded for an earlier attempt of
+    the same job, for the new ``attempts``: a job the scheduler restarted under its
+    own id (Slurm's requeue) writes on to its log file. A job whose first attempt is
+    not recorded yet (its submission is adopted later, which fills both in) has none."""
+    rows = session.execute(
+        select(Attempt.trial_id, Attempt.job_id, Attempt.submission_id, Attempt.log_path)
+        .where(
+            Attempt.trial_id.in_(sorted({a.trial_id for a in attempts})),
+            Attempt.job_id.in_(sorted({a.job_id for a in attempts})),
+            Attempt.log_path != "",
+        )
+        .order_by(Attempt.id)
+    )
+    origins: dict[tuple[int, str], tuple[int | None, str]] = {}
+    for trial_id, job_id, sub_id, log_path in rows:
+        origins.setdefault((trial_id, job_id), (sub_id, log_path))
+    return origins
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Small read queries the CLI needs (who owns an experiment, a trial's newest attempt,
+"""Small read queries the CLI needs (who owns an experiment, a trial's attempt,
 an experiment's checkpoints), so that no SQL lives in ``dlhpc.cli``; and a trial's
 reproducibility record, which ``reproduce``/``diff``, the registry and the compare page
 all build the same way."""
@@ -21,8 +21,8 @@ __all__ = [
     "experiment_checkpoints",
     "experiment_owner",
     "experiment_owners",
-    "latest_attempt",
     "parse_record",
+    "trial_attempt",
     "trial_record_of",
 ]
 
@@ -53,15 +53,22 @@ def experiment_owners(s: Session) -> dict[int, str]:
     return {eid: user for eid, user in rows}
 
 
-def latest_attempt(s: Session, trial_id: int) -> tuple[Attempt, Path | None]:
-    """The trial's newest attempt and its submission's folder (None: not submitted
-    through a recorded submission). Raises :class:`~dlhpc.errors.NotFoundError` for an
-    unknown trial or one not submitted yet."""
+def trial_attempt(s: Session, trial_id: int, key: str | None = None) -> tuple[Attempt, Path | None]:
+    """The trial's attempt ``key`` (``<job id>.r<restart>``; None: its newest) and its
+    submission's folder (None: not submitted through a recorded submission). Raises
+    :class:`~dlhpc.errors.NotFoundError` for an unknown trial or key, or a trial not
+    submitted yet."""
     if s.get(Trial, trial_id) is None:
         raise NotFoundError(f"no trial {trial_id}")
-    attempt = s.scalars(
-        select(Attempt).where(Attempt.trial_id == trial_id).order_by(Attempt.id.desc()).limit(1)
-    ).first()
+    query = select(Attempt).where(Attempt.trial_id == trial_id)
+    if key is not None:
+        query = query.where(Attempt.attempt_key == key)
+    attempt = s.scalars(query.order_by(Attempt.id.desc()).limit(1)).first()
+    if attempt is None and key is not None:
+        keys = s.scalars(
+            select(Attempt.attempt_key).where(Attempt.trial_id == trial_id).order_by(Attempt.id)
+        ).all()
+        raise NotFoundError(f"trial {trial_id} has no attempt {key!r} (its attempts: {list(keys)})")
     if attempt is None:
         raise NotFoundError(f"trial {trial_id} has not been submitted yet")
     folder = None

@@ -22,8 +22,11 @@ from tests.integration.conftest import REPO, Cli
 
 __all__ = [
     "DIGITS",
+    "PLANNED_EXIT_NOISE",
     "References",
+    "SELF_REQUEUE_NOISE",
     "final_sha",
+    "logs_of",
     "reference_sha",
     "reference_shas",
     "seed_of",
@@ -143,3 +146,20 @@ def hog_argv(sleep_s: int) -> list[str]:
         "--wrap",
         f"sleep {sleep_s}",
     ]
+
+
+#: What a planned exit (75: checkpointed for a requeue) must not leave in a job's log.
+PLANNED_EXIT_NOISE = ("Traceback", "triggered an exception", "srun: error")
+#: The same after a self-requeue at the time limit: the worker's ``scontrol requeue``
+#: kills the step it runs in, and srun reports that kill ("srun: error: NODE: task 0:
+#: Terminated"), but never an exit code.
+SELF_REQUEUE_NOISE = ("Traceback", "triggered an exception", "Exited with exit code")
+
+
+def logs_of(cli: Cli, trial_id: int, key: str | None = None) -> tuple[str, str]:
+    """(stdout, stderr) of the trial's attempt ``key`` (None: its latest) as ``dlhpc logs``
+    prints them. A job that Slurm requeued under its own id holds all its runs."""
+    extra = ["--attempt", key] if key else []
+    out = cli("logs", str(trial_id), *extra).stdout
+    err = cli("logs", str(trial_id), "--stderr", *extra).stdout
+    return out, err

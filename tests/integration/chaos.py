@@ -66,9 +66,12 @@ from typing import Any
 from dlhpc.protocol import HEARTBEAT_FILE, PROGRESS_FILE, read_event_batches, read_small_json
 from tests.integration._reference import (
     DIGITS,
+    PLANNED_EXIT_NOISE,
+    SELF_REQUEUE_NOISE,
     References,
     final_sha,
     hog_argv,
+    logs_of,
     seed_of,
     start_references,
 )
@@ -106,6 +109,10 @@ EXPECTED_CAUSES: dict[str, set[str]] = {
     "requeue": {"requeued"},
     "walltime": {"timeout"},
 }
+
+#: The actions whose hit run asks Slurm itself to requeue its task (USR2: exit 75, then
+#: the worker's ``scontrol requeue``, which kills the step it runs in).
+SELF_REQUEUED = ("usr2", "walltime")
 
 
 # -- the plan ------------------------------------------------------------------
@@ -160,6 +167,16 @@ def _state_dir(env: Mapping[str, str]) -> Path:
     return Path(env.get("DLHPC_DEV_CLUSTER_DIR", "/var/tmp/dlhpc-dev-cluster"))
 
 
+def _dev_cluster(command: str, env: Mapping[str, str]) -> list[str]:
+    """``scripts/dev-cluster COMMAND`` for the cluster ``env`` names (``dev-cluster env``
+    exports its version and profile): without them ``up`` would start another cluster."""
+    argv = [str(DEV_CLUSTER), command]
+    for flag, var in (("--slurm", "DLHPC_DEV_SLURM"), ("--profile", "DLHPC_DEV_PROFILE")):
+        if env.get(var):
+            argv += [flag, env[var]]
+    return argv
+
+
 def _pid_alive(pid: int, comm: str) -> bool:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip() == comm and not Path(
@@ -190,7 +207,7 @@ def kill_slurmd(env: Mapping[str, str], node: str) -> int:
 def cluster_healthy(env: Mapping[str, str]) -> bool:
     """All daemons run and no node is down or drained (``scripts/dev-cluster status``)."""
     status = subprocess.run(
-        [str(DEV_CLUSTER), "status"], env=dict(env), capture_output=True, text=True, check=False
+        _dev_cluster("status", env), env=dict(env), capture_output=True, text=True, check=False
     )
     if status.returncode != 0:
         return False
@@ -210,7 +227,7 @@ def restore_cluster(env: Mapping[str, str], attempts: int = 3) -> str:
     tail = ""
     for _ in range(attempts):
         proc = subprocess.run(
-            [str(DEV_CLUSTER), "up"],
+            _dev_cluster("up", env),
             env=dict(env),
             capture_output=True,
             text=True,
@@ -857,11 +874,61 @@ def check_campaign(cli: Cli, result: CampaignResult, cfg: CampaignConfig) -> Non
         need(names == METRIC_NAMES, f"trial {trial_id}: metric names {names}")
     need(integrity == ("ok",), f"integrity_check: {integrity}")
 
+    _check_logs(cli, result, trials, need)
+
     # bitwise equal to the uninterrupted runs
     refs = result.references.wait()
     for tid in trials:
         got = final_sha(cli, result.exp_id, tid)
         need(got == refs[tid], f"trial {tid}: final weights {got} != reference {refs[tid]}")
+
+
+def _check_logs(
+    cli: Cli,
+    result: CampaignResult,
+    trials: Mapping[int, dict[str, Any]],
+    need: Callable[[object, str], None],
+) -> None:
+    """``dlhpc logs`` after each action: the attempt after the one it hit prints the
+    script's resume (Slurm's requeue under the same id: the same log as the hit run; a
+    resubmission: the new job's); the hit attempt's stderr shows no traceback and no srun
+    error when every run of its job ended as planned (exit 75 or 0; in the log of a task
+    that requeued itself, srun's report of the step that requeue killed is allowed, see
+    SELF_REQUEUE_NOISE); and each trial's latest log ends with its final weights. Every
+    problem is listed, not just the first."""
+    problems = []
+    self_requeued = {  # one log holds every run of a task: these jobs' logs hold srun's kill
+        r.target for r in result.driver.records if r.kind in SELF_REQUEUED
+    }
+    for r in result.driver.records:
+        if r.kind not in EXPECTED_CAUSES or r.trial_id is None or r.attempt_key is None:
+            continue
+        attempts = trials[r.trial_id]["attempts"]
+        i = [a["key"] for a in attempts].index(r.attempt_key)
+        after = attempts[i + 1]["key"]
+        out, _ = _logs_or_error(cli, r.trial_id, after)
+        if "resumed at epoch" not in out:
+            problems.append(f"{r.kind}: dlhpc logs of {after} has no resume:\n{out}")
+        job = attempts[i]["job_id"]
+        if all(a["exit_code"] in (0, 75) for a in attempts if a["job_id"] == job):
+            _, err = _logs_or_error(cli, r.trial_id, r.attempt_key)
+            unwanted = SELF_REQUEUE_NOISE if job in self_requeued else PLANNED_EXIT_NOISE
+            if noise := [x for x in unwanted if x in err]:
+                problems.append(f"{r.kind}: the log of {r.attempt_key} shows {noise}:\n{err}")
+    for tid in trials:
+        out, _ = _logs_or_error(cli, tid)
+        sha = final_sha(cli, result.exp_id, tid)
+        if f"weights_sha256={sha}" not in out:
+            problems.append(f"trial {tid}: dlhpc logs lacks its final weights:\n{out}")
+    need(not problems, "\n".join(problems))
+
+
+def _logs_or_error(cli: Cli, trial_id: int, key: str | None = None) -> tuple[str, str]:
+    """:func:`logs_of`, or its failure's message as both streams (then checked as text)."""
+    try:
+        return logs_of(cli, trial_id, key)
+    except AssertionError as err:
+        return str(err), str(err)
 
 
 @contextlib.contextmanager

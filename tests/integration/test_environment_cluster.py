@@ -141,6 +141,10 @@ def test_a_tick_from_a_stripped_environment_submits_jobs_that_run_like_the_launc
     assert len(rows) == 2
     for _, _, _, env_json in rows:  # the modules in effect in the job, in the repro record
         assert json.loads(env_json)["modules"]["loaded"] == ["fake/1.0"]
+    # the crash keeps its traceback and srun's error in its job's log (a planned exit has none)
+    err = cli("logs", str(trial["id"]), "--attempt", rows[0][0], "--stderr").stdout
+    for line in ("Traceback", "TrialFailed: entrypoint exited with code 1", "srun: error"):
+        assert line in err, err
 
 
 def test_a_failing_module_load_fails_the_attempt_with_that_line(cli: Cli, tmp_path: Path) -> None:

@@ -14,7 +14,15 @@ from typing import Any
 import pytest
 
 from dlhpc.states import TERMINAL_EXPERIMENT_STATES as TERMINAL
-from tests.integration._reference import DIGITS, final_sha, hog_argv, reference_shas, seed_of
+from tests.integration._reference import (
+    DIGITS,
+    PLANNED_EXIT_NOISE,
+    final_sha,
+    hog_argv,
+    logs_of,
+    reference_shas,
+    seed_of,
+)
 from tests.integration.conftest import Cli
 
 pytestmark = pytest.mark.cluster
@@ -49,6 +57,17 @@ def _wait_running_with_progress(cli: Cli, exp_id: int, timeout: float = 120) -> 
             return
         time.sleep(1)
     raise AssertionError(json.dumps(cli.experiment(exp_id), indent=1))
+
+
+def _check_logs(cli: Cli, exp: dict[str, Any]) -> None:
+    """``dlhpc logs`` of each trial (its latest attempt) prints the digits script's own
+    lines: its resume after the interruption and its final weights; the planned exits
+    it went through left no traceback and no srun error in that log."""
+    for t in exp["trials"]:
+        out, err = logs_of(cli, t["id"])
+        sha = final_sha(cli, exp["id"], t["id"])
+        assert "resumed at epoch" in out and f"weights_sha256={sha}" in out, out
+        assert not [x for x in PLANNED_EXIT_NOISE if x in err], err
 
 
 def _check_exact(cli: Cli, tmp_path: Path, exp: dict[str, Any], epochs: int) -> None:
@@ -95,6 +114,7 @@ def test_preempted_trials_checkpoint_requeue_and_finish_bitwise_identical(
         assert t["restarts"] >= 1 and causes[-1] == "completed", causes
         assert set(causes[:-1]) == {"preempted"}, causes
         assert t["crashes"] == 0
+    _check_logs(cli, exp)
     _check_exact(cli, tmp_path, exp, epochs)
     # metrics exactly once per (step, name), with no gap
     import sqlite3
@@ -222,4 +242,8 @@ def test_requeue_refused_by_slurm_is_resubmitted_and_resumes_bitwise(
     assert first["key"] == f"{first_job}.r0" and rest[-1]["cause"] == "completed"
     refused = [m for m in _worker_logs(cli, first["key"]) if "scontrol requeue" in m]
     assert refused and "presently disabled" in refused[0], refused
+    _check_logs(cli, done)  # the new job's log
+    # the first job's: its run ended as planned (exit 75, the requeue refused), quietly
+    _, err = logs_of(cli, t["id"], first["key"])
+    assert not [x for x in PLANNED_EXIT_NOISE if x in err], err
     _check_exact(cli, tmp_path, done, epochs)

@@ -400,14 +400,20 @@ def test_recovery_adopts_started_tasks_by_their_files_without_accounting(
                 created_at=now,
             )
         )
-        # what the tick's ingest recorded from the worker's files of 70_0
-        s.add(Attempt(trial_id=ids[0], attempt_key="70_0.r0", job_id="70_0", state="RUNNING",
-                      created_at=now))  # fmt: skip
+        # what the tick's ingest recorded from the worker's files of 70_0 (run twice:
+        # Slurm requeued it), before its submission was known
+        for key in ("70_0.r0", "70_0.r1"):
+            s.add(Attempt(trial_id=ids[0], attempt_key=key, job_id="70_0", state="RUNNING",
+                          created_at=now))  # fmt: skip
     backend.found = ["70_1", "70_2"]  # what squeue still shows
     assert recover_submissions(store, pool, exp_id) == 2
     with store.read() as s:
         jobs = dict(s.execute(select(Attempt.trial_id, Attempt.job_id)).all())
         assert jobs == {ids[0]: "70_0", ids[1]: "70_1", ids[2]: "70_2"}
+        # every run of every adopted job is the submission's, with the job's log
+        rows = s.execute(select(Attempt.job_id, Attempt.submission_id, Attempt.log_path)).all()
+        assert len(rows) == 4 and all(sub is not None for _, sub, _ in rows), rows
+        assert all(log == f"/jobs/{job}.out" for job, _, log in rows), rows
         assert s.scalar(select(Submission.state)) == SubmissionState.SUBMITTED.value
     assert backend.cancelled == []
     backend.slots = 8

@@ -18,11 +18,12 @@ from dlhpc.store import (
     LeaseLostError,
     Metric,
     Store,
+    Submission,
     Trial,
     utcnow,
 )
 from dlhpc.store.engine import make_engine, migrate
-from dlhpc.store.ingest import ingest_attempt
+from dlhpc.store.ingest import ingest_attempt, ingest_attempts, new_attempt
 from dlhpc.store.lab_tables import LAB_TABLES
 from dlhpc.store.summaries import refresh_metrics
 from dlhpc.store.tables import V5_INDEXES, Decision, Lease
@@ -273,6 +274,63 @@ def test_ingest_is_exactly_once_and_keeps_latest_value_per_step(tmp_path: Path) 
         assert t.steps_completed == 2
         a = s.scalar(select(Attempt))
         assert a is not None and a.job_id == "123_4" and a.array_index == 4 and a.exit_code == 0
+
+
+def test_a_restart_of_a_job_under_its_own_id_is_recorded_with_the_job_log(
+    tmp_path: Path,
+) -> None:
+    """Slurm's requeue (preemption, ``scontrol requeue``, a self-requeue at the time
+    limit) runs the task again under its id, appending to the same log file: the new
+    attempt found in the files takes the job's log and submission; another job's
+    attempt found before its submission is recorded has neither (adopt fills them in)."""
+    store = Store(tmp_path / "home")
+    tid = exp_and_trial(store, tmp_path)
+    with store.write() as s:
+        exp_id = s.scalars(select(Trial.experiment_id)).one()
+        sub = Submission(
+            experiment_id=exp_id,
+            name="n",
+            state="SUBMITTED",
+            trial_ids_json=f"[{tid}]",
+            folder="/jobs",
+            created_at=utcnow(),
+        )
+        s.add(sub)
+        s.flush()
+        s.add(
+            new_attempt(
+                tid,
+                "55_0.r0",
+                "RUNNING",
+                utcnow(),
+                submission_id=sub.id,
+                log_path="/jobs/55_0_0_log.out",
+            )
+        )
+    attempts = tmp_path / "t" / "attempts"
+    for key in ("55_0.r0", "55_0.r1", "55_0.r2", "56_0.r0"):
+        w = EventWriter(attempts / key, "worker-r0")
+        w.add("start", host="n")
+        w.flush()
+    with store.write() as s:
+        t = s.get(Trial, tid)
+        assert t is not None
+        ingest_attempts(
+            s, [(t, attempts / k) for k in sorted(p.name for p in attempts.iterdir())], utcnow()
+        )
+    with store.read() as s:
+        rows = s.execute(
+            select(Attempt.attempt_key, Attempt.submission_id, Attempt.log_path).order_by(
+                Attempt.attempt_key
+            )
+        ).all()
+    log = "/jobs/55_0_0_log.out"
+    assert [tuple(r) for r in rows] == [
+        ("55_0.r0", 1, log),
+        ("55_0.r1", 1, log),
+        ("55_0.r2", 1, log),
+        ("56_0.r0", None, ""),
+    ]
 
 
 def test_ingest_rolls_back_whole_file_on_failure(tmp_path: Path) -> None:

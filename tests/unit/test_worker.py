@@ -111,6 +111,28 @@ def test_script_dead_of_a_forwarded_signal_the_worker_never_got_ended_by_it(
     assert (exit_rec["code"], exit_rec["reason"], exit_rec["signal"]) == (143, "signal", "TERM")
 
 
+@pytest.mark.parametrize("code", [0, 75, 3])
+def test_submitit_entry_raises_for_a_failure_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """A planned exit (75: checkpointed for a requeue, or stopped by the searcher) ends
+    the task quietly, as a completion does; a failure raises, for its traceback in the
+    job's log and a FAILED job. The exit record holds the code either way."""
+    from dlhpc.harness.worker import TrialFailed, run_trial
+
+    tdir = _trial(tmp_path, f"#!/bin/bash\nexit {code}\n", {})
+    for key in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("DLHPC_JOB_ID", "local-q_0")
+    if code == 3:
+        with pytest.raises(TrialFailed, match="entrypoint exited with code 3"):
+            run_trial(str(tdir))
+    else:
+        run_trial(str(tdir))
+    records = [r for b in read_event_batches(tdir / "attempts" / "local-q_0.r0") for r in b.records]
+    assert next(r for r in records if r["type"] == "exit")["code"] == code
+
+
 def test_exit_reason_of_each_kind_of_end() -> None:
     from dlhpc.harness.worker import exit_reason
 

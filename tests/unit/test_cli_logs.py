@@ -1,0 +1,107 @@
+"""``dlhpc logs``: an attempt's log, whichever way the attempt came to be."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from sqlalchemy import select
+
+from dlhpc.cli.main import cli
+from dlhpc.protocol import EventWriter
+from dlhpc.store import Store, Submission, Trial, utcnow
+from dlhpc.store.ingest import ingest_attempts, new_attempt
+from tests.unit._db import exp_and_trial
+
+
+def _logs(*args: str) -> Result:
+    return CliRunner().invoke(cli, ["logs", *args], catch_exceptions=False)
+
+
+def _ingest(store: Store, tid: int, folder: Path) -> None:
+    w = EventWriter(folder, "worker-r0")
+    w.add("start", host="n")
+    w.flush()
+    with store.write() as s:
+        t = s.get(Trial, tid)
+        assert t is not None
+        ingest_attempts(s, [(t, folder)], utcnow())
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
+    monkeypatch.setenv("DLHPC_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DLHPC_SITE", "local")
+    return Store(tmp_path / "home")
+
+
+def test_a_job_the_scheduler_requeued_shows_its_log_with_every_run(
+    home: Store, tmp_path: Path
+) -> None:
+    tid = exp_and_trial(home, tmp_path)
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "55_0_0_log.out").write_text("run 0: epoch 1\nrun 1: resumed at epoch 1\n")
+    (jobs / "55_0_0_log.err").write_text("run 0 err\nrun 1 err\n")
+    with home.write() as s:
+        exp_id = s.scalars(select(Trial.experiment_id)).one()
+        sub = Submission(
+            experiment_id=exp_id,
+            name="n",
+            state="SUBMITTED",
+            trial_ids_json=f"[{tid}]",
+            folder=str(jobs),
+            created_at=utcnow(),
+        )
+        s.add(sub)
+        s.flush()
+        s.add(
+            new_attempt(
+                tid,
+                "55_0.r0",
+                "RUNNING",
+                utcnow(),
+                submission_id=sub.id,
+                log_path=str(jobs / "55_0_0_log.out"),
+            )
+        )
+    _ingest(home, tid, tmp_path / "t" / "attempts" / "55_0.r1")  # Slurm's requeue: same id
+    res = _logs(str(tid))
+    assert res.exit_code == 0 and res.output == "run 0: epoch 1\nrun 1: resumed at epoch 1\n"
+    res = _logs(str(tid), "--stderr")
+    assert res.exit_code == 0 and res.output == "run 0 err\nrun 1 err\n"
+    # the trial submitted again as a new job: its newest log, or an earlier one by key
+    (jobs / "60_0_0_log.out").write_text("run 2: resumed at epoch 2\n")
+    with home.write() as s:
+        s.add(
+            new_attempt(
+                tid,
+                "60_0.r0",
+                "RUNNING",
+                utcnow(),
+                submission_id=sub.id,
+                log_path=str(jobs / "60_0_0_log.out"),
+            )
+        )
+    assert _logs(str(tid)).output == "run 2: resumed at epoch 2\n"
+    for key in ("55_0.r0", "55_0.r1"):
+        res = _logs(str(tid), "--attempt", key, "--stderr")
+        assert res.exit_code == 0 and res.output == "run 0 err\nrun 1 err\n"
+    res = CliRunner().invoke(cli, ["logs", str(tid), "--attempt", "55_0.r7"])
+    assert res.exit_code == 2 and f"trial {tid} has no attempt '55_0.r7'" in res.output
+    assert "['55_0.r0', '55_0.r1', '60_0.r0']" in res.output
+
+
+@pytest.mark.parametrize("stream", [[], ["--stderr"], ["-f"]], ids=["stdout", "stderr", "follow"])
+def test_an_attempt_without_a_recorded_log_says_so(
+    home: Store, tmp_path: Path, stream: list[str]
+) -> None:
+    """A job's files seen before its submission was recorded (adopt fills the log in)."""
+    tid = exp_and_trial(home, tmp_path)
+    _ingest(home, tid, tmp_path / "t" / "attempts" / "77_0.r0")
+    res = CliRunner().invoke(cli, ["logs", str(tid), *stream])
+    assert res.exit_code == 1, res.output
+    assert res.stderr == (
+        f"error: trial {tid}: attempt 77_0.r0 (job 77_0) has no log file recorded\n"
+    )
