@@ -16,13 +16,13 @@ Acting on operations:
 * ``Stop``: a PAUSED trial, or one whose job has not started, is
   STOPPED_EARLY at once (a queued job is cancelled); a running one is asked to
   stop through :func:`~dlhpc.protocol.request_stop` (the harness exits at its next
-  step) and cancelled if it has not ended within :data:`STOP_GRACE`.
+  step) and cancelled if it has not ended within :func:`stop_grace`.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -42,14 +42,25 @@ from dlhpc.store import Decision, Experiment, Metric, Trial
 
 __all__ = [
     "STOP_GRACE",
+    "STOP_GRACE_ENV",
     "SearchPass",
     "pending_promotion",
     "pending_promotions",
     "running_trials",
+    "stop_grace",
 ]
 
-STOP_GRACE = timedelta(seconds=float(os.environ.get("DLHPC_STOP_GRACE_S", "60")))
+STOP_GRACE = timedelta(seconds=60)
+STOP_GRACE_ENV = "DLHPC_STOP_GRACE_S"
 _RUNNING = {TrialState.PENDING.value, TrialState.RUNNING.value}
+
+
+def stop_grace(environ: Mapping[str, str] | None = None) -> timedelta:
+    """How long a running trial the searcher stopped may take to end before its job is
+    cancelled: ``$DLHPC_STOP_GRACE_S`` seconds in ``environ`` (default: ``os.environ`` as
+    it is at the call), else :data:`STOP_GRACE`."""
+    raw = (os.environ if environ is None else environ).get(STOP_GRACE_ENV)
+    return STOP_GRACE if raw is None else timedelta(seconds=float(raw))
 
 
 def _dt(epoch: float | None) -> datetime | None:

@@ -28,7 +28,7 @@ the scheduler's view of its job and the age of its heartbeat, it returns a
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -40,14 +40,17 @@ from dlhpc.store import EXIT_PREEMPTED, Attempt
 __all__ = [
     "EXIT_RECORD_GRACE",
     "HEARTBEAT_STALE",
+    "HEARTBEAT_STALE_ENV",
     "Verdict",
+    "heartbeat_stale",
     "judge",
     "split_reason",
     "superseded_cause",
 ]
 
 EXIT_RECORD_GRACE = timedelta(seconds=60)
-HEARTBEAT_STALE = timedelta(seconds=float(os.environ.get("DLHPC_HEARTBEAT_STALE_S", "180")))
+HEARTBEAT_STALE = timedelta(seconds=180)
+HEARTBEAT_STALE_ENV = "DLHPC_HEARTBEAT_STALE_S"
 # after an interruption Slurm may requeue the same task (preemption, time limit):
 # give it this long to show up again before submitting the trial anew
 _INTERRUPTED_GRACE = timedelta(seconds=20)
@@ -123,10 +126,23 @@ def _waiting(a: Attempt, st: JobStatus | None) -> TrialState:
     return TrialState.RUNNING if started else TrialState.PENDING
 
 
+def heartbeat_stale(environ: Mapping[str, str] | None = None) -> timedelta:
+    """How old a running job's heartbeat may get before the job counts as lost:
+    ``$DLHPC_HEARTBEAT_STALE_S`` seconds in ``environ`` (default: ``os.environ`` as it is
+    at the call), else :data:`HEARTBEAT_STALE`."""
+    raw = (os.environ if environ is None else environ).get(HEARTBEAT_STALE_ENV)
+    return HEARTBEAT_STALE if raw is None else timedelta(seconds=float(raw))
+
+
 def judge(
-    a: Attempt | None, st: JobStatus | None, heartbeat_age: timedelta | None, now: datetime
+    a: Attempt | None,
+    st: JobStatus | None,
+    heartbeat_age: timedelta | None,
+    now: datetime,
+    stale: timedelta = HEARTBEAT_STALE,
 ) -> Verdict:
-    """The verdict on the current attempt ``a`` (see the module docstring)."""
+    """The verdict on the current attempt ``a`` (see the module docstring); a running
+    job whose heartbeat is older than ``stale`` is lost."""
     if a is None:
         return Verdict(TrialState.PENDING)
     gone_for = now - a.terminal_seen_at if a.terminal_seen_at is not None else None
@@ -151,11 +167,7 @@ def judge(
         return Verdict(TrialState.PENDING, cause=cause, resubmit=True, counted=True)
     if live:
         assert st is not None  # live implies a status
-        if (
-            st.state == JobState.RUNNING
-            and heartbeat_age is not None
-            and heartbeat_age > HEARTBEAT_STALE
-        ):
+        if st.state == JobState.RUNNING and heartbeat_age is not None and heartbeat_age > stale:
             return Verdict(TrialState.PENDING, cause="lost", resubmit=True, cancel_job=True)
         return Verdict(_waiting(a, st))
     if gone_for is None or gone_for <= EXIT_RECORD_GRACE:

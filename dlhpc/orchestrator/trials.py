@@ -18,9 +18,9 @@ from sqlalchemy import Select, case, func, select
 from sqlalchemy.orm import Session
 
 from dlhpc.orchestrator.clock import Clock
-from dlhpc.orchestrator.decide import STOP_GRACE, pending_promotion
+from dlhpc.orchestrator.decide import pending_promotion, stop_grace
 from dlhpc.orchestrator.eventlog import log_event
-from dlhpc.orchestrator.recovery import Verdict, judge, superseded_cause
+from dlhpc.orchestrator.recovery import Verdict, heartbeat_stale, judge, superseded_cause
 from dlhpc.protocol import HEARTBEAT_FILE, PROGRESS_FILE, attempt_dir, read_small_json
 from dlhpc.scheduler import JobState, JobStatus
 from dlhpc.states import LIVE_ATTEMPT_STATES, SUPERSEDED, TrialState
@@ -123,7 +123,7 @@ def end_trial(
 
 def _settle_stop(s: Session, t: Trial, current: Attempt | None, p: TrialPass) -> None:
     """A trial the searcher stopped while it ran: end it once its job has ended,
-    or cancel the job once it ignored the stop for :data:`STOP_GRACE`."""
+    or cancel the job once it ignored the stop for :func:`stop_grace`."""
     assert t.stop_requested_at is not None  # the caller checked
     now = p.now
     st = p.statuses.get(current.job_id) if current is not None else None
@@ -134,7 +134,8 @@ def _settle_stop(s: Session, t: Trial, current: Attempt | None, p: TrialPass) ->
             current.cause = "completed" if done else "stopped"
         end_trial(s, t, TrialState.COMPLETED if done else TrialState.STOPPED_EARLY, now, None, "")
         return
-    if now - t.stop_requested_at > STOP_GRACE and current is not None:
+    grace = stop_grace()
+    if now - t.stop_requested_at > grace and current is not None:
         p.cancels.append(current.job_id)
         current.state = JobState.CANCELLED.value
         current.cause = "stopped"
@@ -142,7 +143,7 @@ def _settle_stop(s: Session, t: Trial, current: Attempt | None, p: TrialPass) ->
         log_event(
             s,
             "trial.stop",
-            f"job {current.job_id} did not stop within {STOP_GRACE.total_seconds():.0f} s"
+            f"job {current.job_id} did not stop within {grace.total_seconds():.0f} s"
             " of the searcher's decision: cancelled",
             t.experiment_id,
             t.id,
@@ -192,7 +193,8 @@ def reconcile_trial(s: Session, t: Trial, p: TrialPass) -> None:
     status = p.statuses.get(current.job_id) if current is not None else None
     # only a running job's heartbeat can matter (judge): a queued one has none to read
     running = status is not None and status.state == JobState.RUNNING
-    verdict = judge(current, status, _heartbeat_age(t, current, p.clock) if running else None, now)
+    age = _heartbeat_age(t, current, p.clock) if running else None
+    verdict = judge(current, status, age, now, heartbeat_stale())
     if current is not None and verdict.cause and (verdict.resubmit or verdict.state.is_terminal):
         current.cause = verdict.cause
         current.lost_steps = _lost_steps(t, current)

@@ -37,7 +37,7 @@ from sqlalchemy import select
 from dlhpc._perms import remove_tree
 from dlhpc.config.schema import ExperimentConfig
 from dlhpc.orchestrator import launch, tick
-from dlhpc.orchestrator.decide import STOP_GRACE
+from dlhpc.orchestrator.decide import stop_grace
 from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.orchestrator.recovery import EXIT_RECORD_GRACE
 from dlhpc.scheduler.plugins import Backend, BackendTable
@@ -212,7 +212,7 @@ def drive(
     would pass ``end``; ``stopped``: ``stop()`` was true (asked before each tick).
     While nothing changes for longer than the exit-record and stop graces, the
     clock jumps to the tick before the cluster's next event."""
-    grace = max(EXIT_RECORD_GRACE, STOP_GRACE).total_seconds()
+    grace = max(EXIT_RECORD_GRACE, stop_grace()).total_seconds()
     idle_needed = math.ceil(grace / interval) + 1
     idle = ticks = 0
     while True:

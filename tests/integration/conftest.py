@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import PROFILE_SKIP
+from tests.integration._invoke import run_in_process, run_process
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -139,7 +139,10 @@ def slurm_env() -> dict[str, str]:
 
 
 class Cli:
-    """Runs the real ``dlhpc`` command as a user would, with a private DLHPC_HOME."""
+    """Runs the real ``dlhpc`` command as a user would, with a private DLHPC_HOME:
+    in the test's process (``tests/integration/_invoke.py``: the same environment,
+    output and exit code as a subprocess), or with :meth:`run_process` as a separate
+    process, for a test that needs one (a failpoint SIGKILLs the process it stops)."""
 
     def __init__(self, env: dict[str, str], home: Path) -> None:
         self.env = {**env, "DLHPC_HOME": str(home), "DLHPC_SITE": "dev-cluster"}
@@ -148,14 +151,20 @@ class Cli:
     def __call__(
         self, *args: str, check: bool = True, **env: str
     ) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
-            [sys.executable, "-m", "dlhpc", *args],
-            env={**self.env, **env},
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        """``dlhpc ARGS`` in this process, with ``env`` added to :attr:`env`; with
+        ``check``, a non-zero exit is an AssertionError."""
+        return self._checked(args, check, run_in_process(args, {**self.env, **env}))
+
+    def run_process(
+        self, *args: str, check: bool = True, **env: str
+    ) -> subprocess.CompletedProcess[str]:
+        """As a call, but as a separate ``python -m dlhpc`` process."""
+        return self._checked(args, check, run_process(args, {**self.env, **env}))
+
+    @staticmethod
+    def _checked(
+        args: tuple[str, ...], check: bool, proc: subprocess.CompletedProcess[str]
+    ) -> subprocess.CompletedProcess[str]:
         if check and proc.returncode != 0:
             raise AssertionError(
                 f"dlhpc {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}"

@@ -156,7 +156,7 @@ def test_reconciler_killed_mid_tick_loses_nothing_and_duplicates_nothing(cli: Cl
         assert time.monotonic() < deadline, "jobs did not finish"
         time.sleep(2)
     for point in ("ingest.before_mark", "tick.after_ingest_batch", "tick.after_ingest"):
-        proc = cli("tick", check=False, DLHPC_FAILPOINTS=point)
+        proc = cli.run_process("tick", check=False, DLHPC_FAILPOINTS=point)
         assert proc.returncode == -signal.SIGKILL, (point, proc.returncode, proc.stderr)
     exp = cli.tick_until(exp_id, _done, timeout=60)
     assert exp["state"] == "COMPLETED"
@@ -197,7 +197,7 @@ def test_second_reconciler_exits_quietly(cli: Cli) -> None:
 def test_launch_killed_between_sbatch_and_recording_is_adopted_not_resubmitted(
     cli: Cli, dev_cluster: DevCluster
 ) -> None:
-    proc = cli("launch", str(GRID), check=False, DLHPC_FAILPOINTS="submit.after_sbatch")
+    proc = cli.run_process("launch", str(GRID), check=False, DLHPC_FAILPOINTS="submit.after_sbatch")
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     (exp,) = cli.json("status")["experiments"]
     assert exp["state"] == "ACTIVE" and all(not t["slurm_job_ids"] for t in exp["trials"])

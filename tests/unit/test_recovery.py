@@ -6,7 +6,8 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from dlhpc.orchestrator.recovery import HEARTBEAT_STALE, judge
+from dlhpc.orchestrator.decide import STOP_GRACE, STOP_GRACE_ENV, stop_grace
+from dlhpc.orchestrator.recovery import HEARTBEAT_STALE, HEARTBEAT_STALE_ENV, heartbeat_stale, judge
 from dlhpc.scheduler import JobState, JobStatus
 from dlhpc.states import TrialState
 from dlhpc.store import Attempt
@@ -227,3 +228,25 @@ def test_an_attempt_key_splits_back_into_job_and_restart() -> None:
     assert split_attempt_key("local-ab12.r0") == ("local-ab12", 0)
     for name in ("123_4", ".r1", "123_4.rx", "123_4.r"):
         assert split_attempt_key(name) is None, name
+
+
+def test_a_heartbeat_older_than_stale_is_lost_and_one_as_old_is_not() -> None:
+    stale = timedelta(seconds=40)
+    running = _st(JobState.RUNNING)
+    assert judge(_attempt(), running, stale, NOW, stale).state is TrialState.RUNNING
+    lost = judge(_attempt(), running, stale + timedelta(seconds=1), NOW, stale)
+    assert (lost.cause, lost.resubmit, lost.cancel_job) == ("lost", True, True)
+
+
+def test_the_graces_follow_the_environment_at_each_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """$DLHPC_HEARTBEAT_STALE_S and $DLHPC_STOP_GRACE_S as they are when a pass asks,
+    not when the module was imported (a process may run passes under different ones)."""
+    assert heartbeat_stale({}) == HEARTBEAT_STALE and stop_grace({}) == STOP_GRACE
+    assert heartbeat_stale({HEARTBEAT_STALE_ENV: "40"}) == timedelta(seconds=40)
+    assert stop_grace({STOP_GRACE_ENV: "2.5"}) == timedelta(seconds=2.5)
+    monkeypatch.setenv(HEARTBEAT_STALE_ENV, "7")
+    monkeypatch.setenv(STOP_GRACE_ENV, "8")
+    assert (heartbeat_stale(), stop_grace()) == (timedelta(seconds=7), timedelta(seconds=8))
+    monkeypatch.delenv(HEARTBEAT_STALE_ENV)
+    monkeypatch.delenv(STOP_GRACE_ENV)
+    assert (heartbeat_stale(), stop_grace()) == (HEARTBEAT_STALE, STOP_GRACE)
