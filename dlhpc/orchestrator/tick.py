@@ -284,5 +284,6 @@ def _ingest_batches(
             for result in results:
                 report.ingested_files += result.files
                 report.metrics += result.metrics
+                report.errors.extend(result.warnings)
             refresh_metrics(s, list({t.id: t for t, _ in folders}.values()))
         failpoint("tick.after_ingest_batch")
