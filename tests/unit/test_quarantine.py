@@ -35,6 +35,7 @@ from dlhpc.report.status import status_data
 from dlhpc.search import SearcherTable
 from dlhpc.store import Event, IngestedFile, Metric, Store, Trial
 from tests.stress._backend import launch_stress, stress_pool, write_experiment
+from tests.unit._cli import run
 
 BAD = "user-r0-00000001.jsonl"
 DEEP = 200_000
@@ -148,9 +149,9 @@ def _check_quarantined(w: World, bad: Path, first: TickReport, second: TickRepor
     with w.store.read() as s:
         trial_of_metric = dict(s.execute(select(Metric.trial_id, Metric.value)).all())
         assert set(trial_of_metric) == set(w.trial_ids.values())  # every good file
-        marked = s.execute(
-            select(IngestedFile.records).where(IngestedFile.name == BAD)
-        ).scalars().all()
+        marked = (
+            s.execute(select(IngestedFile.records).where(IngestedFile.name == BAD)).scalars().all()
+        )
         assert marked == [0]
         told = s.scalar(
             select(func.count()).where(
@@ -176,11 +177,21 @@ def test_a_bad_event_file_is_quarantined_once_and_the_tick_goes_on(
 
 
 @pytest.mark.parametrize("case", sorted(LINKS))
-def test_a_link_or_fifo_is_never_followed_nor_opened_to_block(world: World, case: str) -> None:
+def test_a_link_or_fifo_is_never_followed_nor_opened_to_block(
+    world: World, case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     bad = world.attempts["A"] / BAD
     LINKS[case](bad, world.outside)
     first = _tick(world)
     _check_quarantined(world, bad, first, _tick(world))
+    monkeypatch.setenv("DLHPC_HOME", str(world.home))
+    monkeypatch.setenv("DLHPC_SITE", "local")
+    with world.store.read() as s:
+        exp_id = s.scalar(select(Trial.experiment_id).where(Trial.id == world.trial_ids["A"]))
+    shown = run("status", str(exp_id))  # what a person sees: the trial and its file
+    assert shown.exit_code == 0, shown.output
+    assert f"trial {world.trial_ids['A']}: quarantined" in shown.output
+    assert BAD in "".join(shown.output.split())
     with world.store.read() as s:
         assert s.scalar(select(Metric.id).where(Metric.step == 9)) is None  # not followed
 
