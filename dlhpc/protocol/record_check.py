@@ -74,9 +74,10 @@ def _exit(rec: dict[str, Any]) -> None:
     if type(code) is not int or not -_MAX_CODE < code < _MAX_CODE:
         raise ValueError(f"'code' {_show(code)} is not an exit code")
     _time(rec)
-    for key in ("step", "checkpoint_step"):
-        if type(rec.get(key)) is int:  # another type is not stored (apply_exit)
-            _count(rec, key, MAX_STEP)
+    for key in ("step", "checkpoint_step"):  # from the progress file: only their difference
+        v = rec.get(key)  # is stored, and a value not an int is not used (apply_exit)
+        if type(v) is int and abs(v) > MAX_STEP:
+            raise ValueError(f"{key!r} {_show(v)} is not within {MAX_STEP} of 0")
     _nested(rec)
 
 

@@ -96,7 +96,7 @@ def world(tmp_path: Path) -> Iterator[World]:
     cfg = load_experiment(
         write_experiment(tmp_path / "two", 1), site="local", searchers=SearcherTable()
     )
-    cfg = dataclasses.replace(cfg, backend="stress")  # type: ignore[arg-type]
+    cfg = dataclasses.replace(cfg, backend="stress")
     store = Store(home)
     launch(cfg, store, stress_pool(home), record={})
     with store.read() as s:
@@ -196,7 +196,25 @@ def test_a_link_or_fifo_is_never_followed_nor_opened_to_block(
         assert s.scalar(select(Metric.id).where(Metric.step == 9)) is None  # not followed
 
 
-HEARTBEATS: dict[str, Callable[[Path], None]] = {
+def test_an_attempt_folder_that_does_not_list_stops_no_other(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocked, real = world.attempts["A"], os.listdir
+
+    def listdir(path: str | os.PathLike[str] = ".") -> list[str]:
+        if Path(path) == blocked:  # as a job's chmod 000 does (the tests may run as root)
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    report = _tick(world)
+    assert [e for e in report.errors if "not listed" in e and str(blocked) in e], report.errors
+    with world.store.read() as s:
+        ingested = set(s.scalars(select(Metric.trial_id)))
+    assert ingested == {world.trial_ids["B"], world.trial_ids["C"]}
+
+
+HEARTBEATS: dict[str, Callable[[Path], object]] = {
     "symlink to /dev/zero": lambda p: p.symlink_to("/dev/zero"),
     "FIFO": lambda p: os.mkfifo(p),
     "malformed JSON": lambda p: p.write_text('{"time": '),
@@ -232,7 +250,7 @@ def test_a_bad_progress_file_reads_as_unsafe_never_blocking(tmp_path: Path, case
         assert read_small_json(path) is None
 
 
-MANIFESTS: dict[str, Callable[[Path], None]] = {
+MANIFESTS: dict[str, Callable[[Path], object]] = {
     "symlink to /dev/zero": lambda p: p.symlink_to("/dev/zero"),
     "FIFO": lambda p: os.mkfifo(p),
     "deep nesting": lambda p: p.write_text("[" * DEEP + "]" * DEEP),
@@ -247,8 +265,14 @@ MANIFESTS: dict[str, Callable[[Path], None]] = {
 
 @pytest.mark.parametrize("case", sorted(MANIFESTS))
 def test_a_bad_checkpoint_manifest_is_torn_not_a_crash(tmp_path: Path, case: str) -> None:
-    good = publish_checkpoint(tmp_path, 1, lambda f: (f / "w").write_bytes(b"a" * 100))
-    bad = publish_checkpoint(tmp_path, 2, lambda f: (f / "w").write_bytes(b"b" * 100))
+    def weights(byte: bytes) -> Callable[[Path], None]:
+        def write(folder: Path) -> None:
+            (folder / "w").write_bytes(byte * 100)
+
+        return write
+
+    good = publish_checkpoint(tmp_path, 1, weights(b"a"))
+    bad = publish_checkpoint(tmp_path, 2, weights(b"b"))
     manifest = bad.path / MANIFEST_NAME
     if case in ("symlink to /dev/zero", "FIFO"):
         manifest.unlink()
