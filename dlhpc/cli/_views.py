@@ -296,6 +296,10 @@ def experiment_view(
     failed = [t for t in exp.trials if t.state == "FAILED" and t.error]
     for t in failed[:5]:
         parts.append(Text(f"trial {t.id} failed: {t.error}", style="red"))
+    # a problem of a trial that goes on, e.g. a file of its job quarantined by ingest
+    troubled = [t for t in exp.trials if t.state != "FAILED" and t.error]
+    for t in troubled[:5]:
+        parts.append(Text(f"trial {t.id}: {t.error}", style="yellow"))
     if note:
         parts.append(Text(note, style="dim"))
     return Group(*parts)

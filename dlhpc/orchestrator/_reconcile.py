@@ -38,6 +38,7 @@ class _Tally(Protocol):
 
     decisions: int
     finished: list[int]
+    errors: list[str]
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ def reconcile_experiment(
         search.tell(rec.was_live, sorted(rec.settled))
         search.decide(rec.was_live)
         report.decisions += search.decisions
+        report.errors.extend(rec.trials.warnings)
         exp.searcher_state = state_json(searcher)
         stopping = [*rec.trials.stopping, *search.stopped_running]
         cancels = [*rec.trials.cancels, *search.cancels]

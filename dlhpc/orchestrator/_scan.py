@@ -129,15 +129,26 @@ def quiet_trials(exp_ids: list[int], now: datetime) -> Select[int]:
 
 
 def pending_attempt_dirs(
-    trials: list[TrialRef], done: dict[tuple[int, str], set[str]]
+    trials: list[TrialRef], done: dict[tuple[int, str], set[str]], errors: list[str]
 ) -> list[tuple[int, Path]]:
-    """(trial id, attempt folder) pairs that hold event files not ingested yet."""
+    """(trial id, attempt folder) pairs that hold event files not ingested yet. A
+    folder that does not list (its job made it unreadable) is left out for this pass,
+    its error (one line) in ``errors``: it stops no other."""
     todo = []
     for t in trials:
         if not t.run_dir:
             continue
-        for adir in iter_attempt_dirs(Path(t.run_dir)):
-            names = {n for n in os.listdir(adir) if EVENT_FILE_RE.match(n)}  # no Path each
+        try:
+            adirs = list(iter_attempt_dirs(Path(t.run_dir)))
+        except OSError as err:
+            errors.append(f"trial {t.id}: attempt folders not listed: {err}")
+            continue
+        for adir in adirs:
+            try:
+                names = {n for n in os.listdir(adir) if EVENT_FILE_RE.match(n)}  # no Path each
+            except OSError as err:
+                errors.append(f"trial {t.id}: attempt folder not listed: {err}")
+                continue
             if names - done.get((t.id, adir.name), set()):
                 todo.append((t.id, adir))
     return todo

@@ -118,7 +118,7 @@ def _ingest(
     same id, its record of their runs (:func:`_requeued_runs`), returned for the
     decide step."""
     read = polled.scan
-    todo = pending_attempt_dirs([*read.scanned, *read.settling], read.done_files)
+    todo = pending_attempt_dirs([*read.scanned, *read.settling], read.done_files, report.errors)
     _ingest_batches(store, todo, report, clock)
     failpoint("tick.after_ingest")
     # only a scanned live trial's folders can be in todo (a settling trial's are not
@@ -284,5 +284,6 @@ def _ingest_batches(
             for result in results:
                 report.ingested_files += result.files
                 report.metrics += result.metrics
+                report.errors.extend(result.warnings)
             refresh_metrics(s, list({t.id: t for t, _ in folders}.values()))
         failpoint("tick.after_ingest_batch")

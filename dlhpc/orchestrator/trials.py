@@ -10,9 +10,11 @@ the searcher stopped while it ran.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import TypeGuard
 
 from sqlalchemy import Select, case, func, select
 from sqlalchemy.orm import Session
@@ -21,12 +23,15 @@ from dlhpc.orchestrator.clock import Clock
 from dlhpc.orchestrator.decide import pending_promotion, stop_grace
 from dlhpc.orchestrator.eventlog import log_event
 from dlhpc.orchestrator.recovery import Verdict, heartbeat_stale, judge, superseded_cause
-from dlhpc.protocol import HEARTBEAT_FILE, PROGRESS_FILE, attempt_dir, read_small_json
+from dlhpc.protocol import HEARTBEAT_FILE, PROGRESS_FILE, UnsafeFile, attempt_dir, read_state_file
+from dlhpc.protocol.record_check import MAX_STEP
 from dlhpc.scheduler import JobState, JobStatus
 from dlhpc.states import LIVE_ATTEMPT_STATES, SUPERSEDED, TrialState
 from dlhpc.store import Attempt, Decision, Trial
 
 __all__ = ["TrialPass", "reconcile_trial", "settled_paused", "settled_paused_ids"]
+
+_LONG_AGO = 10 * 365 * 86400.0  # a heartbeat age beyond any timedelta judge compares
 
 
 @dataclass
@@ -42,6 +47,7 @@ class TrialPass:
     # the scheduler's word for each run of a job it restarted under one id (run_states)
     runs: dict[str, list[str]] = field(default_factory=dict)
     cancels: list[str] = field(default_factory=list)  # job ids to scancel after commit
+    warnings: list[str] = field(default_factory=list)  # heartbeat/progress files not read
     stopping: list[Trial] = field(default_factory=list)  # stop requested, job still live
 
     @property
@@ -64,39 +70,51 @@ def _apply_status(a: Attempt, st: JobStatus | None, now: datetime) -> None:
         a.terminal_seen_at = None
 
 
-def _attempt_file(t: Trial, a: Attempt, name: str) -> dict[str, object] | None:
-    return (
-        read_small_json(attempt_dir(Path(t.run_dir), a.attempt_key) / name) if t.run_dir else None
-    )
-
-
-def _heartbeat_age(t: Trial, a: Attempt | None, clock: Clock) -> timedelta | None:
-    beat = _attempt_file(t, a, HEARTBEAT_FILE) if a is not None else None
-    if beat is None or not isinstance(beat.get("time"), int | float):
+def _attempt_file(t: Trial, a: Attempt, name: str, p: TrialPass) -> dict[str, object] | None:
+    """The attempt's heartbeat or progress file; None when absent or unsafe (a
+    symlink, not a small regular file, not a JSON object: a warning in ``p``)."""
+    if not t.run_dir:
         return None
-    return timedelta(seconds=max(0.0, clock.time() - float(beat["time"])))  # type: ignore[arg-type]
+    try:
+        return read_state_file(attempt_dir(Path(t.run_dir), a.attempt_key) / name)
+    except UnsafeFile as err:
+        p.warnings.append(f"trial {t.id}: {name} not read, {err}")
+        return None
 
 
-def _lost_steps(t: Trial, a: Attempt) -> int | None:
+def _heartbeat_age(t: Trial, a: Attempt | None, p: TrialPass) -> timedelta | None:
+    beat = _attempt_file(t, a, HEARTBEAT_FILE, p) if a is not None else None
+    at = beat.get("time") if beat is not None else None
+    if not (type(at) is float and math.isfinite(at) or type(at) is int and abs(at) < 2**53):
+        return None
+    return timedelta(seconds=min(max(0.0, p.clock.time() - at), _LONG_AGO))
+
+
+def _lost_steps(t: Trial, a: Attempt, p: TrialPass) -> int | None:
     if a.lost_steps is not None:
         return a.lost_steps
-    progress = _attempt_file(t, a, PROGRESS_FILE) or {}
+    progress = _attempt_file(t, a, PROGRESS_FILE, p) or {}
     step, ckpt = progress.get("step"), progress.get("checkpoint_step")
-    if not isinstance(step, int):
+    if not _is_step(step):
         return None
-    return max(0, step - (ckpt if isinstance(ckpt, int) else 0))
+    return max(0, step - (ckpt if _is_step(ckpt) else 0))
 
 
-def _count_retrained(t: Trial, previous: Attempt, current: Attempt) -> None:
+def _count_retrained(t: Trial, previous: Attempt, current: Attempt, p: TrialPass) -> None:
     """Raise ``previous``'s lost steps to every step of it past where ``current``'s
     training started (``start_step`` in its progress file, when its script says; a
     start below ``previous``'s checkpoint trains those steps again)."""
-    start = (_attempt_file(t, current, PROGRESS_FILE) or {}).get("start_step")
-    if not isinstance(start, int):
+    start = (_attempt_file(t, current, PROGRESS_FILE, p) or {}).get("start_step")
+    if not _is_step(start):
         return
-    step = (_attempt_file(t, previous, PROGRESS_FILE) or {}).get("step")
-    if isinstance(step, int) and step - start > (previous.lost_steps or 0):
+    step = (_attempt_file(t, previous, PROGRESS_FILE, p) or {}).get("step")
+    if _is_step(step) and step - start > (previous.lost_steps or 0):
         previous.lost_steps = step - start
+
+
+def _is_step(v: object) -> TypeGuard[int]:
+    """A step a job's progress file may give: an int SQLite's INTEGER holds."""
+    return type(v) is int and 0 <= v <= MAX_STEP
 
 
 def _log_tail(a: Attempt, lines: int = 5) -> str:
@@ -184,7 +202,7 @@ def reconcile_trial(s: Session, t: Trial, p: TrialPass) -> None:
     _update_attempts(t, p, now)
     current = t.attempts[-1] if t.attempts else None
     if len(t.attempts) > 1:
-        _count_retrained(t, t.attempts[-2], t.attempts[-1])
+        _count_retrained(t, t.attempts[-2], t.attempts[-1], p)
     if t.stop_requested_at is not None:
         _settle_stop(s, t, current, p)
         return
@@ -193,11 +211,11 @@ def reconcile_trial(s: Session, t: Trial, p: TrialPass) -> None:
     status = p.statuses.get(current.job_id) if current is not None else None
     # only a running job's heartbeat can matter (judge): a queued one has none to read
     running = status is not None and status.state == JobState.RUNNING
-    age = _heartbeat_age(t, current, p.clock) if running else None
+    age = _heartbeat_age(t, current, p) if running else None
     verdict = judge(current, status, age, now, heartbeat_stale())
     if current is not None and verdict.cause and (verdict.resubmit or verdict.state.is_terminal):
         current.cause = verdict.cause
-        current.lost_steps = _lost_steps(t, current)
+        current.lost_steps = _lost_steps(t, current, p)
     if verdict.resubmit and current is not None:
         _resubmit(s, t, current, verdict, p, now)
         return
@@ -230,7 +248,7 @@ def _update_attempts(t: Trial, p: TrialPass, now: datetime) -> None:
             a.state = SUPERSEDED
         if not a.cause:
             a.cause = superseded_cause(a, p.runs.get(a.job_id))
-            a.lost_steps = _lost_steps(t, a)
+            a.lost_steps = _lost_steps(t, a, p)
     t.restarts = sum(a.cause != "paused" for a in t.attempts[:-1])
 
 

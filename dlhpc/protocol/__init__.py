@@ -11,6 +11,9 @@ share:
 * :mod:`~dlhpc.protocol.spec`: ``trial.json`` (:class:`TrialSpec`);
 * :mod:`~dlhpc.protocol.events`: event files and their record format;
 * :mod:`~dlhpc.protocol.atomic`: atomic publication of small files;
+* :mod:`~dlhpc.protocol.safe_read`: the one way the login node reads a file a job
+  wrote (bounded, no symlink, no FIFO), and :mod:`~dlhpc.protocol.record_check`:
+  the ranges an event record's stored fields must be in;
 * :mod:`~dlhpc.protocol.checkpoint`: the checkpoint format (manifest, verify,
   publish, list, remove);
 * :mod:`~dlhpc.protocol.gpu`: NVML loading and the GPU idle rule.
@@ -60,9 +63,11 @@ from dlhpc.protocol.layout import (
     trial_file,
     work_dir,
 )
+from dlhpc.protocol.safe_read import UnsafeFile, read_state_file
 from dlhpc.protocol.spec import TrialSpec
 
 __all__ = [
+    "UnsafeFile",
     "ATTEMPT_DIR_VAR",
     "EVENT_FILE_RE",
     "HEARTBEAT_FILE",
@@ -94,6 +99,7 @@ __all__ = [
     "launch_env_file",
     "read_event_batches",
     "read_small_json",
+    "read_state_file",
     "recorded_slug",
     "request_stop",
     "stop_file",

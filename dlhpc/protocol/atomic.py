@@ -8,13 +8,13 @@ fsync, ``os.replace``, fsync the folder. Standard library only (plus
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from dlhpc._perms import fix_fd_mode
+from dlhpc.protocol.safe_read import UnsafeFile, read_state_file
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "fsync_dir", "read_small_json"]
 
@@ -80,9 +80,9 @@ def atomic_write_text(path: Path, text: str, *, private: bool = False) -> None:
 
 
 def read_small_json(path: Path) -> dict[str, Any] | None:
-    """A heartbeat or progress file, or None when absent or unreadable."""
+    """A heartbeat or progress file, or None when absent or unusable (read as
+    :func:`~dlhpc.protocol.safe_read.read_state_file` does: bounded, no symlink)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return read_state_file(path)
+    except UnsafeFile:
         return None
-    return data if isinstance(data, dict) else None

@@ -45,6 +45,8 @@ from typing import Any, TypeGuard
 
 from dlhpc._failpoints import failpoint
 from dlhpc.protocol.atomic import atomic_write_bytes, fsync_dir
+from dlhpc.protocol.record_check import MAX_BYTES, MAX_TIME
+from dlhpc.protocol.safe_read import MANIFEST_LIMIT, UnsafeFile, parse_json, read_bounded
 
 __all__ = [
     "CHECKPOINT_NAME_RE",
@@ -255,22 +257,19 @@ def publish_checkpoint(
 
 
 def _parse_manifest(folder: Path, step: int) -> Checkpoint | str:
-    try:
-        raw = (folder / MANIFEST_NAME).read_bytes()
+    path = folder / MANIFEST_NAME
+    try:  # bounded, never through a symlink (safe_read): a job wrote it
+        m = parse_json(read_bounded(path, MANIFEST_LIMIT), path)
     except FileNotFoundError:
         return "no manifest"
-    except OSError as e:
-        return f"manifest unreadable: {e}"
-    try:
-        m = json.loads(raw)
-    except ValueError as e:
-        return f"manifest is not valid JSON: {e}"
+    except UnsafeFile as e:
+        return f"manifest unusable: {e.reason}"
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         return "manifest has an unknown format"
     if m.get("step") != step or not _is_count(m.get("step")):
         return f"manifest step {m.get('step')!r} != folder step {step}"
     created, files_raw, meta = m.get("created"), m.get("files"), m.get("metadata")
-    if not isinstance(created, (int, float)) or isinstance(created, bool):
+    if not isinstance(created, int | float) or not 0 <= created <= MAX_TIME:
         return "manifest: bad 'created'"
     if not isinstance(files_raw, dict) or not files_raw or not isinstance(meta, dict):
         return "manifest: bad 'files' or 'metadata'"
@@ -280,7 +279,9 @@ def _parse_manifest(folder: Path, step: int) -> Checkpoint | str:
         if not parts or PurePosixPath(rel).is_absolute() or ".." in parts or rel == MANIFEST_NAME:
             return f"manifest: unsafe file name {rel!r}"
         size, sha = (rec.get("size"), rec.get("sha256")) if isinstance(rec, dict) else (0, 0)
-        if not _is_count(size) or not isinstance(sha, str) or not _SHA_RE.match(sha):
+        if not _is_count(size) or size > MAX_BYTES:
+            return f"manifest: bad size or sha256 for {rel}"
+        if not isinstance(sha, str) or not _SHA_RE.match(sha):
             return f"manifest: bad size or sha256 for {rel}"
         files[rel] = FileRecord(size, sha)
     return Checkpoint(folder, step, float(created), files, meta)

@@ -43,11 +43,9 @@ files, rewritten in place (see :mod:`dlhpc.protocol.layout`). Standard library o
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
-import stat
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -58,6 +56,8 @@ from typing import Any, cast
 from dlhpc.protocol.atomic import atomic_write_text
 from dlhpc.protocol.layout import attempts_dir
 from dlhpc.protocol.metric_lines import MAX_ROWS_PER_LINE, MetricRow, encode_rows, expand
+from dlhpc.protocol.record_check import check_record
+from dlhpc.protocol.safe_read import EVENT_FILE_LIMIT, UnsafeFile, read_bounded
 
 __all__ = [
     "EVENT_FILE_RE",
@@ -77,6 +77,7 @@ EVENT_FILE_RE = re.compile(r"^(?P<stream>[A-Za-z0-9_-]+)-(?P<seq>\d{8})\.jsonl$"
 _STREAM_RE = re.compile(r"^[A-Za-z0-9_]+(-[A-Za-z0-9_]+)*$")
 # json.dumps(r, sort_keys=True, allow_nan=True) builds this encoder on every call
 _ENCODER = json.JSONEncoder(sort_keys=True, allow_nan=True)
+_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")  # a \\u escape of a UTF-16 surrogate
 
 
 def encode_record(record: dict[str, Any]) -> str:
@@ -156,10 +157,14 @@ class EventWriter:
 
 @dataclass(frozen=True)
 class EventBatch:
-    """One published event file."""
+    """One published event file: its records, or why it is not read (``problem``:
+    for good, so it is quarantined; or, when ``retry``, an I/O error a later read
+    may not meet)."""
 
     name: str
     records: list[dict[str, Any]]
+    problem: str = ""
+    retry: bool = False
 
 
 def iter_attempt_dirs(trial_path: Path) -> Iterator[Path]:
@@ -176,12 +181,14 @@ def iter_attempt_dirs(trial_path: Path) -> Iterator[Path]:
 def read_event_batches(attempt_path: Path, skip: Iterable[str] = ()) -> list[EventBatch]:
     """Read the published event files of an attempt, except those named in ``skip``.
 
-    Temp files (dot-prefixed) are never read, nor is anything but a regular file
-    (a symlink could point out of the attempt folder: it is opened with
-    ``O_NOFOLLOW`` and returned as a batch without records). A file that does not
-    parse is a bug in the writer, not a torn write (publication is atomic), so it
-    raises (``ValueError``). A ``metrics`` line is expanded into its ``metric``
-    records, in place: a batch's records are the same whichever way they were written.
+    Temp files (dot-prefixed) are never read. Each file is read by
+    :func:`~dlhpc.protocol.safe_read.read_bounded` (no symlink followed, a regular
+    file of at most :data:`~dlhpc.protocol.safe_read.EVENT_FILE_LIMIT` bytes) and every
+    record checked (:func:`~dlhpc.protocol.record_check.check_record`); a file that
+    fails is returned as a batch without records and with its ``problem``, never
+    raised: one bad file stops no other. A ``metrics`` line is expanded into its
+    ``metric`` records, in place: a batch's records are the same whichever way they
+    were written. A file gone since it was listed is left out.
     """
     done = set(skip)
     batches = []
@@ -189,32 +196,38 @@ def read_event_batches(attempt_path: Path, skip: Iterable[str] = ()) -> list[Eve
     for name in sorted(os.listdir(attempt_path)):
         if name in done or not EVENT_FILE_RE.match(name):
             continue
-        text = _read_regular(attempt_path / name)
-        if text is None:  # marked ingested with no records, so it is not looked at again
-            batches.append(EventBatch(name, []))
+        try:
+            batches.append(EventBatch(name, _read_records(attempt_path / name)))
+        except FileNotFoundError:
             continue
-        records: list[dict[str, Any]] = []
-        for line in text.splitlines():
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            if isinstance(record, dict) and record.get("type") == "metrics":
-                records.extend(expand(record, name))
-            else:
-                records.append(record)
-        batches.append(EventBatch(name, records))
+        except UnsafeFile as err:
+            batches.append(EventBatch(name, [], err.reason, err.transient))
     return batches
 
 
-def _read_regular(path: Path) -> str | None:
-    """The text of ``path`` if it is a regular file, not through a symlink; else None."""
+def _read_records(path: Path) -> list[dict[str, Any]]:
+    """The records of one event file; :class:`UnsafeFile` naming the first bad line."""
+    data = read_bounded(path, EVENT_FILE_LIMIT)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as err:
-        if err.errno == errno.ELOOP:  # a symlink
-            return None
-        raise
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            return None  # a fifo or device would block or never end
-        return f.read().decode("utf-8")
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UnsafeFile(path, f"not UTF-8 at byte {err.start}") from None
+    records: list[dict[str, Any]] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if "\\u" in line and _SURROGATE.search(line):
+                # a lone surrogate (only an escape makes one) is no text SQLite stores
+                json.dumps(record, ensure_ascii=False).encode("utf-8")
+            if isinstance(record, dict) and record.get("type") == "metrics":
+                records.extend(expand(record, path.name))
+                continue
+            check_record(record)
+        except RecursionError:
+            raise UnsafeFile(path, f"line {number}: JSON nested too deep") from None
+        except ValueError as err:  # JSON, UnicodeEncodeError and the checks' errors
+            raise UnsafeFile(path, f"line {number}: {err}") from None
+        records.append(record)
+    return records

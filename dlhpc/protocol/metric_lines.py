@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterator
 from operator import itemgetter
 from typing import Any
 
+from dlhpc.protocol.record_check import check_columns
+
 __all__ = ["MAX_ROWS_PER_LINE", "MetricRow", "encode_rows", "expand"]
 
 MetricRow = tuple[int, int, dict[str, float]]
@@ -120,12 +122,14 @@ def _run_of_same_names(
 
 def expand(record: dict[str, Any], where: str) -> list[dict[str, Any]]:
     """The ``metric`` records a ``metrics`` record stands for, in order; raises
-    ``ValueError`` naming ``where`` (the file) if it is malformed."""
+    ``ValueError`` naming ``where`` (the file) if it is malformed or its steps are
+    out of range (:func:`~dlhpc.protocol.record_check.check_columns`)."""
     n, values = record.get("n"), record.get("values")
     if not isinstance(n, int) or isinstance(n, bool) or n < 0 or not isinstance(values, dict):
         raise ValueError(f"{where}: a 'metrics' record needs 'n' (a count) and 'values'")
     steps = _unpack("q", record.get("step"), n, f"{where}: metrics 'step'")
     times = _unpack("q", record.get("time_ns"), n, f"{where}: metrics 'time_ns'")
+    check_columns(steps)
     columns = {str(k): _unpack("d", v, n, f"{where}: metrics {k!r}") for k, v in values.items()}
     return [
         {

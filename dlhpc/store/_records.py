@@ -1,9 +1,10 @@
 """What one event record implies, for :mod:`dlhpc.store.ingest`: the rows it adds
 (dicts for Core executemany) and the facts it sets on its attempt.
 
-Pure: none of these touches a session; ingest owns the transaction. A required
-field that does not convert raises (``int``/``float``), as it always did; telemetry
-(``gpu`` records) is best effort: a bad value is dropped.
+Pure: none of these touches a session; ingest owns the transaction. The reader
+checked each record's stored fields (:mod:`dlhpc.protocol.record_check`), so these
+convert them as they are; telemetry (``gpu`` records) is best effort: a bad value
+is dropped. A file the reader could not use is quarantined (:func:`quarantine`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ __all__ = [
     "gpu_rows",
     "log_row",
     "metric_rows",
+    "quarantine",
     "utc_time",
 ]
 
@@ -66,7 +68,7 @@ def metric_rows(trial_id: int, attempt_id: int, rec: dict[str, Any]) -> list[dic
                 "step": step,
                 "name": str(name),
                 "value": v if v is not None and math.isfinite(v) else None,
-                "time": float(rec.get("time", 0.0)),
+                "time": float(rec.get("time") or 0.0),
             }
         )
     return rows
@@ -108,9 +110,9 @@ def checkpoint_row(
     return {
         "trial_id": trial_id,
         "attempt_id": attempt_id,
-        "step": int(rec.get("step", 0)),
+        "step": int(rec.get("step") or 0),
         "path": str(rec.get("path", "")),
-        "size_bytes": int(rec.get("size", 0)),
+        "size_bytes": int(rec.get("size") or 0),
         "state": CheckpointState.ACTIVE.value,
         "created_at": utc_time(rec.get("time")) or now,
     }
@@ -152,3 +154,24 @@ def log_row(trial: Trial, rec: dict[str, Any], now: datetime) -> dict[str, Any]:
         "kind": f"log.{rec.get('level', 'info')}",
         "message": str(rec.get("message", ""))[:4000],
     }
+
+
+QUARANTINED = "ingest.quarantined"  # the event kind of a file not ingested
+_ERROR_CHARS = 4000
+
+
+def quarantine(trial: Trial, path: str, reason: str, now: datetime) -> tuple[str, dict[str, Any]]:
+    """A file of ``trial``'s attempt folders that is not ingested: the warning that
+    names it (one line) and its ``events`` row; the warning goes into the trial's
+    ``error`` too (what ``dlhpc status`` shows), after what is there already."""
+    problem = f"quarantined {path}: {reason}"
+    if problem not in (trial.error or ""):
+        trial.error = "\n".join(x for x in (trial.error, problem) if x)[:_ERROR_CHARS]
+    row = {
+        "experiment_id": trial.experiment_id,
+        "trial_id": trial.id,
+        "time": now,
+        "kind": QUARANTINED,
+        "message": problem[:_ERROR_CHARS],
+    }
+    return f"trial {trial.id}: {problem}", row

@@ -36,6 +36,7 @@ from dlhpc.store._records import (
     gpu_rows,
     log_row,
     metric_rows,
+    quarantine,
 )
 from dlhpc.store.checkpoint_dirs import foreign_checkpoint, trial_checkpoint_dir
 from dlhpc.store.tables import (
@@ -77,6 +78,7 @@ class IngestResult:
     metrics: int = 0
     gpu_samples: int = 0  # rows offered (a row already stored is kept, not counted apart)
     exited: bool = False
+    warnings: list[str] = field(default_factory=list)  # files quarantined or not read yet
 
 
 def _checkpoint_metric(
@@ -285,10 +287,20 @@ def _read_folder(
 ) -> IngestResult:
     """Read one attempt folder's files not in ``done`` (then added to it): attempt
     facts onto ``attempt``, rows into ``out``, each file's ``ingested_files`` row
-    after its records'."""
+    after its records'. A file the reader refused is quarantined: marked with no
+    records (never read again), an event and the trial's ``error`` naming it; one it
+    could not read for now (an I/O error) is left for the next pass."""
     result = IngestResult()
     out.pending.setdefault(trial.id, [])
     for batch in read_event_batches(attempt_path, skip=done):
+        if batch.problem:
+            where = str(attempt_path / batch.name)
+            if batch.retry:
+                result.warnings.append(f"trial {trial.id}: {where} not read: {batch.problem}")
+                continue
+            warning, event = quarantine(trial, where, batch.problem, now)
+            result.warnings.append(warning)
+            out.events.append(event)
         for rec in batch.records:
             _apply(session, trial, attempt, rec, out, result, now)
         out.marks.append(

@@ -101,9 +101,12 @@ def test_a_step_past_int64_is_written_as_plain_records(tmp_path: Path) -> None:
     mixed: list[dict[str, Any] | MetricRow] = [(2**63, 5, {"m": 1.0}), (1, 6, {"m": 2.0})]
     lines = [json.loads(x) for x in encode_records(mixed)]
     assert [x["type"] for x in lines] == ["metric", "metric"]
+    assert _same(lines, _as_records(mixed))
     EventWriter(tmp_path, "user-r0").publish(mixed)
+    # no stored step is past MAX_STEP (SQLite's INTEGER is 64-bit): the reader refuses it
     (batch,) = read_event_batches(tmp_path)
-    assert _same(batch.records, _as_records(mixed))
+    assert batch.records == []
+    assert batch.problem.startswith("line 1: metric record: 'step' 9223372036854775808 is not")
 
 
 def _line(**fields: Any) -> str:
@@ -121,7 +124,7 @@ def _line(**fields: Any) -> str:
         _line(n=1, step=_ONE, time_ns=_ONE, values={"m": 1.0}),
     ],
 )
-def test_a_malformed_metrics_line_raises_naming_the_file(tmp_path: Path, line: str) -> None:
+def test_a_malformed_metrics_line_is_refused_naming_the_file(tmp_path: Path, line: str) -> None:
     good = tmp_path / "good"
     good.mkdir()
     (good / "user-r0-00000000.jsonl").write_text(
@@ -130,8 +133,11 @@ def test_a_malformed_metrics_line_raises_naming_the_file(tmp_path: Path, line: s
     (batch,) = read_event_batches(good)  # the well-formed line, for contrast
     assert batch.records == [{"type": "metric", "time": 1e-9, "step": 1, "metrics": {"m": 5e-324}}]
     (tmp_path / "user-r0-00000000.jsonl").write_text(line + "\n", encoding="utf-8")
-    with pytest.raises(ValueError, match="user-r0-00000000.jsonl"):
-        read_event_batches(tmp_path)
+    (batch,) = read_event_batches(tmp_path)  # refused, not raised: ingest quarantines it
+    assert batch.name == "user-r0-00000000.jsonl"
+    assert batch.records == []
+    assert batch.problem.startswith("line 1: user-r0-00000000.jsonl: ")
+    assert not batch.retry
 
 
 def test_both_formats_ingest_to_the_same_metric_rows(tmp_path: Path) -> None:
