@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import click
 
 from dlhpc.cli._common import open_store, site_option
+from dlhpc.cli._logtext import DEFAULT_MAX_BYTES, follow_log
 from dlhpc.errors import DlhpcError, UsageError
 from dlhpc.report.quota import quota_warning
 from dlhpc.report.status import iter_status_json, status_data
@@ -114,10 +115,27 @@ def status(
     metavar="KEY",
     help="An earlier attempt, by its key (JOB.rN, as `dlhpc status --json` lists them).",
 )
-def logs(trial_id: int, site: str | None, follow: bool, use_err: bool, key: str | None) -> None:
+@click.option(
+    "--max-bytes",
+    type=click.IntRange(min=0),
+    default=DEFAULT_MAX_BYTES,
+    show_default=True,
+    help="Print at most the log's last N bytes (0: all of it).",
+)
+@click.option("--raw", is_flag=True, help="Keep terminal control sequences (colours...).")
+def logs(
+    trial_id: int,
+    site: str | None,
+    follow: bool,
+    use_err: bool,
+    key: str | None,
+    max_bytes: int,
+    raw: bool,
+) -> None:
     """Print the log of TRIAL_ID's latest attempt.
 
-    A task the scheduler requeued under its own id writes all its runs into one log."""
+    A task the scheduler requeued under its own id writes all its runs into one log.
+    Terminal control sequences in it are removed unless --raw."""
     store = open_store(site)
     with store.read() as s:
         attempt, folder = trial_attempt(s, trial_id, key)
@@ -133,24 +151,14 @@ def logs(trial_id: int, site: str | None, follow: bool, use_err: bool, key: str 
         click.echo(f"(no log yet at {path}; job {attempt.job_id} may not have started)", err=True)
         if not follow:
             return
-    _print_file(path, follow)
-
-
-def _print_file(path: Path, follow: bool) -> None:
-    pos = 0
-    while True:
-        try:
-            with path.open("r", encoding="utf-8", errors="replace") as f:
-                f.seek(pos)
-                chunk = f.read()
-                pos = f.tell()
-        except FileNotFoundError:
-            chunk = ""
-        if chunk:
-            click.echo(chunk, nl=False)
-        if not follow:
-            return
-        time.sleep(1.0)
+    follow_log(
+        path,
+        follow=follow,
+        raw=raw,
+        max_bytes=max_bytes,
+        out=lambda text: click.echo(text, nl=False, color=True),  # click strips no colour
+        note=lambda text: click.echo(text, err=True),
+    )
 
 
 COMMANDS = [status, logs]

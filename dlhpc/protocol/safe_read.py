@@ -27,6 +27,7 @@ __all__ = [
     "STATE_FILE_LIMIT",
     "UnsafeFile",
     "check_depth",
+    "open_regular",
     "parse_json",
     "read_bounded",
     "read_state_file",
@@ -64,13 +65,12 @@ class UnsafeFile(ValueError):
         self.transient = transient
 
 
-def read_bounded(path: Path, limit: int) -> bytes:
-    """The bytes of the regular file ``path``, at most ``limit`` of them.
+def open_regular(path: Path) -> tuple[int, int]:
+    """``(fd, size)`` of the regular file ``path``, opened read-only without following
+    a symlink or blocking on a FIFO; the caller closes ``fd``.
 
     Raises :class:`FileNotFoundError` when it is absent and :class:`UnsafeFile` when
-    it is a symlink, not a regular file, larger than ``limit`` or does not read.
-    One ``open``, ``fstat`` and ``read`` for a file that is all right.
-    """
+    it is a symlink, not a regular file or does not open."""
     try:
         fd = os.open(path, _FLAGS)
     except FileNotFoundError:
@@ -79,13 +79,29 @@ def read_bounded(path: Path, limit: int) -> bytes:
         reason = _LASTING.get(err.errno or 0)
         raise UnsafeFile(path, reason or f"open: {err.strerror}", transient=not reason) from None
     try:
-        size = os.fstat(fd)
-        if not stat.S_ISREG(size.st_mode):
-            raise UnsafeFile(path, "not a regular file")
-        if size.st_size > limit:
-            raise UnsafeFile(path, f"{size.st_size} bytes, over the limit of {limit}")
-        data = os.read(fd, size.st_size + 1)
-        while len(data) < size.st_size and (more := os.read(fd, limit + 1 - len(data))):
+        info = os.fstat(fd)
+    except OSError as err:
+        os.close(fd)
+        raise UnsafeFile(path, f"fstat: {err.strerror}", transient=True) from None
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise UnsafeFile(path, "not a regular file")
+    return fd, info.st_size
+
+
+def read_bounded(path: Path, limit: int) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them.
+
+    Raises :class:`FileNotFoundError` when it is absent and :class:`UnsafeFile` when
+    it is a symlink, not a regular file, larger than ``limit`` or does not read.
+    One ``open``, ``fstat`` and ``read`` for a file that is all right.
+    """
+    fd, size = open_regular(path)
+    try:
+        if size > limit:
+            raise UnsafeFile(path, f"{size} bytes, over the limit of {limit}")
+        data = os.read(fd, size + 1)
+        while len(data) < size and (more := os.read(fd, limit + 1 - len(data))):
             data += more  # a short read (rare): read on to the end or the limit
     except OSError as err:
         raise UnsafeFile(path, f"read: {err.strerror}", transient=True) from None
