@@ -14,19 +14,18 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
 import sys
 import traceback
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from types import FrameType
 from typing import TextIO
 
 from click.testing import CliRunner
 
 from dlhpc.cli.main import cli
+from tests._alarm import time_bound
 
 __all__ = [
     "PROCESS_ONLY_ENV",
@@ -85,19 +84,11 @@ class _Overran(BaseException):
 @contextmanager
 def _deadline(args: Sequence[str]) -> Iterator[None]:
     """Raise :class:`subprocess.TimeoutExpired` when the block runs past TIMEOUT_S."""
-
-    def overran(signum: int, frame: FrameType | None) -> None:
-        raise _Overran
-
-    previous = signal.signal(signal.SIGALRM, overran)
-    signal.alarm(TIMEOUT_S)
     try:
-        yield
+        with time_bound(TIMEOUT_S, _Overran):
+            yield
     except _Overran:
         raise subprocess.TimeoutExpired(argv(args), TIMEOUT_S) from None
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def _to_stderr(

@@ -17,10 +17,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import pytest
@@ -32,6 +30,7 @@ from dlhpc.config import ExperimentConfig
 from dlhpc.config.serde import from_jsonable, to_jsonable
 from dlhpc.errors import ConfigError, UsageError
 from dlhpc.search import make_searcher
+from tests._alarm import time_bound
 from tests._config import load_experiment, load_site
 from tests.conftest import REPO
 
@@ -169,18 +168,8 @@ def fuzz_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     return {"HOME": str(tmp_path / "home"), "PATH": str(tmp_path / "nobin"), "USER": "u"}
 
 
-@contextlib.contextmanager
-def _no_hang(seconds: int = HANG_S) -> Iterator[None]:
-    def hung(signum: int, frame: FrameType | None) -> None:
-        raise AssertionError(f"loading took over {seconds} s (a hang)")
-
-    old = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
+def _no_hang(seconds: int = HANG_S) -> contextlib.AbstractContextManager[None]:
+    return time_bound(seconds, lambda: AssertionError(f"loading took over {seconds} s (a hang)"))
 
 
 def _usable(cfg: ExperimentConfig) -> None:

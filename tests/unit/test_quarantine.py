@@ -16,10 +16,8 @@ import contextlib
 import dataclasses
 import json
 import os
-import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import FrameType
 
 import pytest
 from sqlalchemy import func, select
@@ -34,6 +32,7 @@ from dlhpc.protocol.safe_read import UnsafeFile, read_state_file
 from dlhpc.report.status import status_data
 from dlhpc.search import SearcherTable
 from dlhpc.store import Event, IngestedFile, Metric, Store, Trial
+from tests._alarm import time_bound
 from tests.stress._backend import launch_stress, stress_pool, write_experiment
 from tests.unit._cli import run
 
@@ -117,20 +116,9 @@ def world(tmp_path: Path) -> Iterator[World]:
         store.close()
 
 
-@contextlib.contextmanager
-def _no_hang(seconds: int = 60) -> Iterator[None]:
+def _no_hang(seconds: int = 60) -> contextlib.AbstractContextManager[None]:
     """A read that blocks (a FIFO opened without O_NONBLOCK) fails the test, not hangs it."""
-
-    def hung(signum: int, frame: FrameType | None) -> None:
-        raise AssertionError(f"blocked for over {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
+    return time_bound(seconds, lambda: AssertionError(f"blocked for over {seconds} s"))
 
 
 def _tick(w: World) -> TickReport:
