@@ -7,7 +7,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from dlhpc.store import Experiment, Store, Trial, utcnow
+from dlhpc.store import Experiment, Store, Submission, Trial, utcnow
+from dlhpc.store.ingest import new_attempt
 
 
 def add_experiment(s: Session, run_dir: Path | str, **fields: Any) -> Experiment:
@@ -56,3 +57,25 @@ def exp_and_trial(store: Store, tmp_path: Path, name: str = "e") -> int:
     with store.write() as s:
         exp = add_experiment(s, tmp_path, name=name, created_at=now)
         return add_trial(s, exp, run_dir=str(tmp_path / "t"), created_at=now).id
+
+
+def submitted_attempt(store: Store, trial_id: int, key: str, folder: str, log_path: str) -> None:
+    """A submission of trial ``trial_id`` (its job folder ``folder``) and its RUNNING
+    attempt ``key`` with that log, as the submit step records them."""
+    with store.write() as s:
+        t = s.get(Trial, trial_id)
+        assert t is not None
+        sub = Submission(
+            experiment_id=t.experiment_id,
+            name=f"job-{key}",  # unique, as each submission's name is
+            state="SUBMITTED",
+            trial_ids_json=f"[{trial_id}]",
+            folder=folder,
+            created_at=utcnow(),
+        )
+        s.add(sub)
+        s.flush()
+        attempt = new_attempt(
+            trial_id, key, "RUNNING", utcnow(), submission_id=sub.id, log_path=log_path
+        )
+        s.add(attempt)

@@ -7,13 +7,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from sqlalchemy import select
 
 from dlhpc.cli.main import cli
 from dlhpc.protocol import EventWriter
-from dlhpc.store import Store, Submission, Trial, utcnow
+from dlhpc.store import Store, Trial, utcnow
 from dlhpc.store.ingest import ingest_attempts, new_attempt
-from tests.unit._db import exp_and_trial
+from tests.unit._db import exp_and_trial, submitted_attempt
 
 
 def _logs(*args: str) -> Result:
@@ -45,28 +44,7 @@ def test_a_job_the_scheduler_requeued_shows_its_log_with_every_run(
     jobs.mkdir()
     (jobs / "55_0_0_log.out").write_text("run 0: epoch 1\nrun 1: resumed at epoch 1\n")
     (jobs / "55_0_0_log.err").write_text("run 0 err\nrun 1 err\n")
-    with home.write() as s:
-        exp_id = s.scalars(select(Trial.experiment_id)).one()
-        sub = Submission(
-            experiment_id=exp_id,
-            name="n",
-            state="SUBMITTED",
-            trial_ids_json=f"[{tid}]",
-            folder=str(jobs),
-            created_at=utcnow(),
-        )
-        s.add(sub)
-        s.flush()
-        s.add(
-            new_attempt(
-                tid,
-                "55_0.r0",
-                "RUNNING",
-                utcnow(),
-                submission_id=sub.id,
-                log_path=str(jobs / "55_0_0_log.out"),
-            )
-        )
+    submitted_attempt(home, tid, "55_0.r0", str(jobs), str(jobs / "55_0_0_log.out"))
     _ingest(home, tid, tmp_path / "t" / "attempts" / "55_0.r1")  # Slurm's requeue: same id
     res = _logs(str(tid))
     assert res.exit_code == 0 and res.output == "run 0: epoch 1\nrun 1: resumed at epoch 1\n"
@@ -74,17 +52,7 @@ def test_a_job_the_scheduler_requeued_shows_its_log_with_every_run(
     assert res.exit_code == 0 and res.output == "run 0 err\nrun 1 err\n"
     # the trial submitted again as a new job: its newest log, or an earlier one by key
     (jobs / "60_0_0_log.out").write_text("run 2: resumed at epoch 2\n")
-    with home.write() as s:
-        s.add(
-            new_attempt(
-                tid,
-                "60_0.r0",
-                "RUNNING",
-                utcnow(),
-                submission_id=sub.id,
-                log_path=str(jobs / "60_0_0_log.out"),
-            )
-        )
+    submitted_attempt(home, tid, "60_0.r0", str(jobs), str(jobs / "60_0_0_log.out"))
     assert _logs(str(tid)).output == "run 2: resumed at epoch 2\n"
     for key in ("55_0.r0", "55_0.r1"):
         res = _logs(str(tid), "--attempt", key, "--stderr")

@@ -18,16 +18,15 @@ from dlhpc.store import (
     LeaseLostError,
     Metric,
     Store,
-    Submission,
     Trial,
     utcnow,
 )
 from dlhpc.store.engine import make_engine, migrate
-from dlhpc.store.ingest import ingest_attempt, ingest_attempts, new_attempt
+from dlhpc.store.ingest import ingest_attempt, ingest_attempts
 from dlhpc.store.lab_tables import LAB_TABLES
 from dlhpc.store.summaries import refresh_metrics
 from dlhpc.store.tables import V5_INDEXES, Decision, Lease
-from tests.unit._db import exp_and_trial
+from tests.unit._db import exp_and_trial, submitted_attempt
 
 
 def test_new_db_records_schema_version(tmp_path: Path) -> None:
@@ -285,28 +284,7 @@ def test_a_restart_of_a_job_under_its_own_id_is_recorded_with_the_job_log(
     attempt found before its submission is recorded has neither (adopt fills them in)."""
     store = Store(tmp_path / "home")
     tid = exp_and_trial(store, tmp_path)
-    with store.write() as s:
-        exp_id = s.scalars(select(Trial.experiment_id)).one()
-        sub = Submission(
-            experiment_id=exp_id,
-            name="n",
-            state="SUBMITTED",
-            trial_ids_json=f"[{tid}]",
-            folder="/jobs",
-            created_at=utcnow(),
-        )
-        s.add(sub)
-        s.flush()
-        s.add(
-            new_attempt(
-                tid,
-                "55_0.r0",
-                "RUNNING",
-                utcnow(),
-                submission_id=sub.id,
-                log_path="/jobs/55_0_0_log.out",
-            )
-        )
+    submitted_attempt(store, tid, "55_0.r0", "/jobs", "/jobs/55_0_0_log.out")
     attempts = tmp_path / "t" / "attempts"
     for key in ("55_0.r0", "55_0.r1", "55_0.r2", "56_0.r0"):
         w = EventWriter(attempts / key, "worker-r0")
