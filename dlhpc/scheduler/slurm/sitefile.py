@@ -173,8 +173,9 @@ def _limits(limits: Limits) -> list[str]:
     for account in sorted({a.account for a in limits.associations}):
         assocs = [a for a in limits.associations if a.account == account]
         default = next((a.default_qos for a in assocs if a.default_qos), "")
-        names: Sequence[str | None] = sorted({q for a in assocs for q in a.qos} | ({default} - {""}))
-        for qos in names or [None]:
+        allowed = {q for a in assocs for q in a.qos} | ({default} - {""})
+        names: Sequence[str | None] = sorted(allowed) or [None]
+        for qos in names:
             mark = " (default)" if qos == default else ""
             binding = limits.describe(account, qos)
             lines.append(f"#   {account} / {qos or 'no QOS'}{mark}: {binding}")
