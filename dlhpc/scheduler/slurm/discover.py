@@ -155,7 +155,7 @@ def _partitions(
 
 
 def _accounting(run: Runner, config: dict[str, str], user: str) -> Accounting:
-    storage = config.get("AccountingStorageType", "") or "accounting_storage/none"
+    storage = config.get("AccountingStorageType", "") or "(null)"
     enforce = config.get("AccountingStorageEnforce", "") or "none"
     if "slurmdbd" not in storage:
         return Accounting(storage, enforce, problem=f"AccountingStorageType={storage}")

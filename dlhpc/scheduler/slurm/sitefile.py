@@ -48,8 +48,9 @@ def _header(name: str, facts: ClusterFacts) -> list[str]:
     return [
         f"# Site {name}: Slurm cluster {cluster} (Slurm {version}), as user {facts.user} sees it.",
         "# Written by `dlhpc site init` from scontrol show config, scontrol show partition,",
-        "# sinfo and sacctmgr. Each value says where it came from; the EDIT lines are what",
-        f"# the cluster cannot tell. Check the file with `dlhpc doctor --site {name}`.",
+        "# sinfo and, where accounting exists, sacctmgr. Each value says where it came from;",
+        "# the EDIT lines are what the cluster cannot tell. Check the file with",
+        f"# `dlhpc doctor --site {name}`.",
         f"name: {_str(name)}",
         "backend: slurm",
         "",
@@ -145,8 +146,8 @@ def _accounts(acct: Accounting) -> list[str]:
     where = f"AccountingStorageType={acct.storage} (scontrol show config)"
     if acct.limits is None and "slurmdbd" not in acct.storage:
         return [
-            f"# No accounting: {where}; no account, QOS or limit to read (sacctmgr not asked),",
-            "# and Slurm takes jobs without an account.",
+            f"# No accounting: {where}: no account, QOS",
+            "# or limit to read (sacctmgr not asked), and Slurm takes jobs without an account.",
             "",
         ]
     if acct.limits is None:
