@@ -207,6 +207,14 @@ def test_no_default_account_among_the_associations_is_an_edit_line(tmp_path: Pat
     assert any(e.startswith("# EDIT: account:") for e in _edits(text))
 
 
+def test_a_user_name_unsafe_for_sacctmgr_is_an_edit_line(tmp_path: Path) -> None:
+    slurm = strict()
+    text = render_site("x", read_cluster(slurm, user="a b"), [])
+    assert not any(argv[0] == "sacctmgr" for argv in slurm.calls)
+    assert _load(tmp_path, text).account is None
+    assert any("unsafe user name 'a b'" in e for e in _edits(text))
+
+
 def test_only_the_partitions_asked_for(tmp_path: Path) -> None:
     facts = read_cluster(strict(), user=USER, only=["high"])
     text = render_site("x", facts, [])

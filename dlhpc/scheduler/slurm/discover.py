@@ -166,7 +166,7 @@ def _accounting(run: Runner, config: dict[str, str], user: str) -> Accounting:
     try:
         limits = read_limits(stdout, user)
         default = stdout(default_account_command(user)).strip().splitlines()
-    except SchedulerError as err:
+    except (SchedulerError, ValueError) as err:  # ValueError: a user name unsafe to pass
         return Accounting(storage, enforce, problem=str(err))
     if not limits.associations:
         return Accounting(storage, enforce, problem=f"sacctmgr lists no association for {user}")
