@@ -146,6 +146,12 @@ def _status(user: str, env: dict[str, str]) -> dict[str, Any]:
     return json.loads(res.stdout)["experiments"][0]  # type: ignore[no-any-return]
 
 
+def _state(home: Path) -> str:
+    """The experiment's state, read as the lab reads it (read-only, no dlhpc start-up)."""
+    with sqlite3.connect(f"file:{home / 'dlhpc.db'}?mode=ro", uri=True) as db:
+        return str(db.execute("SELECT state FROM experiments").fetchone()[0])
+
+
 def test_a_lab_member_cannot_touch_anothers_experiment(
     lab: tuple[Path, dict[str, str]],
 ) -> None:
@@ -155,7 +161,7 @@ def test_a_lab_member_cannot_touch_anothers_experiment(
         assert res.returncode == 0, res.stdout + res.stderr
     homes = {user: base / "lab" / "users" / user for user in USERS}
     deadline = time.monotonic() + 60
-    while _status(A, env)["state"] == "ACTIVE":
+    while _state(homes[A]) == "ACTIVE":
         res = _dlhpc(A, env, "tick", "-q")
         assert res.returncode == 0, (res.stdout, res.stderr)
         assert time.monotonic() < deadline, _status(A, env)
