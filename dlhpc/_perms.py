@@ -100,9 +100,9 @@ def fix_fd_mode(fd: int) -> None:
 
 
 def umask_mode(path: Path) -> None:
-    """Give a file we just created the mode a plain ``open`` gives (0666 & ~umask): SQLite
-    creates its database 0644 & ~umask, which a group could not write. Someone else's
-    file (another process won the race) is left as it is."""
+    """Give a file we just created the mode a plain ``open`` gives (0666 & ~umask), not
+    the 0644 & ~umask SQLite gives its database. Someone else's file (another process
+    won the race) is left as it is."""
     with contextlib.suppress(PermissionError):
         os.chmod(path, 0o666 & ~current_umask())
 
