@@ -145,9 +145,11 @@ def write_all(
             result = _write_lab(store, out_dir, _utc(now), progress, force)
         else:
             result, entries = _write_all(store, out_dir, _utc(now), progress, force)
-            _write_index(store, out_dir, entries, _utc(now), MODELS_FILE, result)
+            _write_index(out_dir, entries, _utc(now), _shared(store), MODELS_FILE, result)
     if publish:
-        make_public([*created, out], [p for p, _ in result.written] + result.kept)
+        pages = [p for p, _ in result.written] + result.kept
+        make_public([*created, out, *sorted({p.parent for p in pages})], pages)  # + members'
+
     return result
 
 
@@ -170,28 +172,30 @@ def _write_lab(
         )
         try:
             part, entries = _write_all(member_store, out_dir / member, now, progress, force)
-            _write_index(member_store, out_dir / member, entries, now, MODELS_FILE, part)
+            shared = f"{member}'s experiments, in the lab's shared state folder."
+            _write_index(out_dir / member, entries, now, shared, MODELS_FILE, part)
         finally:
             if not mine:
                 member_store.close()
         result.written += part.written
         result.kept += part.kept
         everyone += [replace(e, href=f"{quote(member)}/{e.href}") for e in entries]
-    _write_index(store, out_dir, everyone, now, "", result)
+    _write_index(out_dir, everyone, now, _shared(store), "", result)
     return result
 
 
 def _write_index(
-    store: Store,
     out_dir: Path,
     entries: list[IndexEntry],
     now: datetime,
+    shared: str,
     models: str,
     result: AllResult,
 ) -> None:
-    """Publish ``out_dir/index.html`` of ``entries`` (linking ``models``, if given)."""
+    """Publish ``out_dir/index.html`` of ``entries``, saying ``shared`` about whose they
+    are, linking ``models`` if given; recorded in ``result``."""
     stamp = now.replace(tzinfo=timezone.utc).timestamp()
-    index = render_index(entries, stamp, _shared(store), models).encode("utf-8")
+    index = render_index(entries, stamp, shared, models).encode("utf-8")
     publish_file(out_dir / INDEX_FILE, index)
     result.written.append((out_dir / INDEX_FILE, len(index)))
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import stat
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -120,7 +122,7 @@ def test_another_members_database_opens_read_only(
 
 
 def test_the_lab_view_shows_every_members_experiments(
-    lab: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    lab: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _nobody_with_an_experiment(lab, monkeypatch)
     me = _perms.current_user()
@@ -128,15 +130,21 @@ def test_the_lab_view_shows_every_members_experiments(
     with store.write() as s:
         add_experiment(s, store.runs_root, name="mine", user=me, state="COMPLETED")
     store.close()
-    out = tmp_path / "pages"
-    res = run("report", "--all", "--out-dir", str(out))
+    web = Path(tempfile.mkdtemp(prefix="dlhpc-lab-pages-"))
+    os.chmod(web, 0o711)  # passable by a web server, as --publish asks
+    out = web / "pages"
+    res = run("report", "--all", "--out-dir", str(out), "--publish")
     assert res.exit_code == 0, res.output
     assert "wrote 2 page(s)" in res.output
     index = (out / "index.html").read_text()
     for user, name in (("nobody", "nobodys"), (me, "mine")):
         assert f'href="{user}/exp-000001.html"' in index and name in index
         assert name in (out / user / "exp-000001.html").read_text()
-        assert (out / user / "index.html").is_file() and (out / user / "models.html").is_file()
+        assert f"{user}&#x27;s experiments" in (out / user / "index.html").read_text()
+        assert (out / user / "models.html").is_file()
+        for published in (out / user, out / user / "exp-000001.html"):
+            assert os.stat(published).st_mode & 0o004, published  # --publish: others read
+    shutil.rmtree(web)
 
 
 def _checks() -> dict[str, dict[str, str]]:
