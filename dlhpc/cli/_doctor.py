@@ -14,7 +14,7 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from dlhpc._perms import member_home
+from dlhpc._perms import make_member_home, member_home
 from dlhpc.cli._common import backends, echo_json, site_option, use_site
 from dlhpc.cli._console import console
 from dlhpc.cli._doctor_perms import permission_checks
@@ -65,6 +65,10 @@ def run_checks(site: SiteConfig) -> list[Check]:
     backends = BackendTable()
     checks = [c for name in backends.names() for c in backends.get(name).doctor_checks(site)]
     home = member_home(default_home(site.state_dir), site.permissions)
+    try:  # group mode: the lab's folders get their modes, as a first launch gives them
+        make_member_home(default_home(site.state_dir), site.permissions)
+    except (OSError, DlhpcError) as err:
+        checks.append(Check("state folder writable", "fail", str(err)))
     for label, path in (("state folder", home), ("checkpoint folder", site.scratch.expanduser())):
         ok, detail = _writable(path)
         checks.append(Check(f"{label} writable", "ok" if ok else "fail", detail))

@@ -174,3 +174,12 @@ def test_doctor_checks_the_lab_and_the_members_files(
     os.chmod(entry, 0o640)
     os.chmod(lab / "users", 0o2770)  # not sticky: a member could remove another's folder
     assert _checks()["lab folder users/"]["status"] == "fail"
+
+
+def test_doctor_before_any_launch_makes_the_lab_folders_as_a_launch_would(lab: Path) -> None:
+    checks = _checks()
+    for folder in (lab, lab / "users"):
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o3770, folder
+    assert stat.S_IMODE(os.stat(lab / "users" / _perms.current_user()).st_mode) == 0o2750
+    assert checks["lab folder users/"]["status"] == "ok", checks["lab folder users/"]
+    assert checks["state folder writable"]["status"] == "ok"
