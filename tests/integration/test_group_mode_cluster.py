@@ -109,33 +109,55 @@ def lab(slurm_env: dict[str, str]) -> Iterator[tuple[Path, dict[str, str]]]:
         "PYTHONPATH": str(REPO),
         "PYTHONDONTWRITEBYTECODE": "1",
     }
+    reach = _as(A, env, sys.executable, "-c", "import dlhpc")
+    assert reach.returncode == 0, (
+        f"{A} cannot run {sys.executable} with the checkout {REPO} (every folder above them"
+        f" must let others pass, as for the strict profile's user): {reach.stderr}"
+    )
     yield base, env
     subprocess.run(["scancel", "-u", A], env=slurm_env, check=False)
     subprocess.run(["scancel", "-u", B], env=slurm_env, check=False)
     shutil.rmtree(base, ignore_errors=True)
 
 
-def _as(user: str, env: dict[str, str], *argv: str, cwd: Path | None = None) -> Any:
-    """``argv`` as ``user`` (lab group only), in ``cwd``."""
-    return subprocess.run(
+def _start(
+    user: str, env: dict[str, str], *argv: str, cwd: Path | None = None
+) -> subprocess.Popen[str]:
+    """``argv`` started as ``user`` (lab group only), in ``cwd``."""
+    return subprocess.Popen(
         argv,
         user=user,
         group=GROUP,
         extra_groups=[GROUP],
         env={**env, "HOME": "/tmp", "USER": user, "LOGNAME": user},
         cwd=cwd,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=120,
-        check=False,
     )
 
 
-def _dlhpc(user: str, env: dict[str, str], *args: str, cwd: Path | None = None) -> Any:
+def _done(proc: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _as(
+    user: str, env: dict[str, str], *argv: str, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``argv`` run as ``user`` (lab group only), in ``cwd``."""
+    return _done(_start(user, env, *argv, cwd=cwd))
+
+
+def _dlhpc(
+    user: str, env: dict[str, str], *args: str, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return _as(user, env, sys.executable, "-m", "dlhpc", *args, cwd=cwd)
 
 
-def _try_write(user: str, env: dict[str, str], path: Path, mode: str = "a") -> Any:
+def _try_write(
+    user: str, env: dict[str, str], path: Path, mode: str = "a"
+) -> subprocess.CompletedProcess[str]:
     code = f"open({str(path)!r}, {mode!r}).write('touch /tmp/pwned\\n')"
     return _as(user, env, sys.executable, "-c", code)
 
@@ -156,8 +178,9 @@ def test_a_lab_member_cannot_touch_anothers_experiment(
     lab: tuple[Path, dict[str, str]],
 ) -> None:
     base, env = lab
-    for user in USERS:
-        res = _dlhpc(user, env, "launch", "exp.yaml", "--json", cwd=base / user)
+    dlhpc = (sys.executable, "-m", "dlhpc")
+    launches = [_start(u, env, *dlhpc, "launch", "exp.yaml", "--json", cwd=base / u) for u in USERS]
+    for res in map(_done, launches):
         assert res.returncode == 0, res.stdout + res.stderr
     homes = {user: base / "lab" / "users" / user for user in USERS}
     deadline = time.monotonic() + 60
@@ -193,9 +216,9 @@ def test_a_lab_member_cannot_touch_anothers_experiment(
         assert any(d in res.stderr for d in denied), (what, res.stderr)
     # B pointing dlhpc at A's folder: every change is refused, exit 2
     theirs = {**env, "DLHPC_HOME": str(homes[A]), "DLHPC_SITE": "dev-cluster"}
-    for args in (["kill", "1"], ["gc", "1"], ["pin", "1"]):
-        res = _dlhpc(B, theirs, *args)
-        assert res.returncode == 2 and f"belongs to {A}" in res.stderr, (args, res.stderr)
+    changes = [_start(B, theirs, *dlhpc, cmd, "1") for cmd in ("kill", "gc", "pin")]
+    for res in map(_done, changes):
+        assert res.returncode == 2 and f"belongs to {A}" in res.stderr, (res.args, res.stderr)
     assert _dlhpc(A, env, "tick", "-q").returncode == 0
     exp = _status(A, env)
     assert exp["state"] == "COMPLETED" and exp["user"] == A, exp
