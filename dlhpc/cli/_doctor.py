@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import grp
 import os
 import re
 import sqlite3
-import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -16,10 +14,11 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from dlhpc._perms import DB_SIDE_FILES, current_user
+from dlhpc._perms import make_member_home, member_home
 from dlhpc.cli._common import backends, echo_json, site_option, use_site
 from dlhpc.cli._console import console
-from dlhpc.config import Permissions, load_site
+from dlhpc.cli._doctor_perms import permission_checks
+from dlhpc.config import load_site
 from dlhpc.config.schema import SiteConfig
 from dlhpc.errors import DlhpcError, UsageError
 from dlhpc.report.quota import lustre_quota, quota_warning
@@ -65,7 +64,11 @@ def run_checks(site: SiteConfig) -> list[Check]:
     the folders, quota, permissions and filesystems."""
     backends = BackendTable()
     checks = [c for name in backends.names() for c in backends.get(name).doctor_checks(site)]
-    home = default_home(site.state_dir)
+    home = member_home(default_home(site.state_dir), site.permissions)
+    try:  # group mode: the lab's folders get their modes, as a first launch gives them
+        make_member_home(default_home(site.state_dir), site.permissions)
+    except (OSError, DlhpcError) as err:
+        checks.append(Check("state folder writable", "fail", str(err)))
     for label, path in (("state folder", home), ("checkpoint folder", site.scratch.expanduser())):
         ok, detail = _writable(path)
         checks.append(Check(f"{label} writable", "ok" if ok else "fail", detail))
@@ -201,45 +204,6 @@ def shared_folder_checks(
     return checks
 
 
-def permission_checks(site: SiteConfig) -> list[Check]:
-    """The site's permission policy, and whether the DB and state folder follow it."""
-    policy = site.permissions
-    checks = [Check("permission policy", "ok", policy.describe())]
-    home = default_home(site.state_dir)
-    if policy.group is not None:
-        try:
-            members = grp.getgrnam(policy.group)
-            mine = members.gr_gid in os.getgroups() or current_user() in members.gr_mem
-        except KeyError:
-            mine = False
-        detail = f"you ({current_user()}) are {'' if mine else 'not '}in group {policy.group}"
-        checks.append(Check("lab group", "ok" if mine else "fail", detail))
-    for path in (home, *(Path(f"{home / DB_NAME}{s}") for s in DB_SIDE_FILES)):
-        try:
-            st = path.stat()
-        except OSError:
-            continue
-        checks.append(_mode_check(path, st, policy))
-    return checks
-
-
-def _mode_check(path: Path, st: os.stat_result, policy: Permissions) -> Check:
-    mode = stat.S_IMODE(st.st_mode)
-    label = "state folder mode" if path.is_dir() else f"{path.name} mode"
-    if mode & stat.S_IWOTH and not (path.is_dir() and mode & stat.S_ISVTX):
-        return Check(label, "fail", f"{path} is world-writable ({mode:04o}): chmod o-w {path}")
-    if policy.mode == "group" and policy.group is not None and path.is_dir():
-        gid = grp.getgrnam(policy.group).gr_gid
-        if st.st_gid != gid or not mode & stat.S_ISGID:
-            fix = f"chgrp {policy.group} {path} && chmod g+rwxs {path}"
-            return Check(label, "warn", f"{path} ({mode:04o}) is not shared with the group: {fix}")
-    if mode & 0o007 or (policy.mode == "private" and mode & 0o070):
-        who = "others" if mode & 0o007 else "your group"
-        detail = f"{path} ({mode:04o}) is readable by {who}; the policy is {policy.mode}"
-        return Check(label, "warn", detail)
-    return Check(label, "ok", f"{path} ({mode:04o})")
-
-
 def _quota_check(scratch: Path) -> Check:
     """The user's Lustre quota where the checkpoints go (warn at 90% of the limit)."""
     quota = lustre_quota(scratch)
@@ -282,7 +246,7 @@ def db() -> None:
 def migrate(site: str | None) -> None:
     """Back up an older state database, then bring it to this dlhpc's schema version."""
     cfg = use_site(load_site(site, backends=backends()))
-    db_file = default_home(cfg.state_dir) / "dlhpc.db"
+    db_file = member_home(default_home(cfg.state_dir), cfg.permissions) / DB_NAME
     if not db_file.exists():
         raise UsageError(f"no state database at {db_file}")
     reader = make_engine(db_file, writer=False)
@@ -306,7 +270,8 @@ def migrate(site: str | None) -> None:
 @site_option
 def db_path(site: str | None) -> None:
     """Print where the state database is."""
-    click.echo(default_home(load_site(site, backends=backends()).state_dir) / "dlhpc.db")
+    cfg = load_site(site, backends=backends())
+    click.echo(member_home(default_home(cfg.state_dir), cfg.permissions) / DB_NAME)
 
 
 COMMANDS = [doctor, db]

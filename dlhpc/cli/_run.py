@@ -12,6 +12,7 @@ import click
 from rich.live import Live
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from dlhpc._perms import member_home
 from dlhpc.cli._common import (
     backends,
     check_owner,
@@ -66,7 +67,8 @@ def launch(
     if problem is not None:  # e.g. Slurm's: '%' in a log path is a pattern to sbatch
         raise UsageError(problem)
     if dry_run:
-        plan = plan_launch(cfg, home, SchedulerPool(local_root=home / "local"))
+        mine = member_home(home, cfg.site.permissions)  # group mode: the lab's users/<you>
+        plan = plan_launch(cfg, mine, SchedulerPool(local_root=mine / "local"))
         if as_json:
             echo_json({"experiment_id": plan.experiment_id, "scripts": plan.scripts})
         else:

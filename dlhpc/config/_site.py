@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from dlhpc._perms import member_home
 from dlhpc.config import _fields as F
 from dlhpc.config._paths import absolute, expand_path, home
 from dlhpc.config._permissions import read_permissions
@@ -304,7 +305,8 @@ def _finish(
     """``site`` with the defaults that depend on the environment filled in.
 
     ``state_dir``: ``$DLHPC_HOME`` when set, else the file's, else ``~/.dlhpc``;
-    ``scratch``: the file's, else ``<state_dir>/scratch``;
+    ``scratch``: the file's, else ``<state_dir>/scratch`` (group mode: the member's
+    ``<state_dir>/users/<user>/scratch``, as experiment ids are each member's own);
     ``local_max_parallel``: the usable CPUs when not given.
     """
     try:
@@ -319,6 +321,6 @@ def _finish(
     return replace(
         site,
         state_dir=state_dir,
-        scratch=scratch if scratch is not None else state_dir / "scratch",
+        scratch=scratch or member_home(state_dir, site.permissions) / "scratch",
         local_max_parallel=site.local_max_parallel or _cpus(),
     )
