@@ -88,6 +88,7 @@ def builtin_sites() -> Path:
         raise RuntimeError(f"dlhpc must be installed as files to read its sites; found {folder}")
     return folder
 
+
 _PARTITION_FIELDS = {
     "gpus_per_node": Field(integer(min=0, max=1024), default=0),
     "gpu_type": Field(
