@@ -1,12 +1,15 @@
 """dlhpc as a user installs it: the sdist built from the checkout, the wheel built from that
 sdist, installed into a fresh venv outside the checkout, and used with no checkout on
-``sys.path`` by an unprivileged user (``nobody`` when the tests run as root): the local
-quick start (``dlhpc example digits``, launch, follow, report), then one experiment on the
-dev cluster.
+``sys.path``.
 
-The venv reuses the test interpreter's installed dependencies (a ``.pth`` line naming its
-site-packages, whose own ``.pth`` files, such as an editable dlhpc's, are not read), so
-nothing is downloaded; dlhpc itself comes from the wheel alone.
+- As an unprivileged user (``nobody`` when the tests run as root): the local quick start
+  (``dlhpc example digits``, launch, follow, report), then one experiment on the dev
+  cluster. The venv reuses the test interpreter's installed dependencies (a ``.pth`` line
+  naming its site-packages, whose own ``.pth`` files, such as an editable dlhpc's, are not
+  read), so torch is not downloaded; dlhpc itself comes from the wheel alone.
+- On each other supported Python (:data:`PYTHONS`, from pyenv or ``$PATH``): the wheel
+  installed with its dependencies from the package index (no extras), ``dlhpc doctor`` and
+  a local experiment of a script without torch.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from dlhpc._version import __version__
+from tests.conftest import cluster_required
 from tests.integration.conftest import REPO
 
 pytestmark = pytest.mark.cluster
@@ -36,6 +40,23 @@ entrypoint: python train.py
 resources: {cpus_per_task: 1, mem: 1G, time: "00:10:00"}
 hyperparameters: {lr: 0.1, hidden: 32, dropout: 0.1, batch_size: 64}
 searcher: {name: single, metric: val_accuracy, smaller_is_better: false, max_length: 2}
+"""
+# Supported Pythons other than the one the suite runs on (which the first test covers).
+PYTHONS = ("3.10", "3.11", "3.12", "3.13")
+TINY_SCRIPT = """\
+import dlhpc
+
+ctx = dlhpc.init()
+for epoch in range(1, ctx.max_length + 1):
+    ctx.report(epoch, {"loss": ctx.hparams["lr"] / epoch})
+ctx.close()
+"""
+TINY_EXPERIMENT = """\
+name: tiny
+entrypoint: python train.py
+resources: {cpus_per_task: 1, mem: 1G, time: "00:05:00"}
+hyperparameters: {lr: {type: categorical, vals: [0.1, 0.2]}}
+searcher: {name: grid, metric: loss, smaller_is_better: true, max_length: 2}
 """
 
 
@@ -74,6 +95,15 @@ def _build_wheel(work: Path) -> Path:
     _run([*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", dist, sdist])
     (wheel,) = dist.glob("dlhpc-*.whl")
     return wheel
+
+
+@pytest.fixture(scope="module")
+def wheel() -> Iterator[Path]:
+    """The wheel, built once for this module's tests."""
+    folder = Path(tempfile.mkdtemp(prefix="dlhpc-wheel-build-", dir="/tmp"))
+    folder.chmod(0o755)
+    yield _build_wheel(folder)
+    shutil.rmtree(folder)
 
 
 def _venv(work: Path, wheel: Path) -> Path:
@@ -117,9 +147,9 @@ class User:
 
 
 def test_the_wheel_works_outside_the_checkout_as_an_unprivileged_user(
-    slurm_env: dict[str, str], work: Path
+    slurm_env: dict[str, str], work: Path, wheel: Path
 ) -> None:
-    bin_ = _venv(work, _build_wheel(work))
+    bin_ = _venv(work, wheel)
     home = work / "home"
     env = {k: v for k, v in slurm_env.items() if not k.startswith(("PYTHON", "DLHPC_", "VIRTUAL"))}
     env["PATH"] = f"{bin_}:{env['PATH']}"
@@ -146,3 +176,48 @@ def test_the_wheel_works_outside_the_checkout_as_an_unprivileged_user(
         assert (exp["state"], exp["backend"], exp["user"]) == ("COMPLETED", backend, me), exp
     user("dlhpc", "report", "1", "-o", "digits.html", cwd=home, DLHPC_HOME=str(home / "local"))
     assert "val_accuracy" in (home / "digits.html").read_text()
+
+
+def _interpreter(version: str) -> Path | None:
+    """Python ``version`` from pyenv (``$PYENV_ROOT``, else ``~/.pyenv``), else on $PATH."""
+    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    found = sorted(root.glob(f"{version}.*/bin/python{version}"))
+    on_path = shutil.which(f"python{version}")
+    return found[-1] if found else Path(on_path) if on_path else None
+
+
+@pytest.mark.parametrize(
+    "version", [v for v in PYTHONS if v != "{}.{}".format(*sys.version_info[:2])]
+)
+def test_the_wheel_on_each_supported_python(version: str, wheel: Path, tmp_path: Path) -> None:
+    python = _interpreter(version)
+    if python is None:
+        why = f"no Python {version} (pyenv or python{version} on $PATH)"
+        if cluster_required():
+            pytest.fail(why)
+        pytest.skip(why)
+    venv = tmp_path / "venv"
+    _run([python, "-m", "venv", venv])
+    pip = [venv / "bin" / "python", "-m", "pip", "-q", "--disable-pip-version-check"]
+    _run([*pip, "install", wheel])
+    keep = ("PATH", "LANG", "LC_ALL", "TMPDIR")
+    env = {k: v for k, v in os.environ.items() if k in keep}
+    env.update(
+        PATH=f"{venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}",
+        HOME=str(tmp_path),
+        DLHPC_HOME=str(tmp_path / "home"),
+        DLHPC_SITE="local",
+    )
+    probe = [venv / "bin" / "python", "-c", "import dlhpc; print(dlhpc.__file__)"]
+    where = _run(probe, cwd=tmp_path, env=env)  # not the checkout: -c puts the cwd first
+    assert where.stdout.startswith(f"{venv}/"), where.stdout
+    _run(["dlhpc", "doctor"], cwd=tmp_path, env=env)
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    (exp / "train.py").write_text(TINY_SCRIPT)
+    (exp / "exp.yaml").write_text(TINY_EXPERIMENT)
+    _run(
+        ["dlhpc", "launch", "exp/exp.yaml", "--follow", "--interval", "0.5"], cwd=tmp_path, env=env
+    )
+    status = json.loads(_run(["dlhpc", "status", "1", "--json"], cwd=tmp_path, env=env).stdout)
+    assert status["experiments"][0]["state"] == "COMPLETED", status
