@@ -22,7 +22,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -61,16 +61,24 @@ searcher: {name: grid, metric: loss, smaller_is_better: true, max_length: 2}
 
 
 def _run(
-    argv: list[str | Path],
+    argv: Sequence[str | Path],
     cwd: Path | None = None,
     env: dict[str, str] | None = None,
     as_: pwd.struct_passwd | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """``argv``, as user ``as_`` (no supplementary groups) when given; a failure is an
     AssertionError with the output."""
-    ids = {} if as_ is None else {"user": as_.pw_uid, "group": as_.pw_gid, "extra_groups": []}
     proc = subprocess.run(
-        argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=240, check=False, **ids
+        argv,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+        user=None if as_ is None else as_.pw_uid,
+        group=None if as_ is None else as_.pw_gid,
+        extra_groups=None if as_ is None else [],
     )
     cmd = " ".join(map(str, argv))
     assert proc.returncode == 0, f"{cmd} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
@@ -115,7 +123,8 @@ def _venv(work: Path, wheel: Path) -> Path:
     site = _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
     deps = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
     Path(site.stdout.strip(), "dev-deps.pth").write_text("".join(f"{d}\n" for d in deps))
-    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check", "--python", python]
+    pip: list[str | Path] = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    pip += ["--python", python]
     _run([*pip, "install", "--no-deps", "--no-index", wheel])
     return venv / "bin"
 
@@ -198,7 +207,8 @@ def test_the_wheel_on_each_supported_python(version: str, wheel: Path, tmp_path:
         pytest.skip(why)
     venv = tmp_path / "venv"
     _run([python, "-m", "venv", venv])
-    pip = [venv / "bin" / "python", "-m", "pip", "-q", "--disable-pip-version-check"]
+    pip: list[str | Path] = [venv / "bin" / "python", "-m", "pip", "-q"]
+    pip.append("--disable-pip-version-check")
     _run([*pip, "install", wheel])
     keep = ("PATH", "LANG", "LC_ALL", "TMPDIR")
     env = {k: v for k, v in os.environ.items() if k in keep}
@@ -208,7 +218,7 @@ def test_the_wheel_on_each_supported_python(version: str, wheel: Path, tmp_path:
         DLHPC_HOME=str(tmp_path / "home"),
         DLHPC_SITE="local",
     )
-    probe = [venv / "bin" / "python", "-c", "import dlhpc; print(dlhpc.__file__)"]
+    probe = (venv / "bin" / "python", "-c", "import dlhpc; print(dlhpc.__file__)")
     where = _run(probe, cwd=tmp_path, env=env)  # not the checkout: -c puts the cwd first
     assert where.stdout.startswith(f"{venv}/"), where.stdout
     _run(["dlhpc", "doctor"], cwd=tmp_path, env=env)
