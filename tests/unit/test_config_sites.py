@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dlhpc.config import list_sites
-from dlhpc.config._site import builtin_sites
+from dlhpc.config import builtin_sites, list_sites
 from tests._config import load_experiment, load_site
 
 SHIPPED = sorted(builtin_sites().glob("*.yaml"))
