@@ -206,10 +206,9 @@ def test_the_wheel_on_each_supported_python(version: str, wheel: Path, tmp_path:
             pytest.fail(why)
         pytest.skip(why)
     venv = tmp_path / "venv"
-    _run([python, "-m", "venv", venv])
-    pip: list[str | Path] = [venv / "bin" / "python", "-m", "pip", "-q"]
-    pip.append("--disable-pip-version-check")
-    _run([*pip, "install", wheel])
+    _run([python, "-m", "venv", "--without-pip", venv])  # this pip installs into it
+    pip: list[str | Path] = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    _run([*pip, "--python", venv / "bin" / "python", "install", wheel])
     keep = ("PATH", "LANG", "LC_ALL", "TMPDIR")
     env = {k: v for k, v in os.environ.items() if k in keep}
     env.update(
