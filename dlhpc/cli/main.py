@@ -105,6 +105,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
         " cluster: expected GPU-hours, wall time and the chance of finding the best"
         " configuration.",
     ),
+    "site": ("_site", "Site files: describe this cluster for dlhpc."),
     "status": (
         "_inspect",
         "Experiments (newest first) and the newest one's trials, or EXPERIMENT_ID's trials.",
