@@ -17,6 +17,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import replace
+from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -46,6 +47,7 @@ __all__ = [
     "Backends",
     "SiteRef",
     "auto_site_name",
+    "builtin_sites",
     "list_sites",
     "load_site",
     "load_site_ref",
@@ -73,7 +75,20 @@ class Backends(Protocol):
 
 _SITE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _GPU_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-REPO_SITES = Path(__file__).resolve().parents[2] / "site-configs"
+
+
+def builtin_sites() -> Path:
+    """The folder of the built-in site files (``local``, ``dev-cluster``, ``generic`` and
+    the ``template-*`` sites): the package's ``site-configs``, which a checkout links to
+    its top-level ``site-configs/`` and a wheel or sdist carries as package data.
+
+    RuntimeError when dlhpc is imported from somewhere that is not a folder (a zip file).
+    """
+    folder = resources.files("dlhpc") / "site-configs"
+    if not isinstance(folder, Path):
+        raise RuntimeError(f"dlhpc must be installed as files to read its sites; found {folder}")
+    return folder
+
 
 _PARTITION_FIELDS = {
     "gpus_per_node": Field(integer(min=0, max=1024), default=0),
@@ -94,7 +109,7 @@ def site_search_path(environ: Mapping[str, str] | None = None) -> list[Path]:
     """Folders searched for ``NAME.yaml``, first match wins.
 
     ``$DLHPC_SITE_PATH`` (colon-separated, ``~`` expanded, empty entries
-    skipped), then ``~/.config/dlhpc/sites``, then the repository's ``site-configs/``.
+    skipped), then ``~/.config/dlhpc/sites``, then the built-in sites (:func:`builtin_sites`).
     """
     env = _env(environ)
     cwd = Path.cwd()
@@ -107,7 +122,7 @@ def site_search_path(environ: Mapping[str, str] | None = None) -> list[Path]:
                 raise ConfigError([ConfigIssue("$DLHPC_SITE_PATH", None, "", str(exc))]) from None
     with contextlib.suppress(ValueError):  # no home folder known: nothing to search there
         out.append(Path(home(env)) / ".config" / "dlhpc" / "sites")
-    out.append(REPO_SITES)
+    out.append(builtin_sites())
     return out
 
 
