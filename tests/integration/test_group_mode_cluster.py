@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import REPO
+from tests.integration.conftest import REPO, let_others_pass
 
 pytestmark = [pytest.mark.cluster, pytest.mark.needs("root")]
 
@@ -82,15 +82,6 @@ def _ensure_users() -> None:
             )
 
 
-def _let_others_pass(path: Path) -> None:
-    """Every folder above ``path`` lets others pass (o+x, never o+r), as ``scripts/dev-cluster``
-    does for the strict profile's user: the members must reach the checkout and the venv."""
-    for folder in reversed(path.parents):
-        mode = folder.stat().st_mode
-        if not mode & 0o001:
-            os.chmod(folder, mode | 0o001)
-
-
 @pytest.fixture
 def lab(slurm_env: dict[str, str]) -> Iterator[tuple[Path, dict[str, str]]]:
     """A folder both users reach (pytest's own is root's alone): the lab's site file,
@@ -119,7 +110,7 @@ def lab(slurm_env: dict[str, str]) -> Iterator[tuple[Path, dict[str, str]]]:
         "PYTHONDONTWRITEBYTECODE": "1",
     }
     for path in (REPO, Path(sys.executable).resolve(), Path(sys.prefix)):
-        _let_others_pass(path)
+        let_others_pass(path)
     reach = _as(A, env, sys.executable, "-c", "import dlhpc")
     assert reach.returncode == 0, (
         f"{A} cannot run {sys.executable} with the checkout {REPO} (every folder above them"

@@ -29,7 +29,7 @@ import pytest
 
 from dlhpc._version import __version__
 from tests.conftest import cluster_required
-from tests.integration.conftest import REPO
+from tests.integration.conftest import REPO, let_others_pass
 
 pytestmark = pytest.mark.cluster
 
@@ -122,6 +122,8 @@ def _venv(work: Path, wheel: Path) -> Path:
     python = venv / "bin" / "python"
     site = _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
     deps = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    for dep in (*deps, sys.base_prefix):  # the unprivileged user reads them
+        let_others_pass(Path(dep) / "x")
     Path(site.stdout.strip(), "dev-deps.pth").write_text("".join(f"{d}\n" for d in deps))
     pip: list[str | Path] = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
     pip += ["--python", python]
