@@ -4,6 +4,7 @@ examples and sites into a wheel (tests/integration/test_wheel_cluster.py install
 from __future__ import annotations
 
 import fnmatch
+import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -105,11 +106,15 @@ def test_package_data_covers_every_file_of_the_sites_and_examples() -> None:
     # a file the globs miss would be absent from the wheel, and only there
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     globs = project["tool"]["setuptools"]["package-data"]["dlhpc"]
+    links = {"site-configs": "site-configs", "templates/examples": "example-templates"}
+    tracked = subprocess.run(  # the files a clone has (not a developer's caches)
+        ["git", "ls-files", *links], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
     files = [
-        p.relative_to(REPO / "dlhpc")
-        for folder in ("site-configs", "example-templates")
-        for p in (REPO / "dlhpc" / folder).rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts and p.name != "ruff.toml"
+        Path(links[src]) / path[len(src) + 1 :]
+        for path in tracked
+        for src in links
+        if path.startswith(f"{src}/") and not path.endswith("ruff.toml")
     ]
     assert files
     missed = [f for f in files if not any(fnmatch.fnmatch(str(f), g) for g in globs)]
