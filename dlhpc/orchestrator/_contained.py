@@ -148,12 +148,17 @@ def remove_own_checkpoint(own: TrialCheckpointDir, name: str, dry_run: bool = Fa
 
 
 def checked_checkpoint(
-    own: TrialCheckpointDir | None, path: str, step: int, *, verify_hashes: bool = True
+    own: TrialCheckpointDir | None,
+    path: str,
+    step: int,
+    size: int,
+    *,
+    verify_hashes: bool = True,
 ) -> Path | None:
     """``path`` if it is a checkpoint folder of the trial whose folder is ``own``, at
-    ``step``, whose manifest says that step and (``verify_hashes``: every file's
-    sha256, else their sizes) matches it; None when it is gone. Anything else raises
-    :class:`~dlhpc.errors.UsageError` saying why."""
+    ``step``, whose manifest says that step and totals ``size`` bytes (the row's), and
+    (``verify_hashes``: every file's sha256, else their sizes) matches it; None when
+    it is gone. Anything else raises :class:`~dlhpc.errors.UsageError` saying why."""
     why = foreign_checkpoint(own, path, step)
     if why is not None or own is None:
         raise UsageError(why or "the experiment has no checkpoint folder")
@@ -170,6 +175,8 @@ def checked_checkpoint(
     if not found or found[0].step != step:
         raise UsageError(f"{path}: its MANIFEST.json is missing or does not say step {step}")
     why = verify_checkpoint(found[0], verify_hashes)
+    if why is None and found[0].size_bytes != size:
+        why = f"its recorded size {size} is not its manifest's total {found[0].size_bytes}"
     if why is not None:
         raise UsageError(f"{path}: {why}")
     return found[0].path

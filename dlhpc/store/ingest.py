@@ -7,7 +7,8 @@ file completely or not at all, and a second pass skips what the first applied.
 ``gpu`` records become ``gpu_samples`` rows (one per GPU per sample; a row already
 there is kept, and a GPU entry without a usable index is skipped). A ``checkpoint``
 record whose folder is not one of the trial's own
-(:mod:`dlhpc.store.checkpoint_dirs`) is not stored: a warning event takes its place.
+(:mod:`dlhpc.store.checkpoint_dirs`), or whose size does not fit that folder's
+manifest and files, is not stored: a warning event takes its place.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from dlhpc._failpoints import failpoint
 from dlhpc.protocol import read_event_batches
+from dlhpc.protocol.checkpoint_read import recorded_size_problem
 from dlhpc.repro import merge_env_record
 from dlhpc.states import TERMINAL_TRIAL_STATES, CheckpointState, JobState
 from dlhpc.store._records import (
@@ -362,14 +364,15 @@ def _foreign_checkpoint_record(
 ) -> dict[str, Any] | None:
     """The warning ``events`` row that replaces a ``checkpoint`` record whose folder is
     not one of the trial's own (:func:`~dlhpc.store.checkpoint_dirs.foreign_checkpoint`:
-    another trial's, elsewhere, or another step's), or None to store it."""
+    another trial's, elsewhere, or another step's) or whose size does not fit that
+    folder (:func:`~dlhpc.protocol.checkpoint_read.recorded_size_problem`), or None to
+    store it."""
     step = finite_int(rec.get("step", 0))
     own = trial_checkpoint_dir(trial.experiment, trial.id)
-    why = (
-        "its step is not an integer"
-        if step is None
-        else foreign_checkpoint(own, str(rec.get("path", "")), step)
-    )
+    path = str(rec.get("path", ""))
+    why = "its step is not an integer" if step is None else foreign_checkpoint(own, path, step)
+    if why is None and step is not None:  # the trial's own folder: its size must fit it
+        why = recorded_size_problem(Path(path), step, int(rec.get("size") or 0))
     if why is None:
         return None
     message = f"checkpoint record refused (not stored): {why}"
