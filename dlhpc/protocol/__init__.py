@@ -29,9 +29,11 @@ from dlhpc.protocol.events import (
     EVENT_FILE_RE,
     REQUEUE_EXIT_CODE,
     EventBatch,
+    EventFile,
     EventWriter,
     iter_attempt_dirs,
     read_event_batches,
+    scan_event_files,
 )
 from dlhpc.protocol.layout import (
     ATTEMPT_DIR_VAR,
@@ -79,6 +81,7 @@ __all__ = [
     "STOP_FILE",
     "TRIAL_DIR_VAR",
     "EventBatch",
+    "EventFile",
     "EventWriter",
     "TrialSpec",
     "atomic_write_bytes",
@@ -98,6 +101,7 @@ __all__ = [
     "jobs_dir",
     "launch_env_file",
     "read_event_batches",
+    "scan_event_files",
     "read_small_json",
     "read_state_file",
     "recorded_slug",
