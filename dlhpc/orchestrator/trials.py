@@ -22,7 +22,13 @@ from sqlalchemy.orm import Session
 from dlhpc.orchestrator.clock import Clock
 from dlhpc.orchestrator.decide import pending_promotion, stop_grace
 from dlhpc.orchestrator.eventlog import log_event
-from dlhpc.orchestrator.recovery import Verdict, heartbeat_stale, judge, superseded_cause
+from dlhpc.orchestrator.recovery import (
+    Verdict,
+    exit_confirmed,
+    heartbeat_stale,
+    judge,
+    superseded_cause,
+)
 from dlhpc.protocol import HEARTBEAT_FILE, PROGRESS_FILE, UnsafeFile, attempt_dir, read_state_file
 from dlhpc.protocol.record_check import MAX_STEP
 from dlhpc.scheduler import JobState, JobStatus
@@ -144,15 +150,17 @@ def _settle_stop(s: Session, t: Trial, current: Attempt | None, p: TrialPass) ->
     or cancel the job once it ignored the stop for :func:`stop_grace`."""
     assert t.stop_requested_at is not None  # the caller checked
     now = p.now
+    grace = stop_grace()
     st = p.statuses.get(current.job_id) if current is not None else None
     job_gone = current is None or current.state not in LIVE_ATTEMPT_STATES
-    if current is not None and (current.exit_code is not None or job_gone):
+    # an exit record of a job still running is not final: the stop grace ends it
+    exited = current is not None and current.exit_code is not None
+    if current is not None and (job_gone or exited and exit_confirmed(current, st)):
         done = current.exit_code == 0 and t.steps_completed >= p.final_length
         if not current.cause:
             current.cause = "completed" if done else "stopped"
         end_trial(s, t, TrialState.COMPLETED if done else TrialState.STOPPED_EARLY, now, None, "")
         return
-    grace = stop_grace()
     if now - t.stop_requested_at > grace and current is not None:
         p.cancels.append(current.job_id)
         current.state = JobState.CANCELLED.value
@@ -216,6 +224,9 @@ def reconcile_trial(s: Session, t: Trial, p: TrialPass) -> None:
     if current is not None and verdict.cause and (verdict.resubmit or verdict.state.is_terminal):
         current.cause = verdict.cause
         current.lost_steps = _lost_steps(t, current, p)
+    if verdict.cancel_job and not verdict.resubmit and current is not None:
+        p.cancels.append(current.job_id)  # its exit is final but its job hangs on: end it
+        current.state = JobState.CANCELLED.value
     if verdict.resubmit and current is not None:
         _resubmit(s, t, current, verdict, p, now)
         return
