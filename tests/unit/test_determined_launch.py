@@ -22,6 +22,7 @@ from dlhpc.integrations.determined import ENV_SLOTS
 from dlhpc.integrations.determined.cluster import (
     ENV_CONTAINER_RANK,
     container_layout,
+    gpu_uuids,
 )
 from dlhpc.integrations.determined.launch import worker_envs
 from dlhpc.protocol import TrialSpec, read_event_batches
@@ -259,3 +260,54 @@ def test_sh_c_runs_one_simple_command_in_its_place_and_the_rest_through_sh(
         timeout=60,
     )
     assert both.stdout == "2\nx\n", both.stderr
+
+
+class _FakeNvml:
+    """Two GPUs, as NVML names them (bytes UUIDs, as older pynvml returns)."""
+
+    class NVMLError(Exception):
+        pass
+
+    uuids = (b"GPU-aaaa", b"GPU-bbbb")
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802 (NVML's names)
+        return len(self.uuids)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:  # noqa: N802
+        if i >= len(self.uuids):
+            raise self.NVMLError("Invalid Argument")
+        return i
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> int:  # noqa: N802
+        return [u.decode() for u in self.uuids].index(uuid)
+
+    def nvmlDeviceGetUUID(self, handle: int) -> bytes:  # noqa: N802
+        return self.uuids[handle]
+
+
+def test_gpu_uuids_are_the_visible_gpus_and_none_on_a_cpu_node(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dlhpc.integrations.determined import cluster
+
+    monkeypatch.setattr(cluster, "load_nvml", lambda: (None, "ModuleNotFoundError: pynvml"))
+    assert gpu_uuids({}) == [] and gpu_uuids({"CUDA_VISIBLE_DEVICES": ""}) == []  # CPU
+    given = {"CUDA_VISIBLE_DEVICES": "GPU-x, MIG-y"}
+    assert gpu_uuids(given) == ["GPU-x", "MIG-y"]  # UUIDs need no NVML
+    with pytest.raises(DlhpcError, match=r"CUDA_VISIBLE_DEVICES='1' needs NVML \(Module"):
+        gpu_uuids({"CUDA_VISIBLE_DEVICES": "1"})
+    monkeypatch.setattr(cluster, "load_nvml", lambda: (_FakeNvml(), ""))
+    assert gpu_uuids({}) == ["GPU-aaaa", "GPU-bbbb"]  # every GPU NVML shows
+    assert gpu_uuids({"CUDA_VISIBLE_DEVICES": "1,GPU-aaaa"}) == ["GPU-bbbb", "GPU-aaaa"]
+    with pytest.raises(DlhpcError, match="NVML: Invalid Argument"):
+        gpu_uuids({"CUDA_VISIBLE_DEVICES": "7"})
+
+
+def test_cluster_info_has_gpu_uuids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dlhpc.integrations.determined import cluster
+
+    tdir = _trial(tmp_path, "true", 1)
+    spec = TrialSpec.read(tdir / "trial.json")
+    monkeypatch.setattr(cluster, "load_nvml", lambda: (_FakeNvml(), ""))
+    info = cluster.ClusterInfo(spec, {"CUDA_VISIBLE_DEVICES": "1"})
+    assert info.gpu_uuids == ["GPU-bbbb"]

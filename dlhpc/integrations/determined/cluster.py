@@ -14,6 +14,8 @@ Here a container is a dlhpc task (one per node: ``dlhpc convert determined`` wri
   :data:`ENV_CONTAINER_RANK` / :data:`ENV_CONTAINER_ADDRS`, which win.
 * ``slot_ids``: ``0 .. N-1``, N from :data:`~dlhpc.integrations.determined.ENV_SLOTS`
   (the converted ``slots_per_trial`` per node), 1 when unset (Determined's default).
+* ``gpu_uuids``: the UUIDs of the GPUs the task may use (:func:`gpu_uuids`); empty on
+  a CPU node, as in Determined.
 
 Reading the info starts nothing: no trial context, no signal handlers (``core.init()``
 does that), so a launcher process that only reads it publishes nothing.
@@ -21,6 +23,7 @@ does that), so a launcher process that only reads it publishes nothing.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -33,6 +36,7 @@ from dlhpc.harness.distributed import resolve_host
 from dlhpc.integrations.determined import ENV_NESTED, ENV_SLOTS, ENV_USER_DATA
 from dlhpc.integrations.determined.checkpoints import latest_storage_id
 from dlhpc.protocol import ATTEMPT_DIR_VAR, TRIAL_DIR_VAR, TrialSpec, trial_file
+from dlhpc.protocol.gpu import load_nvml
 from dlhpc.scheduler.plugins import BackendTable
 from dlhpc.scheduler.slurm.hostlist import expand_hostlist
 
@@ -43,6 +47,7 @@ __all__ = [
     "TrialInfo",
     "container_layout",
     "get_cluster_info",
+    "gpu_uuids",
     "nest",
     "slots_per_container",
 ]
@@ -116,6 +121,36 @@ def container_layout(environ: Mapping[str, str]) -> tuple[int, list[str]]:
     return rank, [resolve_host(h) for h in hosts for _ in range(per_node)]
 
 
+def gpu_uuids(environ: Mapping[str, str]) -> list[str]:
+    """The UUIDs of the GPUs ``environ``'s process may use, in CUDA's order: the entries
+    of ``CUDA_VISIBLE_DEVICES`` (a UUID as given, an index through NVML), or every GPU
+    NVML shows when it is unset; [] when it is set empty, or unset where NVML cannot
+    load (a CPU node). Raises DlhpcError for indices that NVML cannot resolve."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    items = [x.strip() for x in (visible or "").split(",") if x.strip()]
+    if visible is not None and all(not x.isdigit() for x in items):  # GPU-/MIG- UUIDs
+        return items
+    nvml, why = load_nvml()
+    if nvml is None:
+        if visible is None:
+            return []
+        raise DlhpcError(f"gpu_uuids: CUDA_VISIBLE_DEVICES={visible!r} needs NVML ({why})")
+    try:
+        if visible is None:
+            handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        else:
+            handles = [
+                nvml.nvmlDeviceGetHandleByIndex(int(x))
+                if x.isdigit()
+                else nvml.nvmlDeviceGetHandleByUUID(x)
+                for x in items
+            ]
+        uuids = [nvml.nvmlDeviceGetUUID(h) for h in handles]
+    except nvml.NVMLError as err:
+        raise DlhpcError(f"gpu_uuids: NVML: {err}") from None
+    return [u.decode() if isinstance(u, bytes) else str(u) for u in uuids]
+
+
 class TrialInfo:
     """``info.trial``: this trial's facts."""
 
@@ -146,6 +181,7 @@ class ClusterInfo:
         #: this container's slots (``0 .. N-1``)
         self.slot_ids: list[int] = list(range(slots_per_container(environ)))
         self._rank, self._addrs = container_layout(environ)
+        self._environ = dict(environ)
         self._trial = TrialInfo(spec, self.user_data)
         self._latest_checkpoint = latest_storage_id(Path(spec.checkpoint_dir))
 
@@ -167,6 +203,11 @@ class ClusterInfo:
     def container_rank(self) -> int:
         """This container's index in :attr:`container_addrs`."""
         return self._rank
+
+    @functools.cached_property
+    def gpu_uuids(self) -> list[str]:
+        """The UUIDs of this container's GPUs ([] on a CPU node; see :func:`gpu_uuids`)."""
+        return gpu_uuids(self._environ)
 
     @property
     def container_slot_counts(self) -> list[int]:
