@@ -17,8 +17,9 @@ Here a container is a dlhpc task (one per node: ``dlhpc convert determined`` wri
 * ``gpu_uuids``: the UUIDs of the GPUs the task may use (:func:`gpu_uuids`); empty on
   a CPU node, as in Determined.
 
-Reading the info starts nothing: no trial context, no signal handlers (``core.init()``
-does that), so a launcher process that only reads it publishes nothing.
+Reading the info starts no trial context (``core.init()`` does that), so a launcher
+process that only reads it publishes nothing. It makes the process a launcher can be
+(:func:`get_cluster_info`): one that started child processes lives on at a stop signal.
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import socket
+import threading
 from collections.abc import Mapping
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from dlhpc.errors import DlhpcError
@@ -55,6 +59,8 @@ __all__ = [
 # set by the stand-in's launch layers for their workers (whose RANK is the worker's)
 ENV_CONTAINER_RANK = "DLHPC_DETERMINED_CONTAINER_RANK"
 ENV_CONTAINER_ADDRS = "DLHPC_DETERMINED_CONTAINER_ADDRS"
+# the signals dlhpc.init() turns into a stop request: preemption, the time limit
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
 
 
 def nest(hparams: dict[str, Any], roots_json: str) -> dict[str, Any]:
@@ -215,9 +221,45 @@ class ClusterInfo:
         return [len(self.slot_ids)] * len(self._addrs)
 
 
+def _has_children() -> bool:
+    """Whether this process has child processes (none is reaped: WNOWAIT)."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def _stop_signal(signum: int, _frame: FrameType | None) -> None:
+    """A stop signal in a process that has not entered ``core.init()``: a launcher (it
+    has children) lives on, its workers (in its process group, or signalled by the
+    scheduler one by one) got the signal too, checkpoint and exit, and it exits with
+    their codes; any other process ends of the signal, as it would have without this."""
+    if _has_children():
+        return
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _launcher_handlers() -> None:
+    """Install :func:`_stop_signal` for the stop signals still at their default action
+    (main thread only). A caught signal is reset to its default in the processes this
+    one starts, and ``core.init()`` installs its own handlers over it."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in _STOP_SIGNALS:
+        if signal.getsignal(sig) == signal.SIG_DFL:
+            signal.signal(sig, _stop_signal)
+
+
 def get_cluster_info() -> ClusterInfo | None:
-    """This trial's :class:`ClusterInfo`; None outside a dlhpc job (as Determined off-cluster)."""
+    """This trial's :class:`ClusterInfo`; None outside a dlhpc job (as Determined
+    off-cluster). In a job, a launcher that reads it survives the stop signals that
+    reach its workers (see :func:`_stop_signal`): Determined stops workers through its
+    API, so its launchers, such as its tutorial's, let a TERM end them."""
     trial_dir = os.environ.get(TRIAL_DIR_VAR)
     if not trial_dir:
         return None
-    return ClusterInfo(TrialSpec.read(trial_file(Path(trial_dir))), os.environ)
+    info = ClusterInfo(TrialSpec.read(trial_file(Path(trial_dir))), os.environ)
+    _launcher_handlers()
+    return info
