@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tests.integration.conftest import REPO
 
-__all__ = ["DEV_CLUSTER", "cluster_healthy", "kill_slurmd", "restore_cluster"]
+__all__ = ["DEV_CLUSTER", "cluster_healthy", "kill_slurmd", "restore_cluster", "stop_daemon"]
 
 DEV_CLUSTER = REPO / "scripts" / "dev-cluster"
 
@@ -44,22 +44,29 @@ def _pid_alive(pid: int, comm: str) -> bool:
         return False
 
 
-def kill_slurmd(env: Mapping[str, str], node: str) -> int:
-    """SIGKILL the ``slurmd`` of ``node`` (found through its pid file); its pid.
+def stop_daemon(env: Mapping[str, str], pidfile_name: str, sig: int = signal.SIGKILL) -> int:
+    """Send ``sig`` to the daemon of ``run/<pidfile_name>.pid`` (``slurmctld``,
+    ``slurmdbd``, ``slurmd-node1``) and wait until it is gone; its pid.
 
-    Refuses a pid that is not a live ``slurmd`` (a stale pid file, a recycled pid).
-    """
-    pidfile = _state_dir(env) / "run" / f"slurmd-{node}.pid"
+    Refuses a pid that is not a live process of that daemon (a stale pid file, a
+    recycled pid)."""
+    comm = pidfile_name.split("-", 1)[0]
+    pidfile = _state_dir(env) / "run" / f"{pidfile_name}.pid"
     pid = int(pidfile.read_text().split()[0])
-    if not _pid_alive(pid, "slurmd"):
-        raise RuntimeError(f"{pidfile} names pid {pid}, which is not a live slurmd")
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while _pid_alive(pid, "slurmd"):
+    if not _pid_alive(pid, comm):
+        raise RuntimeError(f"{pidfile} names pid {pid}, which is not a live {comm}")
+    os.kill(pid, sig)
+    deadline = time.monotonic() + 30
+    while _pid_alive(pid, comm):
         if time.monotonic() > deadline:
-            raise RuntimeError(f"slurmd {node} (pid {pid}) survived SIGKILL")
+            raise RuntimeError(f"{pidfile_name} (pid {pid}) survived signal {sig}")
         time.sleep(0.1)
     return pid
+
+
+def kill_slurmd(env: Mapping[str, str], node: str) -> int:
+    """SIGKILL the ``slurmd`` of ``node`` (found through its pid file); its pid."""
+    return stop_daemon(env, f"slurmd-{node}")
 
 
 def cluster_healthy(env: Mapping[str, str]) -> bool:
