@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests.integration._reference import logs_of
 from tests.integration.chaos_cluster import cluster_healthy, restore_cluster, stop_daemon
 from tests.integration.conftest import Cli, squeue_ids
 
@@ -30,6 +31,7 @@ SCRIPT = """\
 import os, sys, time
 epochs, pause, ckpt, resume = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]
 start = int(open(resume).read()) if resume else 0
+print(f"resumed at epoch {start}" if start else "first run", flush=True)
 for epoch in range(start + 1, epochs + 1):
     time.sleep(pause)
     with open(os.path.join(ckpt, f".epoch-{epoch}"), "w") as f:
@@ -138,3 +140,31 @@ def test_slurmdbd_stopped_while_jobs_end(cli: Cli, tmp_path: Path) -> None:
     assert cli.experiment(exp_id)["trials"] == exp["trials"]
     assert _job_ids(exp) == jobs
     assert cluster_healthy(cli.env)
+
+
+def test_node_lost_with_its_jobs(cli: Cli, tmp_path: Path) -> None:
+    """``scontrol update State=DOWN`` of the node running both tasks: their attempts
+    end NODE_FAIL, the trials resume from their checkpoints (Slurm requeues them; on
+    this cluster the node returns to service as soon as its slurmd registers again),
+    and no restart counts as a crash."""
+    epochs = 6
+    exp_id = _launch(cli, tmp_path, "node", epochs, pause=1.0)
+    exp = _wait(cli, exp_id, lambda e: all(t["steps_completed"] >= 2 for t in e["trials"]))
+    nodes = {a["node_list"] for t in exp["trials"] for a in t["attempts"]}
+    (node,) = nodes  # the dev cluster packs both tasks onto one node
+    down = ["scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=chaos"]
+    subprocess.run(down, env=cli.env, check=True)
+    try:
+        exp = _wait(cli, exp_id, lambda e: e["state"] != "ACTIVE", timeout=90)
+    finally:
+        subprocess.run(
+            ["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=cli.env, check=False
+        )
+        restore_cluster(cli.env)
+    assert exp["state"] == "COMPLETED", json.dumps(exp, indent=1)
+    for t in exp["trials"]:
+        causes = [a["cause"] for a in t["attempts"]]
+        assert t["steps_completed"] == epochs and t["crashes"] == 0, t
+        assert causes[0] == "node_fail" and causes[-1] == "completed", causes
+        out, _err = logs_of(cli, t["id"])  # both runs of the task: the second resumed
+        assert "first run" in out and "resumed at epoch" in out, out
