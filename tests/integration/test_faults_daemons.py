@@ -1,14 +1,14 @@
-"""Slurm's daemons stop mid-experiment on the dev cluster, and come back.
+"""Slurm's daemons stop, and a node is lost, mid-experiment on the dev cluster.
 
-Two trials of a plain script (an epoch line every ``PAUSE`` seconds, a checkpoint
-file per epoch, no framework: they start in a second) run while the test stops a
-daemon through its pid file and ticks on: ``slurmctld`` stopped (SIGTERM) for two
-ticks with the jobs running (slurmstepd keeps them), then started again;
-``slurmdbd`` stopped while the jobs end, then started again. Asserted: each tick in between
-exits 0 and says what failed in one line; no trial is marked FAILED or restarted;
-nothing is submitted twice; every trial ends COMPLETED with its epochs, its cause
-``completed`` also once accounting is back.
-"""
+Two trials of a plain script (an epoch line every few seconds, a checkpoint file per
+epoch, no framework: they start in a second) run while the test stops a daemon
+through its pid file and ticks on: ``slurmctld`` stopped (SIGTERM) for two ticks
+with the jobs running (slurmstepd keeps them), then started again; ``slurmdbd``
+stopped while the jobs end, then started again. Asserted: each tick in between exits
+0 and says what failed in one line; no trial is marked FAILED or restarted; nothing
+is submitted twice; every trial ends COMPLETED with its epochs, its cause
+``completed`` also once accounting is back. A node set DOWN with the jobs on it:
+see :func:`test_node_lost_with_its_jobs`."""
 
 from __future__ import annotations
 
