@@ -21,6 +21,7 @@ from dlhpc.cli._doctor_perms import permission_checks
 from dlhpc.config import load_site
 from dlhpc.config.schema import SiteConfig
 from dlhpc.errors import DlhpcError, UsageError
+from dlhpc.orchestrator.disk_space import shared_small_filesystem
 from dlhpc.report.quota import lustre_quota, quota_warning
 from dlhpc.scheduler.plugins import BackendTable, Check
 from dlhpc.store import default_home
@@ -76,6 +77,7 @@ def run_checks(site: SiteConfig) -> list[Check]:
     checks += permission_checks(site)
     mounts = read_mounts()
     checks.append(db_filesystem_check(home, site.journal_mode, mounts))
+    checks.append(checkpoint_space_check(home, site.scratch.expanduser()))
     checks += shared_folder_checks(site, home, mounts, _jobs_elsewhere(backends, site))
     return checks
 
@@ -177,6 +179,14 @@ def db_filesystem_check(home: Path, journal_mode: str, mounts: list[Mount]) -> C
         " tick, launch, status, report) on one login node, or ask for a mount with working"
         " POSIX locks." + _DB_RULE,
     )
+
+
+def checkpoint_space_check(home: Path, scratch: Path) -> Check:
+    """Whether checkpoints can fill the database's filesystem (a small one shared)."""
+    warning = shared_small_filesystem(home, scratch)
+    if warning is not None:
+        return Check("checkpoint space", "warn", warning)
+    return Check("checkpoint space", "ok", f"{scratch} cannot fill a small database filesystem")
 
 
 def shared_folder_checks(

@@ -31,6 +31,7 @@ from dlhpc.errors import LeaseHeldError, UsageError
 from dlhpc.orchestrator import kill_experiment, kill_trial, plan_launch
 from dlhpc.orchestrator import launch as do_launch
 from dlhpc.orchestrator import tick as do_tick
+from dlhpc.orchestrator.disk_space import shared_small_filesystem
 from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.report.status import status_data
 from dlhpc.scheduler.plugins import BackendTable
@@ -66,6 +67,9 @@ def launch(
     problem = BackendTable().get(cfg.backend).request_problem(home)
     if problem is not None:  # e.g. Slurm's: '%' in a log path is a pattern to sbatch
         raise UsageError(problem)
+    small = shared_small_filesystem(home, cfg.checkpoint.dir)
+    if small is not None:
+        click.echo(f"warning: {small}", err=True)
     if dry_run:
         mine = member_home(home, cfg.site.permissions)  # group mode: the lab's users/<you>
         plan = plan_launch(cfg, mine, SchedulerPool(local_root=mine / "local"))

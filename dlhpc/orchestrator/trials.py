@@ -10,7 +10,7 @@ the searcher stopped while it ran.
 
 from __future__ import annotations
 
-import math
+import os
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -55,10 +55,17 @@ class TrialPass:
     cancels: list[str] = field(default_factory=list)  # job ids to scancel after commit
     warnings: list[str] = field(default_factory=list)  # heartbeat/progress files not read
     stopping: list[Trial] = field(default_factory=list)  # stop requested, job still live
+    file_times: dict[Path, float] = field(default_factory=dict)  # read once per folder
 
     @property
     def now(self) -> datetime:
         return self.clock.now()
+
+    def file_now(self, folder: Path) -> float:
+        """:meth:`Clock.file_time` of ``folder``, read once per pass."""
+        if folder not in self.file_times:
+            self.file_times[folder] = self.clock.file_time(folder)
+        return self.file_times[folder]
 
 
 def _apply_status(a: Attempt, st: JobStatus | None, now: datetime) -> None:
@@ -89,11 +96,19 @@ def _attempt_file(t: Trial, a: Attempt, name: str, p: TrialPass) -> dict[str, ob
 
 
 def _heartbeat_age(t: Trial, a: Attempt | None, p: TrialPass) -> timedelta | None:
-    beat = _attempt_file(t, a, HEARTBEAT_FILE, p) if a is not None else None
-    at = beat.get("time") if beat is not None else None
-    if not (type(at) is float and math.isfinite(at) or type(at) is int and abs(at) < 2**53):
+    """How long ago the attempt's heartbeat file was written, by the clock of the
+    filesystem that stamped it (:meth:`TrialPass.file_now` of the trial's folder):
+    never this machine's clock against the compute node's. None when it has none
+    (or it is unsafe to read: a warning in ``p``)."""
+    if a is None or _attempt_file(t, a, HEARTBEAT_FILE, p) is None:
         return None
-    return timedelta(seconds=min(max(0.0, p.clock.time() - at), _LONG_AGO))
+    beat = attempt_dir(Path(t.run_dir), a.attempt_key) / HEARTBEAT_FILE
+    try:
+        age = p.file_now(Path(t.run_dir).parent) - os.stat(beat, follow_symlinks=False).st_mtime
+    except OSError as err:
+        p.warnings.append(f"trial {t.id}: heartbeat age not read, {err}")
+        return None
+    return timedelta(seconds=min(max(0.0, age), _LONG_AGO))
 
 
 def _lost_steps(t: Trial, a: Attempt, p: TrialPass) -> int | None:

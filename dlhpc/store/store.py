@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import errno
 import os
+import sqlite3
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -10,21 +13,28 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqlalchemy import func, select
+from sqlalchemy import create_engine, func, select
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
+from sqlalchemy.pool import StaticPool
 
 from dlhpc import _perms
 from dlhpc._perms import MEMBERS_DIR, make_member_home
 from dlhpc.errors import DlhpcError, StoreError
 from dlhpc.store import lease as _lease
-from dlhpc.store.engine import check_version, init_schema, make_engine, read_version
+from dlhpc.store.engine import (
+    BUSY_TIMEOUT_MS,
+    check_version,
+    init_schema,
+    make_engine,
+    read_version,
+)
 from dlhpc.store.tables import Experiment
 
 if TYPE_CHECKING:
     from dlhpc.config._permissions import Permissions
 
-__all__ = ["Store", "default_home", "lab_databases", "utcnow"]
+__all__ = ["Store", "default_home", "is_disk_full", "lab_databases", "utcnow"]
 
 DB_NAME = "dlhpc.db"
 
@@ -32,6 +42,30 @@ DB_NAME = "dlhpc.db"
 def utcnow() -> datetime:
     """Naive UTC now (SQLite stores naive datetimes)."""
     return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """True when ``err`` (or an error it was raised from) says the filesystem is full:
+    SQLite's SQLITE_FULL, or ENOSPC / EDQUOT (a quota)."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, sqlite3.Error) and _sqlite_full(seen):
+            return True
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        orig = getattr(seen, "orig", None)  # SQLAlchemy's wrapper of the driver's error
+        seen = orig if isinstance(orig, BaseException) else seen.__cause__ or seen.__context__
+    return False
+
+
+_SQLITE_FULL = 13  # sqlite3.SQLITE_FULL; the module names its codes from Python 3.11
+
+
+def _sqlite_full(err: sqlite3.Error) -> bool:
+    """SQLite's result code SQLITE_FULL; Python 3.10 gives only its message (SQLite's
+    fixed text for that code)."""
+    code = getattr(err, "sqlite_errorcode", None)
+    return code == _SQLITE_FULL if code is not None else str(err) == "database or disk is full"
 
 
 def default_home(site_state_dir: Path | None = None) -> Path:
@@ -170,6 +204,25 @@ class Store:
                     _lease.give_back(session, _lease.RECONCILER, owner)
             except StoreError:
                 pass  # it expires on its own; nothing is lost
+
+    def memory_copy(self) -> Store:
+        """This store with its database copied into memory (SQLite's backup): its folders
+        are this store's, what is written through it stays in that copy and goes when the
+        copy is closed. The lease it holds is this store's (the copy's rows name it).
+        What a pass would do is decided through it while this database cannot commit."""
+        mem = sqlite3.connect(":memory:", check_same_thread=False)
+        try:
+            src = sqlite3.connect(self.db_path, timeout=BUSY_TIMEOUT_MS / 1000)
+            try:
+                src.backup(mem)
+            finally:
+                src.close()
+        except sqlite3.Error as err:
+            raise StoreError(f"state database {self.db_path}: {err}") from err
+        engine = create_engine("sqlite://", creator=lambda: mem, poolclass=StaticPool)
+        shadow = copy.copy(self)
+        shadow._writer = shadow._reader = engine
+        return shadow
 
     def next_experiment_id(self) -> int:
         """The id the next experiment will most likely get (for --dry-run paths)."""

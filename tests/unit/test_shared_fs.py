@@ -156,6 +156,9 @@ class _Later:
     def now(self) -> datetime:
         return SYSTEM_CLOCK.now() + self.by
 
+    def file_time(self, folder: Path) -> float:
+        return SYSTEM_CLOCK.file_time(folder)  # the files' clock is not this one
+
 
 def test_files_showing_up_after_the_trial_ended_are_ingested(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
