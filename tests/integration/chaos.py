@@ -53,7 +53,6 @@ __all__ = [
     "EXPECTED_CAUSES",
     "METRIC_NAMES",
     "PER_TRIAL",
-    "SELF_REQUEUED",
     "STEPS_PER_EPOCH",
     "Record",
     "Step",
@@ -75,10 +74,6 @@ EXPECTED_CAUSES: dict[str, set[str]] = {
     "requeue": {"requeued"},
     "walltime": {"timeout"},
 }
-
-#: The actions whose hit run asks Slurm itself to requeue its task (USR2: exit 75, then
-#: the worker's ``scontrol requeue``, which kills the step it runs in).
-SELF_REQUEUED = ("usr2", "walltime")
 
 
 # -- the plan ------------------------------------------------------------------
