@@ -38,7 +38,7 @@ from dlhpc.config.schema import ExperimentConfig
 from dlhpc.orchestrator import launch
 from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.scheduler.plugins import Backend, BackendTable
-from dlhpc.search import SearcherTable, make_searcher
+from dlhpc.search import BaseSearcher, SearcherTable, make_searcher
 from dlhpc.simulate import SIM_EPOCH, ClusterSpec, SimCluster, VirtualClock, drive, sim_config
 from dlhpc.store import Decision, Store, Trial
 
@@ -145,6 +145,15 @@ def method_config(
         return load_method(section, folder)
     first = load_method({**section, "max_trials": 1}, folder)
     return load_method({**section, "max_trials": natural_trials(first, budget, workers)}, folder)
+
+
+def make_method(section: Mapping[str, Any], budget: int, workers: int) -> BaseSearcher:
+    """A fresh searcher of ``section`` (complete) as :func:`run_dlhpc` runs it: read from
+    an experiment file (the loader's rules; :func:`method_config`) in a temporary
+    folder, removed at once."""
+    with tempfile.TemporaryDirectory(prefix="dlhpc-lcbench-") as folder:
+        cfg = method_config(section, Path(folder), budget, workers)
+    return make_searcher(cfg.hyperparameters, cfg.searcher)
 
 
 class _SimCurve:
