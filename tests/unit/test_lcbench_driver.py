@@ -23,7 +23,7 @@ from _lcbench_dlhpc import (  # noqa: E402
     store_decisions,
 )
 from _lcbench_driver import AskTellResult, run_ask_tell  # noqa: E402
-from _lcbench_surrogate import Curve  # noqa: E402
+from _lcbench_surrogate import Curve, random_expectation  # noqa: E402
 
 from dlhpc.store import Store  # noqa: E402
 
@@ -45,15 +45,16 @@ class _Table:
         pass
 
 
-SEARCHERS = [  # (id, searcher mapping, budget in epochs)
-    ("random", {"name": "random"}, 40),
-    ("grid", {"name": "grid"}, 40),
-    ("sha", {"name": "sha"}, 60),
-    ("asha", {"name": "asha"}, 60),
-    ("asha-stop-once", {"name": "asha", "stop_once": True}, 60),
-    ("hyperband", {"name": "hyperband"}, 60),
-    ("asha-tpe", {"name": "asha", "proposer": "tpe"}, 60),
-    ("hyperband-tpe", {"name": "hyperband", "proposer": "tpe"}, 60),
+CPS = {"create", "promote", "stop"}
+SEARCHERS = [  # (id, searcher mapping, budget in epochs, the decision kinds it makes)
+    ("random", {"name": "random"}, 40, {"create"}),
+    ("grid", {"name": "grid"}, 40, {"create"}),
+    ("sha", {"name": "sha"}, 40, CPS),
+    ("asha", {"name": "asha"}, 40, {"create", "promote"}),
+    ("asha-stop-once", {"name": "asha", "stop_once": True}, 40, {"create", "stop"}),
+    ("hyperband", {"name": "hyperband"}, 40, CPS),
+    ("asha-tpe", {"name": "asha", "proposer": "tpe"}, 40, {"create", "promote"}),
+    ("hyperband-tpe", {"name": "hyperband", "proposer": "tpe"}, 40, CPS),
 ]
 WORKERS = 3
 
@@ -89,10 +90,10 @@ def _both(section: dict[str, Any], task: str, seed: int, budget: int, scratch: P
 
 
 @pytest.mark.parametrize(
-    ("section", "budget"), [s[1:] for s in SEARCHERS], ids=[s[0] for s in SEARCHERS]
+    ("section", "budget", "kinds_made"), [s[1:] for s in SEARCHERS], ids=[s[0] for s in SEARCHERS]
 )
 def test_driver_decides_as_the_product(
-    section: dict[str, Any], budget: int, tmp_path: Path
+    section: dict[str, Any], budget: int, kinds_made: set[str], tmp_path: Path
 ) -> None:
     kinds: set[str] = set()
     for task in ("1", "2", "3"):
@@ -105,9 +106,52 @@ def test_driver_decides_as_the_product(
             assert [v for _, v in ours] == [v for _, v in theirs]
             assert [w for w, _ in ours] == pytest.approx([w for w, _ in theirs], abs=1e-6)
             kinds |= {d[1] for d in product}
-    rungs = section["name"] != "random" and section["name"] != "grid"
-    assert kinds >= (
-        {"create", "promote", "stop"} if rungs and not section.get("stop_once") else {"create"}
+    assert kinds == kinds_made  # the decisions compared include each kind it makes
+
+
+class _Steady:
+    """Every configuration: value = epoch, each epoch 10 s."""
+
+    values = tuple(float(e) for e in range(1, 51))
+    seconds = (10.0,) * 50
+
+
+def _searcher(section: dict[str, Any], budget: int, workers: int) -> Any:
+    full = searcher_section({**section, "seed": 0, "max_length": 9}, budget, workers)
+    return make_method(full, budget, workers)
+
+
+def test_decisions_wait_for_the_tick_or_follow_each_epoch() -> None:
+    steady = _Steady()
+    ticked = run_ask_tell(_searcher({"name": "random"}, 40, 2), lambda hp: steady, 2, 40, 60.0)
+    # two trials of 9 epochs (90 s) at a time; the next start at the tick after 90 s
+    creates = [d[0] for d in ticked.digest.decisions if d[1] == "create"]
+    assert creates[:4] == [0.0, 0.0, 120.0, 120.0]
+    assert ticked.trace.epochs == 40 and ticked.end == "budget"
+    at_once = run_ask_tell(_searcher({"name": "random"}, 40, 2), lambda hp: steady, 2, 40, 0.0)
+    assert [d[0] for d in at_once.digest.decisions][:4] == [0.0, 0.0, 90.0, 90.0]
+    assert at_once.trace.wall[-1] < ticked.trace.wall[-1]
+
+
+def test_a_stop_ends_the_job_after_the_notice() -> None:
+    steady = _Steady()
+    run = run_ask_tell(
+        _searcher({"name": "asha", "stop_once": True}, 200, 3), lambda hp: steady, 3, 200, 60.0
     )
-    if section.get("stop_once"):
-        assert "stop" in kinds
+    stops = [d for d in run.digest.decisions if d[1] == "stop"]
+    assert stops and all(d[0] % 60 == 0 for d in stops)  # decided at ticks
+    # a stopped trial trains the epochs that end within the notice, then nothing more
+    for _, _, rid, told in stops:
+        assert run.told[rid] >= told
+        assert run.told[rid] <= told + 6  # at most 60 s of epochs were told late
+
+
+def test_random_expectation_is_exact_on_a_small_pool() -> None:
+    hit_late = Curve((1.0, 2.0, 5.0), (1.0, 2.0, 3.0))  # reaches 5 at epoch 3: 3 epochs, 6 s
+    hit_early = Curve((5.0, 5.0, 5.0), (4.0, 4.0, 4.0))  # at epoch 1: 1 epoch, 4 s
+    miss = Curve((1.0, 1.0, 1.0), (2.0, 2.0, 2.0))  # 3 epochs, 6 s
+    # p = 2/3: 0.5 misses on average (3 epochs, 6 s each), then a hit of mean 2 epochs, 5 s
+    assert random_expectation([hit_late, hit_early, miss], 5.0) == pytest.approx((3.5, 8.0))
+    assert random_expectation([hit_early], 5.0) == (1.0, 4.0)
+    with pytest.raises(ValueError, match="no curve reaches"):
+        random_expectation([miss], 5.0)
