@@ -43,8 +43,11 @@ Decision = tuple[float, str, int, int]
 class CurveLike(Protocol):
     """A configuration's curve: ``values[k-1]`` and ``seconds[k-1]`` of epoch ``k``."""
 
-    values: tuple[float, ...]
-    seconds: tuple[float, ...]
+    @property
+    def values(self) -> tuple[float, ...]: ...
+
+    @property
+    def seconds(self) -> tuple[float, ...]: ...
 
 
 @dataclass
