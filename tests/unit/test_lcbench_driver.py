@@ -50,10 +50,10 @@ SEARCHERS = [  # (id, searcher mapping, budget in epochs, the decision kinds it 
     ("random", {"name": "random"}, 40, {"create"}),
     ("grid", {"name": "grid"}, 40, {"create"}),
     ("sha", {"name": "sha"}, 40, CPS),
-    ("asha", {"name": "asha"}, 40, {"create", "promote"}),
+    ("asha", {"name": "asha"}, 40, CPS),
     ("asha-stop-once", {"name": "asha", "stop_once": True}, 40, {"create", "stop"}),
     ("hyperband", {"name": "hyperband"}, 40, CPS),
-    ("asha-tpe", {"name": "asha", "proposer": "tpe"}, 40, {"create", "promote"}),
+    ("asha-tpe", {"name": "asha", "proposer": "tpe"}, 40, CPS),
     ("hyperband-tpe", {"name": "hyperband", "proposer": "tpe"}, 40, CPS),
 ]
 WORKERS = 3
