@@ -1,11 +1,14 @@
-"""dlhpc's side of ``bench_search_lcbench.py``: a real searcher, ``launch`` and ``tick`` on
-the simulated cluster of ``dlhpc simulate`` (:mod:`dlhpc.simulate`), curves and epoch
-times from the LCBench surrogate.
+"""dlhpc's searchers for ``bench_search_lcbench.py``: a method's searcher as an experiment
+file makes it (:func:`make_method`, for the ask/tell driver ``_lcbench_driver.py``), and
+the product's own path to check the driver against (:func:`run_dlhpc`: a real ``launch``
+and ``tick`` on the simulated cluster of ``dlhpc simulate``, :mod:`dlhpc.simulate`; its
+decisions read back by :func:`store_decisions`), curves and epoch times from the LCBench
+surrogate.
 
 A method is a YAML ``searcher:`` mapping (exactly what an experiment file holds, e.g.
 ``{name: asha, proposer: tpe}``), so a searcher added to dlhpc runs here by its name and
-settings, without changes to this file. The experiment file is written to the run's
-scratch folder and read by :func:`dlhpc.config.load_experiment`, so the searcher's own
+settings, without changes to this file. The experiment file is written to a scratch
+folder and read by :func:`dlhpc.config.load_experiment`, so the searcher's own
 settings rules apply. Keys the mapping leaves out get the benchmark's values
 (:func:`searcher_section`; ``max_trials``: :func:`natural_trials`).
 
