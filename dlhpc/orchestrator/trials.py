@@ -97,14 +97,16 @@ def _attempt_file(t: Trial, a: Attempt, name: str, p: TrialPass) -> dict[str, ob
 
 def _heartbeat_age(t: Trial, a: Attempt | None, p: TrialPass) -> timedelta | None:
     """How long ago the attempt's heartbeat file was written, by the clock of the
-    filesystem that stamped it (:meth:`TrialPass.file_now` of the trial's folder):
+    filesystem that stamped it (:meth:`TrialPass.file_now` of the experiment's run
+    folder, beside its ``trials/``, so nothing that lists trials meets the probe):
     never this machine's clock against the compute node's. None when it has none
     (or it is unsafe to read: a warning in ``p``)."""
     if a is None or _attempt_file(t, a, HEARTBEAT_FILE, p) is None:
         return None
     beat = attempt_dir(Path(t.run_dir), a.attempt_key) / HEARTBEAT_FILE
     try:
-        age = p.file_now(Path(t.run_dir).parent) - os.stat(beat, follow_symlinks=False).st_mtime
+        now = p.file_now(Path(t.run_dir).parent.parent)
+        age = now - os.stat(beat, follow_symlinks=False).st_mtime
     except OSError as err:
         p.warnings.append(f"trial {t.id}: heartbeat age not read, {err}")
         return None

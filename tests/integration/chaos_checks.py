@@ -185,23 +185,24 @@ def _check_logs(
     trials: Mapping[int, dict[str, Any]],
     need: Callable[[object, str], None],
 ) -> None:
-    """``dlhpc logs`` after each action: the attempt after the one it hit prints the
+    """``dlhpc logs`` after each action: an attempt after the one it hit prints the
     script's resume (Slurm's requeue under the same id: the same log as the hit run; a
     resubmission: the new job's); the hit attempt's stderr shows no traceback and no srun
     error when every run of its job ended as planned (exit 75 or 0; a task that requeued
     itself at its time limit included); and each trial's latest log ends with its final
-    weights. Every
-    problem is listed, not just the first."""
+    weights. Every problem is listed, not just the first."""
     problems = []
     for r in result.driver.records:
         if r.kind not in EXPECTED_CAUSES or r.trial_id is None or r.attempt_key is None:
             continue
         attempts = trials[r.trial_id]["attempts"]
         i = [a["key"] for a in attempts].index(r.attempt_key)
-        after = attempts[i + 1]["key"]
-        out, _ = _logs_or_error(cli, r.trial_id, after)
-        if "resumed at epoch" not in out:
-            problems.append(f"{r.kind}: dlhpc logs of {after} has no resume:\n{out}")
+        # the next attempt that trained resumed (one hit again before its script started,
+        # as a preemption of a freshly requeued run, resumes in the attempt after it)
+        later = [_logs_or_error(cli, r.trial_id, a["key"])[0] for a in attempts[i + 1 :]]
+        if not any("resumed at epoch" in out for out in later):
+            shown = "\n".join(later) or "(no later attempt)"
+            problems.append(f"{r.kind}: no attempt after {r.attempt_key} resumed:\n{shown}")
         job = attempts[i]["job_id"]
         if all(a["exit_code"] in (0, 75) for a in attempts if a["job_id"] == job):
             _, err = _logs_or_error(cli, r.trial_id, r.attempt_key)
