@@ -41,7 +41,7 @@ def _experiment(tmp_path: Path) -> Path:
         "resources: {nodes: 2, tasks_per_node: 2, cpus_per_task: 1, mem: 4G, time: '00:10:00'}\n"
         f"deepspeed: {{config: {DSLM / 'ds_config.json'}}}\n"
         "hyperparameters: {layers: 2, d_model: 64, heads: 4, context: 32,"
-        " log_every: 10, eval_every: 30, ckpt_every: 20, step_sleep: 0.25}\n"
+        " log_every: 10, eval_every: 30, ckpt_every: 20, step_sleep: 0.15}\n"
         "searcher: {name: single, metric: val_loss, smaller_is_better: true,"
         f" max_length: {STEPS}}}\n"
         "reproducibility: {seed: 7, deterministic: true}\nmax_restarts: 3\n"
