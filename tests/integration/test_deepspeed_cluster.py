@@ -123,9 +123,9 @@ def test_two_nodes_by_two_tasks_preempted_and_resumed_end_bitwise_equal(
     assert spec.deepspeed is not None and spec.deepspeed["zero_optimization"]["stage"] == 2
     ckpt_dir = Path(spec.checkpoint_dir)
 
+    procs, ref_ckpt = _start_reference(tmp_path, spec)  # meanwhile, the uninterrupted run
     _wait_for_checkpoint(cli, exp_id, ckpt_dir)  # step 20 of 60 is published: mid-run
     hog = _preempt(cli)
-    procs, ref_ckpt = _start_reference(tmp_path, spec)  # meanwhile, the uninterrupted run
     try:
         exp = cli.tick_until(exp_id, lambda e: e["state"] in TERMINAL, timeout=220)
     finally:

@@ -73,10 +73,11 @@ def _check_logs(cli: Cli, exp: dict[str, Any]) -> None:
 
 def _start_exact(cli: Cli, tmp_path: Path, exp_id: int, epochs: int) -> References:
     """The uninterrupted runs of the experiment's trials, started as soon as the trials
-    exist, beside their jobs and at a lower priority; :func:`_check_exact` waits for them."""
+    exist, beside their jobs (at the same priority: a niced run starves on a busy
+    machine); :func:`_check_exact` waits for them."""
     trials = cli.experiment(exp_id)["trials"]
     seeds = {t["id"]: seed_of(cli, t["id"]) for t in trials}
-    return start_references(tmp_path, trials, epochs, seeds, niceness=10)
+    return start_references(tmp_path, trials, epochs, seeds)
 
 
 def _check_exact(cli: Cli, exp: dict[str, Any], epochs: int, refs: References) -> None:
