@@ -72,9 +72,9 @@ def _check_logs(cli: Cli, exp: dict[str, Any]) -> None:
 
 
 def _start_exact(cli: Cli, tmp_path: Path, exp_id: int, epochs: int) -> References:
-    """The uninterrupted runs of the experiment's trials, started as soon as the trials
-    exist, beside their jobs (at the same priority: a niced run starves on a busy
-    machine); :func:`_check_exact` waits for them."""
+    """The uninterrupted runs of the experiment's trials, started beside their jobs while
+    these wait or sleep (at the same priority: a niced run starves on a busy machine);
+    :func:`_check_exact` waits for them."""
     trials = cli.experiment(exp_id)["trials"]
     seeds = {t["id"]: seed_of(cli, t["id"]) for t in trials}
     return start_references(tmp_path, trials, epochs, seeds)
@@ -101,7 +101,6 @@ def test_preempted_trials_checkpoint_requeue_and_finish_bitwise_identical(
     exp_id = cli.json("launch", str(_experiment(tmp_path, "ft-preempt", epochs=epochs)))[
         "experiment_id"
     ]
-    refs = _start_exact(cli, tmp_path, exp_id, epochs)
     # wait until they are mid-training (an epoch done)
     _wait_running_with_progress(cli, exp_id)
     # a high-priority job that needs both whole nodes preempts (requeues) them; the
@@ -113,6 +112,7 @@ def test_preempted_trials_checkpoint_requeue_and_finish_bitwise_identical(
         text=True,
         check=True,
     ).stdout.strip()
+    refs = _start_exact(cli, tmp_path, exp_id, epochs)  # while the trials wait for the nodes
     try:
         exp = cli.tick_until(exp_id, lambda e: e["state"] in TERMINAL, timeout=400)
     finally:
@@ -173,7 +173,6 @@ def test_hung_job_is_found_by_its_stale_heartbeat_cancelled_and_resumed(
     epochs = 4
     path = _experiment(tmp_path, "ft-hung", epochs=epochs, sleep=0.1)
     exp_id = cli.json("launch", str(path))["experiment_id"]
-    refs = _start_exact(cli, tmp_path, exp_id, epochs)
     _wait_running_with_progress(cli, exp_id)
     victim = cli.experiment(exp_id)["trials"][0]
     job = victim["slurm_job_ids"][-1]
@@ -182,6 +181,7 @@ def test_hung_job_is_found_by_its_stale_heartbeat_cancelled_and_resumed(
     for pid in frozen:
         os.kill(pid, signal.SIGSTOP)
     try:
+        refs = _start_exact(cli, tmp_path, exp_id, epochs)  # while the job is frozen
         stale = {"DLHPC_HEARTBEAT_STALE_S": "40"}
         deadline = time.monotonic() + 240
         while True:
@@ -241,7 +241,6 @@ def test_requeue_refused_by_slurm_is_resubmitted_and_resumes_bitwise(
         "reproducibility: {seed: 7, deterministic: true}\nmax_restarts: 0\n"
     )
     exp_id = cli.json("launch", str(exp))["experiment_id"]
-    refs = _start_exact(cli, tmp_path, exp_id, epochs)
     _wait_running_with_progress(cli, exp_id)
     (trial,) = cli.experiment(exp_id)["trials"]
     first_job = trial["slurm_job_ids"][-1]
@@ -250,6 +249,7 @@ def test_requeue_refused_by_slurm_is_resubmitted_and_resumes_bitwise(
     subprocess.run(
         ["scontrol", "update", f"JobId={first_job}", "TimeLimit=3"], env=cli.env, check=True
     )
+    refs = _start_exact(cli, tmp_path, exp_id, epochs)  # while the trial trains and sleeps
     done = cli.tick_until(exp_id, lambda e: e["state"] in TERMINAL, timeout=420)
     assert done["state"] == "COMPLETED", json.dumps(done, indent=1)
     (t,) = done["trials"]
