@@ -5,9 +5,12 @@ The mechanism is the process umask, set once where a process learns its site
 ``trial.json``), so every file and folder created afterwards gets it without a
 chmod at each call site. What a umask cannot do is done here, in one place:
 
-* group mode: a folder dlhpc creates at the top of a tree (the state folder, an
-  experiment's checkpoint folder, a report or export folder) is given to the lab
-  group and made setgid (:func:`make_dirs`); folders created below it inherit both;
+* group mode: a folder dlhpc creates at the top of a tree (a member's state folder,
+  an experiment's checkpoint folder, a report or export folder) is given to the lab
+  group and made setgid (:func:`make_dirs`); folders created below it inherit both.
+  The umask keeps every file and folder writable by its owner alone; the lab folder
+  and its ``users/`` folder, where each member makes their own state folder
+  (:func:`make_member_home`), are the only group-writable ones, and sticky;
 * ``tempfile.mkstemp`` creates 0600 whatever the umask: :func:`fix_fd_mode`;
 * ``shutil.copy2`` copies the source's mode: :func:`copy_file` masks it;
 * the code snapshot is read-only (:func:`read_only_tree`), and a tree that holds one is
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DB_SIDE_FILES",
+    "MEMBERS_DIR",
     "apply_umask",
     "check_db_files",
     "check_may_modify",
@@ -46,6 +50,8 @@ __all__ = [
     "current_user",
     "fix_fd_mode",
     "make_dirs",
+    "make_member_home",
+    "member_home",
     "read_only_tree",
     "remove_tree",
     "may_modify",
@@ -54,6 +60,8 @@ __all__ = [
 ]
 
 DB_SIDE_FILES = ("", "-wal", "-shm", "-journal")  # suffixes of SQLite's files for one DB
+MEMBERS_DIR = "users"  # group mode: <lab folder>/users/<user>/ is each member's state folder
+LAB_DIR_MODE = 0o3770  # the lab folder and users/: setgid, sticky, the group may add entries
 
 
 def current_umask() -> int:
@@ -92,9 +100,9 @@ def fix_fd_mode(fd: int) -> None:
 
 
 def umask_mode(path: Path) -> None:
-    """Give a file we just created the mode a plain ``open`` gives (0666 & ~umask): SQLite
-    creates its database 0644 & ~umask, which a group could not write. Someone else's
-    file (another process won the race) is left as it is."""
+    """Give a file we just created the mode a plain ``open`` gives (0666 & ~umask), not
+    the 0644 & ~umask SQLite gives its database. Someone else's file (another process
+    won the race) is left as it is."""
     with contextlib.suppress(PermissionError):
         os.chmod(path, 0o666 & ~current_umask())
 
@@ -167,6 +175,46 @@ def make_dirs(path: Path, policy: Permissions | None) -> Path:
     for folder in reversed(missing):
         share_dir(folder, policy)
     return path
+
+
+def member_home(lab: Path, policy: Permissions | None) -> Path:
+    """The current user's state folder: ``lab`` itself, or in group mode
+    ``lab/users/<user>`` (each member's database and run folders, theirs alone)."""
+    if policy is None or policy.mode != "group":
+        return lab
+    return lab / MEMBERS_DIR / current_user()
+
+
+def make_member_home(lab: Path, policy: Permissions | None) -> Path:
+    """Create :func:`member_home` and return it. In group mode the lab folder and its
+    ``users/`` folder, when this call creates them, are the lab group's, mode 3770
+    (members add their own folder; the sticky bit keeps anyone from removing or renaming
+    another's); the member's folder is shared for reading only (the umask's mode), and
+    one made by someone else is refused (:class:`~dlhpc.errors.StoreError`)."""
+    home = member_home(lab, policy)
+    if home == lab:
+        return make_dirs(lab, policy)
+    for folder in (lab, lab / MEMBERS_DIR):
+        if folder.exists():
+            continue
+        make_dirs(folder, policy)
+        _open_to_group(folder)
+    make_dirs(home, policy)
+    owner = os.stat(home).st_uid
+    if owner != os.geteuid():  # another member made it first: nothing of it may be trusted
+        raise StoreError(
+            f"{home} belongs to {user_name(owner)}, not to you ({current_user()}): ask them"
+            " to remove it, or the lab's admin to give it to you"
+        )
+    return home
+
+
+def _open_to_group(folder: Path) -> None:
+    try:
+        os.chmod(folder, LAB_DIR_MODE)
+    except PermissionError as err:  # another member created it meanwhile: theirs to set
+        if os.stat(folder).st_uid == os.geteuid():
+            raise StoreError(f"cannot open {folder} to the lab group: {err.strerror}") from err
 
 
 def check_db_files(db_path: Path) -> list[str]:

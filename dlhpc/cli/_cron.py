@@ -27,6 +27,7 @@ from pathlib import Path
 
 import click
 
+from dlhpc._perms import member_home
 from dlhpc.cli import _attention as att
 from dlhpc.cli._common import backends, open_store, site_option
 from dlhpc.config import load_site
@@ -102,7 +103,8 @@ def cron_line(
     env["DLHPC_SITE"] = str(cfg.source.absolute()) if cfg.source else cfg.name
     if os.environ.get("DLHPC_SITE_PATH"):
         env["DLHPC_SITE_PATH"] = os.environ["DLHPC_SITE_PATH"]
-    reports = (out_dir or home / "reports").expanduser().absolute()
+    mine = member_home(home, cfg.permissions)  # group mode: your folder in the lab's
+    reports = (out_dir or mine / "reports").expanduser().absolute()
     if publish:
         check_publishable(reports, home)
     exports = " ".join(f"{k}={_cron_quote(v, k)}" for k, v in env.items())
@@ -160,7 +162,8 @@ def scrontab_entry(
     "--out-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Where `dlhpc report --all` writes the pages (default: $DLHPC_HOME/reports).",
+    help="Where `dlhpc report --all` writes the pages (default: $DLHPC_HOME/reports; group"
+    " mode: $DLHPC_HOME/users/<you>/reports).",
 )
 @click.option(
     "--notify",

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import grp
 import os
 import re
 import sqlite3
-import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -16,12 +14,14 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from dlhpc._perms import DB_SIDE_FILES, current_user
+from dlhpc._perms import make_member_home, member_home
 from dlhpc.cli._common import backends, echo_json, site_option, use_site
 from dlhpc.cli._console import console
-from dlhpc.config import Permissions, load_site
+from dlhpc.cli._doctor_perms import permission_checks
+from dlhpc.config import load_site
 from dlhpc.config.schema import SiteConfig
 from dlhpc.errors import DlhpcError, UsageError
+from dlhpc.orchestrator.disk_space import shared_small_filesystem
 from dlhpc.report.quota import lustre_quota, quota_warning
 from dlhpc.scheduler.plugins import BackendTable, Check
 from dlhpc.store import default_home
@@ -65,7 +65,11 @@ def run_checks(site: SiteConfig) -> list[Check]:
     the folders, quota, permissions and filesystems."""
     backends = BackendTable()
     checks = [c for name in backends.names() for c in backends.get(name).doctor_checks(site)]
-    home = default_home(site.state_dir)
+    home = member_home(default_home(site.state_dir), site.permissions)
+    try:  # group mode: the lab's folders get their modes, as a first launch gives them
+        make_member_home(default_home(site.state_dir), site.permissions)
+    except (OSError, DlhpcError) as err:
+        checks.append(Check("state folder writable", "fail", str(err)))
     for label, path in (("state folder", home), ("checkpoint folder", site.scratch.expanduser())):
         ok, detail = _writable(path)
         checks.append(Check(f"{label} writable", "ok" if ok else "fail", detail))
@@ -73,6 +77,7 @@ def run_checks(site: SiteConfig) -> list[Check]:
     checks += permission_checks(site)
     mounts = read_mounts()
     checks.append(db_filesystem_check(home, site.journal_mode, mounts))
+    checks.append(checkpoint_space_check(home, site.scratch.expanduser()))
     checks += shared_folder_checks(site, home, mounts, _jobs_elsewhere(backends, site))
     return checks
 
@@ -176,6 +181,14 @@ def db_filesystem_check(home: Path, journal_mode: str, mounts: list[Mount]) -> C
     )
 
 
+def checkpoint_space_check(home: Path, scratch: Path) -> Check:
+    """Whether checkpoints can fill the database's filesystem (a small one shared)."""
+    warning = shared_small_filesystem(home, scratch)
+    if warning is not None:
+        return Check("checkpoint space", "warn", warning)
+    return Check("checkpoint space", "ok", f"{scratch} cannot fill a small database filesystem")
+
+
 def shared_folder_checks(
     site: SiteConfig, home: Path, mounts: list[Mount], slurm: bool
 ) -> list[Check]:
@@ -199,45 +212,6 @@ def shared_folder_checks(
         else:
             checks.append(Check(f"{label} filesystem", "ok", f"{path} is on {fstype}"))
     return checks
-
-
-def permission_checks(site: SiteConfig) -> list[Check]:
-    """The site's permission policy, and whether the DB and state folder follow it."""
-    policy = site.permissions
-    checks = [Check("permission policy", "ok", policy.describe())]
-    home = default_home(site.state_dir)
-    if policy.group is not None:
-        try:
-            members = grp.getgrnam(policy.group)
-            mine = members.gr_gid in os.getgroups() or current_user() in members.gr_mem
-        except KeyError:
-            mine = False
-        detail = f"you ({current_user()}) are {'' if mine else 'not '}in group {policy.group}"
-        checks.append(Check("lab group", "ok" if mine else "fail", detail))
-    for path in (home, *(Path(f"{home / DB_NAME}{s}") for s in DB_SIDE_FILES)):
-        try:
-            st = path.stat()
-        except OSError:
-            continue
-        checks.append(_mode_check(path, st, policy))
-    return checks
-
-
-def _mode_check(path: Path, st: os.stat_result, policy: Permissions) -> Check:
-    mode = stat.S_IMODE(st.st_mode)
-    label = "state folder mode" if path.is_dir() else f"{path.name} mode"
-    if mode & stat.S_IWOTH and not (path.is_dir() and mode & stat.S_ISVTX):
-        return Check(label, "fail", f"{path} is world-writable ({mode:04o}): chmod o-w {path}")
-    if policy.mode == "group" and policy.group is not None and path.is_dir():
-        gid = grp.getgrnam(policy.group).gr_gid
-        if st.st_gid != gid or not mode & stat.S_ISGID:
-            fix = f"chgrp {policy.group} {path} && chmod g+rwxs {path}"
-            return Check(label, "warn", f"{path} ({mode:04o}) is not shared with the group: {fix}")
-    if mode & 0o007 or (policy.mode == "private" and mode & 0o070):
-        who = "others" if mode & 0o007 else "your group"
-        detail = f"{path} ({mode:04o}) is readable by {who}; the policy is {policy.mode}"
-        return Check(label, "warn", detail)
-    return Check(label, "ok", f"{path} ({mode:04o})")
 
 
 def _quota_check(scratch: Path) -> Check:
@@ -282,7 +256,7 @@ def db() -> None:
 def migrate(site: str | None) -> None:
     """Back up an older state database, then bring it to this dlhpc's schema version."""
     cfg = use_site(load_site(site, backends=backends()))
-    db_file = default_home(cfg.state_dir) / "dlhpc.db"
+    db_file = member_home(default_home(cfg.state_dir), cfg.permissions) / DB_NAME
     if not db_file.exists():
         raise UsageError(f"no state database at {db_file}")
     reader = make_engine(db_file, writer=False)
@@ -306,7 +280,8 @@ def migrate(site: str | None) -> None:
 @site_option
 def db_path(site: str | None) -> None:
     """Print where the state database is."""
-    click.echo(default_home(load_site(site, backends=backends()).state_dir) / "dlhpc.db")
+    cfg = load_site(site, backends=backends())
+    click.echo(member_home(default_home(cfg.state_dir), cfg.permissions) / DB_NAME)
 
 
 COMMANDS = [doctor, db]

@@ -133,7 +133,7 @@ def _write_every_page(
         )
     if quiet:
         return
-    pages = len(result.written) - 2  # the experiments' pages, not models.html and the index
+    pages = sum(p.name not in (MODELS_FILE, INDEX_FILE) for p, _ in result.written)
     total = sum(n for _, n in result.written)
     kept = f", {len(result.kept)} unchanged page(s) kept" if result.kept else ""
     click.echo(

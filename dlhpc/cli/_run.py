@@ -12,6 +12,7 @@ import click
 from rich.live import Live
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from dlhpc._perms import member_home
 from dlhpc.cli._common import (
     backends,
     check_owner,
@@ -30,6 +31,7 @@ from dlhpc.errors import LeaseHeldError, UsageError
 from dlhpc.orchestrator import kill_experiment, kill_trial, plan_launch
 from dlhpc.orchestrator import launch as do_launch
 from dlhpc.orchestrator import tick as do_tick
+from dlhpc.orchestrator.disk_space import shared_small_filesystem
 from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.report.status import status_data
 from dlhpc.scheduler.plugins import BackendTable
@@ -65,8 +67,12 @@ def launch(
     problem = BackendTable().get(cfg.backend).request_problem(home)
     if problem is not None:  # e.g. Slurm's: '%' in a log path is a pattern to sbatch
         raise UsageError(problem)
+    small = shared_small_filesystem(home, cfg.checkpoint.dir)
+    if small is not None:
+        click.echo(f"warning: {small}", err=True)
     if dry_run:
-        plan = plan_launch(cfg, home, SchedulerPool(local_root=home / "local"))
+        mine = member_home(home, cfg.site.permissions)  # group mode: the lab's users/<you>
+        plan = plan_launch(cfg, mine, SchedulerPool(local_root=mine / "local"))
         if as_json:
             echo_json({"experiment_id": plan.experiment_id, "scripts": plan.scripts})
         else:

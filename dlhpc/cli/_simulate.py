@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from dlhpc._perms import member_home
 from dlhpc.cli._common import backends, echo_json, searchers, site_option
 from dlhpc.cli._console import console
 from dlhpc.config import load_experiment
@@ -188,7 +189,7 @@ def simulate(
         top=top,
         epoch_s=epoch_seconds,
     )
-    home = default_home(cfg.site.state_dir)
+    home = member_home(default_home(cfg.site.state_dir), cfg.site.permissions)
     if as_json:
         result = compare(cfg, names, settings, curves=curves, reps=reps, seed=seed, home=home)
         echo_json(result.to_json())

@@ -32,7 +32,9 @@ def tick_line(r: TickReport) -> str:
 @click.option("--quiet", "-q", is_flag=True, help="Print only problems (for cron).")
 @click.option("--loop", "loop_s", type=float, default=None, help="Repeat every N seconds.")
 def tick(site: str | None, as_json: bool, quiet: bool, loop_s: float | None) -> None:
-    """One idempotent reconciliation pass over all active experiments (what cron runs)."""
+    """One idempotent reconciliation pass over all active experiments (what cron runs).
+
+    Exits 1 with one line when the state database cannot commit (its disk full)."""
     store = open_store(site)
     pool = pool_for(store)
     while True:
@@ -40,6 +42,8 @@ def tick(site: str | None, as_json: bool, quiet: bool, loop_s: float | None) -> 
         report = do_tick(store, pool)
         if as_json:
             echo_json(report.__dict__)
+        elif report.stalled is not None:
+            click.echo(f"error: {report.stalled}", err=True)
         elif report.lease_held_elsewhere:
             if not quiet:
                 click.echo("tick: another reconciler holds the lease; nothing to do")
@@ -51,6 +55,8 @@ def tick(site: str | None, as_json: bool, quiet: bool, loop_s: float | None) -> 
             if not quiet:
                 click.echo(tick_line(report))
         if loop_s is None:
+            if report.stalled is not None:
+                raise SystemExit(1)  # a runtime failure: cron mails the line
             return
         time.sleep(loop_s)
 

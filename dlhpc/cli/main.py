@@ -16,7 +16,6 @@ from typing import Any
 import click
 
 from dlhpc._perms import apply_umask
-from dlhpc._version import __version__
 from dlhpc.config import PRIVATE_UMASK
 from dlhpc.errors import DlhpcError
 
@@ -61,6 +60,11 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
         "_doctor",
         "Check that Slurm, accounting, partitions and folders work for this site.",
     ),
+    "example": (
+        "_example",
+        "Write example NAME with its experiment files into FOLDER (default: ./NAME), a new"
+        " or empty folder; --list names the examples.",
+    ),
     "export": (
         "_checkpoints",
         "Export TRIAL_ID into FOLDER: weights, config, metrics, reproducibility record.",
@@ -101,6 +105,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
         " cluster: expected GPU-hours, wall time and the chance of finding the best"
         " configuration.",
     ),
+    "site": ("_site", "Site files: describe this cluster for dlhpc."),
     "status": (
         "_inspect",
         "Experiments (newest first) and the newest one's trials, or EXPERIMENT_ID's trials.",
@@ -178,7 +183,7 @@ class _Group(click.Group):
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="dlhpc")
+@click.version_option(package_name="dlhpc", prog_name="dlhpc")
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:

@@ -4,7 +4,8 @@ Public API:
 
 * :func:`load_experiment` -- an experiment YAML -> :class:`ExperimentConfig`
   (site defaults applied, paths expanded, ``backend`` resolved);
-* :func:`load_site` / :func:`site_search_path` / :func:`list_sites` -- site files;
+* :func:`load_site` / :func:`site_search_path` / :func:`list_sites` /
+  :func:`builtin_sites` -- site files;
 * :class:`ClusterRules` -- what a backend tells the loader about its cluster;
 * :func:`name_slug` -- an experiment name as ``[a-z0-9-]`` text;
 * :func:`parse_slurm_time` / :func:`parse_duration_s` -- Slurm time limits and
@@ -22,7 +23,7 @@ from dlhpc.config._cluster import ClusterRules, association_problems
 from dlhpc.config._experiment import load_experiment
 from dlhpc.config._names import MAX_NAME_LENGTH, name_slug
 from dlhpc.config._permissions import PRIVATE_UMASK, Permissions
-from dlhpc.config._site import list_sites, load_site, site_search_path
+from dlhpc.config._site import builtin_sites, list_sites, load_site, site_search_path
 from dlhpc.config._units import parse_duration_s, parse_slurm_time
 from dlhpc.config.schema import (
     SCHEMA_VERSION,
@@ -61,6 +62,7 @@ __all__ = [
     "Searchers",
     "SiteConfig",
     "association_problems",
+    "builtin_sites",
     "list_sites",
     "load_experiment",
     "load_site",

@@ -5,13 +5,15 @@
     permissions:
       mode: private            # private (default) | group
       group: mylab             # group mode: the unix group that shares the lab folders
-      umask: "027"             # optional, quoted octal; default 077 (private), 007 (group)
-      others_experiments: read # read (default) | write: may you kill/pin/gc others' experiments
+      umask: "027"             # optional, quoted octal; default 077 (private), 027 (group)
+      others_experiments: read # read (default) | write (private mode only)
 
 Contract: the returned :class:`Permissions` always has a umask that masks
 world-write (``0o002``), so the DB and the state folders are never world-writable;
-in group mode it masks every world bit (``0o007``) and ``group`` names a unix group
-that exists on this machine. Applying the policy is :mod:`dlhpc._perms`' job;
+in group mode it masks group-write and every world bit (``0o027``): each member's
+files are that member's alone to change, the lab reads them; ``group`` names a unix
+group that exists on this machine, and ``others_experiments`` is ``read`` (a member
+cannot write another's database or folders). Applying the policy is :mod:`dlhpc._perms`' job;
 loading has no side effects.
 """
 
@@ -27,7 +29,7 @@ from dlhpc.config._validate import Field, Invalid, Issues, choice, describe, rea
 __all__ = ["PRIVATE_UMASK", "GROUP_UMASK", "Permissions", "read_permissions"]
 
 PRIVATE_UMASK = 0o077
-GROUP_UMASK = 0o007
+GROUP_UMASK = 0o027
 _OCTAL = re.compile(r"(?:0o)?[0-7]{3,4}")
 _GROUP = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}\$?")
 
@@ -81,8 +83,15 @@ def read_permissions(issues: Issues, value: Any) -> Permissions:
         umask = GROUP_UMASK if mode == "group" else PRIVATE_UMASK
     elif umask & 0o002 == 0:
         issues.add((*here, "umask"), f"{umask:03o} lets everyone write; it must mask o+w (002)")
-    elif mode == "group" and umask & 0o007 != 0o007:
+    elif mode == "group" and umask & 0o027 != 0o027:
         issues.add(
-            (*here, "umask"), f"{umask:03o} lets others read; group mode needs x07 (e.g. 007)"
+            (*here, "umask"),
+            f"{umask:03o} lets the group write or others read; group mode needs x27 (e.g. 027)",
         )
-    return Permissions(mode, group, umask, s["others_experiments"])
+    others = s["others_experiments"]
+    if mode == "group" and others == "write":
+        issues.add(
+            (*here, "others_experiments"),
+            "group mode keeps each member's state writable by that member alone; use 'read'",
+        )
+    return Permissions(mode, group, umask, others)

@@ -17,9 +17,11 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import replace
+from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
+from dlhpc._perms import member_home
 from dlhpc.config import _fields as F
 from dlhpc.config._paths import absolute, expand_path, home
 from dlhpc.config._permissions import read_permissions
@@ -45,6 +47,7 @@ __all__ = [
     "Backends",
     "SiteRef",
     "auto_site_name",
+    "builtin_sites",
     "list_sites",
     "load_site",
     "load_site_ref",
@@ -72,7 +75,20 @@ class Backends(Protocol):
 
 _SITE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _GPU_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-REPO_SITES = Path(__file__).resolve().parents[2] / "site-configs"
+
+
+def builtin_sites() -> Path:
+    """The folder of the built-in site files (``local``, ``dev-cluster``, ``generic`` and
+    the ``template-*`` sites): the package's ``site-configs``, which a checkout links to
+    its top-level ``site-configs/`` and a wheel or sdist carries as package data.
+
+    RuntimeError when dlhpc is imported from somewhere that is not a folder (a zip file).
+    """
+    folder = resources.files("dlhpc") / "site-configs"
+    if not isinstance(folder, Path):
+        raise RuntimeError(f"dlhpc must be installed as files to read its sites; found {folder}")
+    return folder
+
 
 _PARTITION_FIELDS = {
     "gpus_per_node": Field(integer(min=0, max=1024), default=0),
@@ -93,7 +109,7 @@ def site_search_path(environ: Mapping[str, str] | None = None) -> list[Path]:
     """Folders searched for ``NAME.yaml``, first match wins.
 
     ``$DLHPC_SITE_PATH`` (colon-separated, ``~`` expanded, empty entries
-    skipped), then ``~/.config/dlhpc/sites``, then the repository's ``site-configs/``.
+    skipped), then ``~/.config/dlhpc/sites``, then the built-in sites (:func:`builtin_sites`).
     """
     env = _env(environ)
     cwd = Path.cwd()
@@ -106,7 +122,7 @@ def site_search_path(environ: Mapping[str, str] | None = None) -> list[Path]:
                 raise ConfigError([ConfigIssue("$DLHPC_SITE_PATH", None, "", str(exc))]) from None
     with contextlib.suppress(ValueError):  # no home folder known: nothing to search there
         out.append(Path(home(env)) / ".config" / "dlhpc" / "sites")
-    out.append(REPO_SITES)
+    out.append(builtin_sites())
     return out
 
 
@@ -304,7 +320,8 @@ def _finish(
     """``site`` with the defaults that depend on the environment filled in.
 
     ``state_dir``: ``$DLHPC_HOME`` when set, else the file's, else ``~/.dlhpc``;
-    ``scratch``: the file's, else ``<state_dir>/scratch``;
+    ``scratch``: the file's, else ``<state_dir>/scratch`` (group mode: the member's
+    ``<state_dir>/users/<user>/scratch``, as experiment ids are each member's own);
     ``local_max_parallel``: the usable CPUs when not given.
     """
     try:
@@ -319,6 +336,6 @@ def _finish(
     return replace(
         site,
         state_dir=state_dir,
-        scratch=scratch if scratch is not None else state_dir / "scratch",
+        scratch=scratch or member_home(state_dir, site.permissions) / "scratch",
         local_max_parallel=site.local_max_parallel or _cpus(),
     )

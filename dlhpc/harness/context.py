@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import math
 import os
 import signal
@@ -21,16 +20,10 @@ from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from dlhpc.errors import DlhpcError
+from dlhpc.harness._progress import Progress
 from dlhpc.harness._publisher import BackgroundPublisher
 from dlhpc.harness._watchdog import STOP_FILE_EVERY_S, STOP_SIGNALS, StopWatch, StopWatchdog
-from dlhpc.protocol import (
-    PROGRESS_FILE,
-    REQUEUE_EXIT_CODE,
-    EventWriter,
-    TrialSpec,
-    atomic_write_text,
-    stop_requested,
-)
+from dlhpc.protocol import REQUEUE_EXIT_CODE, EventWriter, TrialSpec, stop_requested
 from dlhpc.scheduler.environment import JobEnvironment
 from dlhpc.scheduler.plugins import BackendTable
 
@@ -41,7 +34,6 @@ if TYPE_CHECKING:
 __all__ = ["POLL_GRACE_S", "Saveable", "TrialContext"]
 
 _STOP_SIGNALS = STOP_SIGNALS  # preemption, time limit (USR1 is NCCL's)
-_PROGRESS_EVERY_S = 5.0
 _STOP_FILE_EVERY_S = STOP_FILE_EVERY_S  # how often should_stop() looks for the stop file
 _monotonic, _time_ns = time.monotonic, time.time_ns  # bound once: report() reads both per call
 POLL_GRACE_S = 5.0  # a script that does not poll within this after a stop request is ended
@@ -119,10 +111,7 @@ class TrialContext:
         self._writer: BackgroundPublisher | None = None
         self._rows: list[Any] = []  # the publisher's buffer (report() appends its rows)
         self._flush_due = _monotonic() + flush_interval_s  # hand the buffer over by then
-        self._last_progress = 0.0
-        self._step = 0
-        self._checkpoint_step: int | None = None
-        self._start_step: int | None = None
+        self._progress = Progress(attempt_dir if self.rank == 0 else None)
         # the searcher metric's name (None: no trial), looked up by report() every step
         self._metric = spec.metric if spec is not None else None
         # (step, metrics) of the newest report holding it since the last checkpoint: kept
@@ -337,8 +326,7 @@ class TrialContext:
             ckpt = state.save()
         finally:
             self._watch.busy -= 1
-        self._step = state.step
-        self._checkpoint_step = state.step
+        self._progress.step = self._progress.checkpoint_step = state.step
         evaluated, self._evaluated = self._evaluated, None
         if ckpt is not None and self._writer is not None:
             value = evaluated[1][self._metric] if evaluated and self._metric else None
@@ -351,7 +339,7 @@ class TrialContext:
                 metric_step=evaluated[0] if evaluated else None,
             )
         self.flush()
-        self._write_progress()
+        self._progress.write()
 
     def step(self, state: Saveable | None = None) -> None:
         """Call once per training step: keeps progress fresh and, when the trial must
@@ -365,10 +353,7 @@ class TrialContext:
     def progress(self, step: int | None) -> None:
         """Note the training step (None: unchanged) for lost-work accounting; writes
         ``progress.json`` (rank 0) at most every few seconds. Never stops the trial."""
-        if step is not None:
-            self._step = step
-        if time.monotonic() - self._last_progress >= _PROGRESS_EVERY_S:
-            self._write_progress()
+        self._progress.note(step)
 
     def training_started(self, step: int) -> None:
         """Note the step this attempt's training starts from: the step of the checkpoint
@@ -378,10 +363,7 @@ class TrialContext:
         to a resumed step is saved (``checkpoint_step``)."""
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise DlhpcError(f"training_started(): step must be a non-negative int, got {step!r}")
-        self._step = self._start_step = step
-        if step > 0:
-            self._checkpoint_step = step
-        self._write_progress()
+        self._progress.started(step)
 
     def exit_for_requeue(self) -> NoReturn:
         """Flush and exit with the code that tells dlhpc to run this trial again."""
@@ -392,14 +374,6 @@ class TrialContext:
             for sig in _STOP_SIGNALS:
                 signal.signal(sig, signal.SIG_IGN)
         sys.exit(REQUEUE_EXIT_CODE)
-
-    def _write_progress(self) -> None:
-        self._last_progress = time.monotonic()
-        if self.attempt_dir is None or self.rank != 0:
-            return
-        body = {"time": time.time(), "step": self._step, "checkpoint_step": self._checkpoint_step}
-        body["start_step"] = self._start_step
-        atomic_write_text(self.attempt_dir / PROGRESS_FILE, json.dumps(body))
 
     def close(self) -> None:
         self.flush()

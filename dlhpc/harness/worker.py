@@ -20,9 +20,11 @@ after the grace time; time limit: USR2 ``lead_time`` seconds before). The
 worker forwards what it receives to the entrypoint's process group (so the
 local backend's cancel works the same), notes the first signal, and when the
 script exits with :data:`~dlhpc.protocol.REQUEUE_EXIT_CODE` after the backend's
-time-limit signal (Slurm: USR2) it asks the backend to requeue this task
-(Slurm: ``scontrol requeue``). After a TERM Slurm requeues preempted jobs
-itself; anything else is for the reconciler. After a TERM, rank 0 asks the backend
+time-limit signal (Slurm: USR2), rank 0 writes
+:data:`~dlhpc.protocol.REQUEUE_REQUEST_FILE` into its attempt folder: the job script
+asks the backend to requeue this task once the step has ended (Slurm: ``scontrol
+requeue``, see :mod:`dlhpc.scheduler.slurm.requeue`). After a TERM Slurm requeues
+preempted jobs itself; anything else is for the reconciler. After a TERM, rank 0 asks the backend
 once whether it is a preemption and says so in its exit record (``preempted``).
 A script that died of a signal the worker forwards (exit 128+n) ended by that
 signal even when the worker's own copy had not arrived yet (the scheduler signals
@@ -57,6 +59,7 @@ from dlhpc.protocol import (
     HEARTBEAT_INTERVAL_S,
     PROGRESS_FILE,
     REQUEUE_EXIT_CODE,
+    REQUEUE_REQUEST_FILE,
     SETUP_DONE_VAR,
     TRIAL_DIR_VAR,
     EventWriter,
@@ -289,11 +292,10 @@ def run_entrypoint(trial_dir: Path) -> int:
         code = 128 - code
     reason, first = _record_exit(events, job, attempt_dir, code, received)
     if rank == 0 and reason == "requeue" and first and first == job.time_limit_signal:
-        error = job.requeue_self()  # the scheduler kills this run and queues the task again
-        if error:  # e.g. not permitted: the job just ends and the reconciler resubmits
-            message = f"{error}; the reconciler submits the trial again instead"
-            events.add("log", level="warning", message=message)
-            events.flush()
+        # asked by the job script once this step has ended: a requeue asked from inside
+        # the step kills it, and srun reports that kill in the trial's log
+        request = {"time": time.time(), "job_id": job_id, "restart": restart}
+        atomic_write_text(attempt_dir / REQUEUE_REQUEST_FILE, json.dumps(request))
     return code
 
 

@@ -14,7 +14,8 @@ and removes it bottom-up through descriptors (``os.fwalk``, which follows no
 symlink), counting the bytes it frees itself (``stat`` of each file just before
 it unlinks it, not the size a job recorded).
 :func:`checked_checkpoint` is the registry's and export's check: the trial's own
-folder, the recorded step, the manifest.
+folder, the recorded step and size, the manifest; :func:`newest_checkpoint` finds
+the trial's newest verified one the same way (``reproduce --from-checkpoint``).
 """
 
 from __future__ import annotations
@@ -28,10 +29,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from dlhpc.errors import UnsafePathError, UsageError
-from dlhpc.protocol.checkpoint import DELETING_PREFIX, list_checkpoints, verify_checkpoint
+from dlhpc.protocol.checkpoint import (
+    DELETING_PREFIX,
+    latest_verified,
+    list_checkpoints,
+    verify_checkpoint,
+)
 from dlhpc.store.checkpoint_dirs import TrialCheckpointDir, foreign_checkpoint
 
-__all__ = ["checked_checkpoint", "open_trial_dir", "remove_own_checkpoint"]
+__all__ = ["checked_checkpoint", "newest_checkpoint", "open_trial_dir", "remove_own_checkpoint"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
@@ -148,12 +154,17 @@ def remove_own_checkpoint(own: TrialCheckpointDir, name: str, dry_run: bool = Fa
 
 
 def checked_checkpoint(
-    own: TrialCheckpointDir | None, path: str, step: int, *, verify_hashes: bool = True
+    own: TrialCheckpointDir | None,
+    path: str,
+    step: int,
+    size: int,
+    *,
+    verify_hashes: bool = True,
 ) -> Path | None:
     """``path`` if it is a checkpoint folder of the trial whose folder is ``own``, at
-    ``step``, whose manifest says that step and (``verify_hashes``: every file's
-    sha256, else their sizes) matches it; None when it is gone. Anything else raises
-    :class:`~dlhpc.errors.UsageError` saying why."""
+    ``step``, whose manifest says that step and totals ``size`` bytes (the row's), and
+    (``verify_hashes``: every file's sha256, else their sizes) matches it; None when
+    it is gone. Anything else raises :class:`~dlhpc.errors.UsageError` saying why."""
     why = foreign_checkpoint(own, path, step)
     if why is not None or own is None:
         raise UsageError(why or "the experiment has no checkpoint folder")
@@ -170,6 +181,26 @@ def checked_checkpoint(
     if not found or found[0].step != step:
         raise UsageError(f"{path}: its MANIFEST.json is missing or does not say step {step}")
     why = verify_checkpoint(found[0], verify_hashes)
+    if why is None and found[0].size_bytes != size:
+        why = f"its recorded size {size} is not its manifest's total {found[0].size_bytes}"
     if why is not None:
         raise UsageError(f"{path}: {why}")
     return found[0].path
+
+
+def newest_checkpoint(own: TrialCheckpointDir) -> Path | None:
+    """The newest verified checkpoint folder of the trial whose folder is ``own``,
+    checked as :func:`checked_checkpoint` checks a row (its manifest's own total as
+    the size); None when there is none. A symlink anywhere below the configured root
+    raises :class:`~dlhpc.errors.UsageError`: the folders are never reached through one."""
+    try:
+        with _trial_fd(own):
+            pass  # the experiment's and the trial's folders: no symlink
+    except FileNotFoundError:
+        return None
+    except UnsafePathError as err:
+        raise UsageError(str(err)) from err
+    ckpt, _ = latest_verified(own.path)
+    if ckpt is None:
+        return None
+    return checked_checkpoint(own, str(ckpt.path), ckpt.step, ckpt.size_bytes)

@@ -7,14 +7,13 @@ The policy (:func:`plan_gc`, pure) keeps the union of
 * each trial's newest ``keep_latest`` by step,
 
 and always every pinned checkpoint, every checkpoint that a model version names
-(``dlhpc model register``: kept as ``model NAME:VERSION``, whatever the policy and
-whether pinned or not) and the newest checkpoint of each trial that a
-resume or a promotion may still load (a PENDING, RUNNING or PAUSED trial, or one
-with a promotion not acted on yet). A checkpoint whose metric is unknown (none was
-reported since the previous checkpoint, or NaN) is never "best" but may be
-"latest". Ties in the metric go to the newer checkpoint (higher step, then the later
-row); "newest" is the highest step, re-saves of one step ordered by row id. The
-metric is fixed at ingest (:func:`dlhpc.store.ingest._checkpoint_metric`).
+(``dlhpc model register``: kept as ``model NAME:VERSION``, whatever the policy) and
+the newest checkpoint of each trial that a resume or a promotion may still load (a
+PENDING, RUNNING or PAUSED trial, or one with a promotion not acted on yet). A
+checkpoint whose metric is unknown (none reported since the previous checkpoint, or
+NaN) is never "best" but may be "latest". Ties in the metric go to the newer
+checkpoint (higher step, then the later row); "newest" is the highest step,
+re-saves of one step ordered by row id. The metric is fixed at ingest.
 
 :func:`gc` applies the plan to one experiment under the reconciler lease: each
 doomed folder is renamed out of sight and removed, only if it is one of its
@@ -24,15 +23,13 @@ without following a symlink and removed through the same descriptor
 (:mod:`._contained`); anything else is *refused*: kept, its row left ACTIVE. Its
 row then becomes DELETED with ``deleted_at`` and, as its size, the bytes the
 removal freed, measured by the login node (never the size a job recorded). A row
-whose folder is already gone is marked DELETED too, with 0 bytes (reported as
-*missing*). The folder goes before its row, so a crash between the two leaves a
-row that the next pass finds missing. The reconciler runs it for every active
-experiment each tick, after the searcher pass (:func:`gc_pass`); ``dlhpc gc``
-runs it on demand. A row whose folder name a job publishes again after its
-deletion becomes ACTIVE again at ingest.
-
-Only the reconciler deletes published checkpoints: jobs prune nothing but torn and
-stale temp folders (see :mod:`dlhpc.protocol.checkpoint`).
+whose folder is already gone is marked DELETED too, with 0 bytes (*missing*): the
+folder goes before its row, so a crash between the two (or a tick whose database
+was full, :func:`dlhpc.orchestrator.tick.tick`) leaves a row found missing later.
+The tick runs it for every active experiment after the searcher pass
+(:func:`gc_pass`); ``dlhpc gc`` on demand. A row whose folder name a job publishes
+again after its deletion becomes ACTIVE again at ingest. Jobs prune nothing but
+torn and stale temp folders (see :mod:`dlhpc.protocol.checkpoint`).
 """
 
 from __future__ import annotations
@@ -52,7 +49,7 @@ from sqlalchemy.orm import Session
 from dlhpc.errors import DlhpcError, NotFoundError, UnsafePathError, UsageError
 from dlhpc.orchestrator._contained import remove_own_checkpoint
 from dlhpc.states import TERMINAL_TRIAL_STATES, CheckpointState
-from dlhpc.store import Checkpoint, Decision, Experiment, Store, Trial, utcnow
+from dlhpc.store import Checkpoint, Decision, Experiment, Store, Trial, is_disk_full, utcnow
 from dlhpc.store.checkpoint_dirs import (
     TrialCheckpointDir,
     checkpoint_config,
@@ -372,12 +369,13 @@ class _TickLike(Protocol):
 
 def gc_pass(store: Store, experiment_id: int, report: _TickLike) -> None:
     """The tick's GC of one experiment: bytes freed and errors go into ``report``
-    (refused folders are left to ``dlhpc gc`` to show; they are not errors here).
-    The plan reads only the rows whose fate can change (:func:`_deciding_rows`), so
-    a pass over a long search costs a few aggregate queries."""
+    (refused folders are ``dlhpc gc``'s to show); a full database disk is raised.
+    It reads only the rows whose fate can change (:func:`_deciding_rows`)."""
     try:
         result = gc(store, experiment_id)
     except (DlhpcError, OSError, ValueError, TypeError) as err:  # e.g. the lease, a bad config
+        if is_disk_full(err):
+            raise  # the tick stops, and frees space without committing
         report.errors.append(f"experiment {experiment_id}: checkpoint GC: {err}")
         return
     report.checkpoint_bytes_freed += result.bytes_freed

@@ -37,7 +37,7 @@ from dlhpc.orchestrator.eventlog import log_event
 from dlhpc.orchestrator.new_trials import add_trials
 from dlhpc.protocol import request_stop, stop_file
 from dlhpc.search import BaseSearcher, Continue, Create, Stop
-from dlhpc.states import JobState, TrialState
+from dlhpc.states import LIVE_ATTEMPT_STATES, JobState, TrialState
 from dlhpc.store import Decision, Experiment, Metric, Trial
 
 __all__ = [
@@ -227,7 +227,8 @@ class SearchPass:
         if TrialState(t.state).is_terminal:
             return
         current = t.attempts[-1] if t.attempts else None
-        job_over = current is None or current.exit_code is not None or t.needs_job
+        # an exit record counts once the scheduler no longer runs the job (recovery)
+        job_over = current is None or t.needs_job or current.state not in LIVE_ATTEMPT_STATES
         if t.state == TrialState.PAUSED.value or job_over:
             t.max_length = length
             t.needs_job = True
@@ -247,7 +248,7 @@ class SearchPass:
             t.stop_requested_at = self.now
             self.stopped_running.append(t)
         else:  # paused, or its job has not started: nothing to lose
-            if current is not None and current.exit_code is None and not t.needs_job:
+            if current is not None and current.state in LIVE_ATTEMPT_STATES and not t.needs_job:
                 self.cancels.append(current.job_id)
                 current.state = JobState.CANCELLED.value
             t.state = TrialState.STOPPED_EARLY.value

@@ -122,7 +122,7 @@ def _write_checkpoint(
 ) -> dict[str, Any] | None:
     for rank, c in enumerate(_candidates(rows, smaller, latest)):
         try:  # sizes here; every sha256 on the copy
-            src = checked_checkpoint(own, c.path, c.step, verify_hashes=False)
+            src = checked_checkpoint(own, c.path, c.step, c.size_bytes, verify_hashes=False)
         except UsageError as err:
             raise UsageError(f"checkpoint {c.id} (step {c.step}) is not exported: {err}") from err
         if src is None:

@@ -40,7 +40,7 @@ def _kill_trials(trials: list[Trial]) -> list[str]:
         t.state = TrialState.KILLED.value
         t.ended_at = now
         for a in t.attempts:
-            if a.state in LIVE_ATTEMPT_STATES and a.exit_code is None:
+            if a.state in LIVE_ATTEMPT_STATES:  # an exit record alone ends no job
                 jobs.append(a.job_id)
                 a.state = JobState.CANCELLED.value
     return jobs

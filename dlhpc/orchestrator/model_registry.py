@@ -126,10 +126,10 @@ def register(
         with store.read() as s:
             _, exp = trial_experiment(s, trial_id)
             c, chosen = _pick(s, trial_id, checkpoint_id, exp.smaller_is_better, exp.metric)
-            cid, step, metric, path = c.id, c.step, c.metric, c.path
+            cid, step, metric, path, size = c.id, c.step, c.metric, c.path, c.size_bytes
             exp_id, own = exp.id, trial_checkpoint_dir(exp, trial_id)
         try:
-            folder = checked_checkpoint(own, path, step)
+            folder = checked_checkpoint(own, path, step, size)
         except UsageError as err:
             raise UsageError(f"checkpoint {cid} (step {step}) does not verify: {err}") from err
         if folder is None:

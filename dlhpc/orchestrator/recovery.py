@@ -2,7 +2,12 @@
 
 :func:`judge` is pure: given the attempt as ingested (its exit record, if any),
 the scheduler's view of its job and the age of its heartbeat, it returns a
-:class:`Verdict`. The rules:
+:class:`Verdict`. An exit record is a file the job wrote, so it is final only once
+confirmed (:func:`exit_confirmed`): the scheduler no longer runs the attempt, or
+it still does but the heartbeat, which the worker stops before it writes its
+exit, is older than the stale limit (the job hangs on its way out: it is
+cancelled). Until then the attempt counts as running and stays killable. The
+rules for a confirmed exit:
 
 * exit 0: the trial is COMPLETED;
 * the script checkpointed and exited to be requeued, or died of a signal Slurm
@@ -42,6 +47,7 @@ __all__ = [
     "HEARTBEAT_STALE",
     "HEARTBEAT_STALE_ENV",
     "Verdict",
+    "exit_confirmed",
     "heartbeat_stale",
     "judge",
     "split_reason",
@@ -134,6 +140,21 @@ def heartbeat_stale(environ: Mapping[str, str] | None = None) -> timedelta:
     return HEARTBEAT_STALE if raw is None else timedelta(seconds=float(raw))
 
 
+def exit_confirmed(
+    a: Attempt,
+    st: JobStatus | None,
+    heartbeat_age: timedelta | None = None,
+    stale: timedelta = HEARTBEAT_STALE,
+) -> bool:
+    """Whether ``a``'s exit record may be taken as final: the scheduler no longer runs
+    the attempt (polled now, or as last recorded when this pass has no status), or its
+    heartbeat is older than ``stale``. A record the job forged while it trains (its
+    worker keeps the heartbeat fresh) is not final while the job runs."""
+    if _last_state(a, st) != JobState.RUNNING:
+        return True
+    return heartbeat_age is not None and heartbeat_age > stale
+
+
 def judge(
     a: Attempt | None,
     st: JobStatus | None,
@@ -147,9 +168,13 @@ def judge(
         return Verdict(TrialState.PENDING)
     gone_for = now - a.terminal_seen_at if a.terminal_seen_at is not None else None
     live = st is not None and st.state in _LIVE
+    if a.exit_code is not None and not exit_confirmed(a, st, heartbeat_age, stale):
+        return Verdict(TrialState.RUNNING)  # the job still runs: its exit is not final
     if a.exit_code is not None:
+        # still RUNNING here only when its heartbeat went stale: cancel what is left
+        hung = _last_state(a, st) == JobState.RUNNING
         if a.exit_code == 0:
-            return Verdict(TrialState.COMPLETED, cause="completed")
+            return Verdict(TrialState.COMPLETED, cause="completed", cancel_job=hung)
         reason, sig = split_reason(a.exit_reason)
         if a.exit_code == REQUEUE_EXIT_CODE or reason in ("requeue", "signal"):
             cause = _signal_cause(sig, reason)
@@ -157,14 +182,15 @@ def judge(
                 cause = "cancelled"  # scancel sends TERM too; Slurm's state tells them apart
             # A job that ended FAILED/COMPLETED by its own exit is over for Slurm too
             # (measured: a preempted job that exits within GraceTime is not requeued):
-            # resubmit at once. Other ends may still turn into Slurm's requeue: wait.
+            # resubmit at once. Other ends may still turn into Slurm's requeue: wait
+            # (also while RUNNING: that may be the requeued run, not yet in its folder).
             settled = not live and _last_state(a, st) in _SETTLED
             if not settled and (live or gone_for is None or gone_for <= _INTERRUPTED_GRACE):
                 return Verdict(TrialState.PENDING, cause=cause)  # Slurm may bring it back
             return Verdict(TrialState.PENDING, cause=cause, resubmit=True)
         # a failed setup line (module load, activation) counts like a crash of the code
         cause = "setup" if reason == "setup" else "crash"
-        return Verdict(TrialState.PENDING, cause=cause, resubmit=True, counted=True)
+        return Verdict(TrialState.PENDING, cause, resubmit=True, counted=True, cancel_job=hung)
     if live:
         assert st is not None  # live implies a status
         if st.state == JobState.RUNNING and heartbeat_age is not None and heartbeat_age > stale:

@@ -10,7 +10,10 @@ today's launch record and lists what differs from the original's record
 this machine is the one that runs the job). :func:`reproduce` launches it; with
 a checkpoint in the plan (``--from-checkpoint``), a copy of the original trial's
 newest verified checkpoint is put in the new trial's checkpoint folder before
-the job is submitted. :func:`diff_trials` (with the store's ``trial_record_of``) serves
+the job is submitted. That checkpoint is found from trusted roots: the configured
+``checkpoint.dir`` and the folder names the login node recorded, each folder below
+reached without a symlink (:mod:`._contained`), checked again just before the copy,
+and the copy verified. :func:`diff_trials` (with the store's ``trial_record_of``) serves
 ``dlhpc diff``.
 """
 
@@ -26,11 +29,11 @@ from typing import Any
 from sqlalchemy import select
 
 from dlhpc._perms import copy_file
-from dlhpc._safepath import inside
 from dlhpc.config import MAX_NAME_LENGTH
 from dlhpc.config.schema import ExperimentConfig, HParam
 from dlhpc.config.serde import to_jsonable
 from dlhpc.errors import UsageError
+from dlhpc.orchestrator._contained import newest_checkpoint
 from dlhpc.orchestrator.eventlog import log_event
 from dlhpc.orchestrator.launch import launch
 from dlhpc.orchestrator.pool import SchedulerPool
@@ -49,6 +52,7 @@ from dlhpc.repro import (
 )
 from dlhpc.scheduler.plugins import BackendTable
 from dlhpc.store import Experiment, Store, Trial
+from dlhpc.store.checkpoint_dirs import TrialCheckpointDir, trial_checkpoint_dir
 from dlhpc.store.queries import trial_record_of
 
 __all__ = [
@@ -79,6 +83,7 @@ class ReproducePlan:
     checkpoint: Path | None = None  # copied into the new trial's checkpoint folder
     differences: list[Difference] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    source: TrialCheckpointDir | None = None  # the original trial's checkpoint folder
 
 
 @dataclass
@@ -170,9 +175,10 @@ def plan_reproduce(
             f"the code snapshot of experiment {exp_id} ({code_dir}) is gone; cannot reproduce"
         )
     cfg = _reproduction_config(orig.cfg, trial_id, exp_id, hp, seed, length)
-    checkpoint = None
+    checkpoint, source = None, None
     if from_checkpoint:
-        checkpoint = _original_checkpoint(store, orig, trial_id, hp, length, seed)
+        source = _checkpoint_source(store, exp_id, trial_id)
+        checkpoint = _newest(source, trial_id)
     notes: list[str] = []
     record = _launch_record(pool, cfg, orig, code_dir, trial_id, checkpoint, notes)
     local = pool.backends.get(cfg.backend).runs_here
@@ -184,21 +190,44 @@ def plan_reproduce(
     diffs = diff_records(original, now, sections, volatile_env(pool.backends))
     return ReproducePlan(
         trial_id, exp_id, cfg, hp, seed, length, code_dir, orig.yaml_text, record, checkpoint,
-        diffs, notes,
+        diffs, notes, source,
     )  # fmt: skip
 
 
-def _original_checkpoint(
-    store: Store, orig: _Original, trial_id: int, hp: dict[str, Any], length: int, seed: int
-) -> Path:
-    """The original trial's newest verified checkpoint, inside its checkpoint folder
-    (UsageError: none)."""
-    slug = layout.recorded_slug(orig.exp_id, orig.run_dir)
-    spec = trial_spec(orig.cfg, store.runs_root, orig.exp_id, trial_id, hp, length, seed, slug=slug)
-    ckpt, _ = latest_verified(Path(spec.checkpoint_dir))
+def _checkpoint_source(store: Store, exp_id: int, trial_id: int) -> TrialCheckpointDir:
+    """Trial ``trial_id``'s checkpoint folder as recorded (its experiment's configured
+    ``checkpoint.dir`` and folder names), never a path a job wrote."""
+    with store.read() as s:
+        exp = s.get(Experiment, exp_id)
+        own = trial_checkpoint_dir(exp, trial_id) if exp is not None else None
+    if own is None:
+        raise UsageError(f"experiment {exp_id} has no checkpoint folder")
+    return own
+
+
+def _newest(source: TrialCheckpointDir, trial_id: int) -> Path:
+    """The newest verified checkpoint of ``source`` (:func:`newest_checkpoint`);
+    UsageError when there is none or a folder is a symlink."""
+    ckpt = newest_checkpoint(source)
     if ckpt is None:
-        raise UsageError(f"trial {trial_id} has no verified checkpoint in {spec.checkpoint_dir}")
-    return inside(spec.checkpoint_dir, ckpt.path, "checkpoint")  # not a symlink out
+        raise UsageError(f"trial {trial_id} has no verified checkpoint in {source.path}")
+    return ckpt
+
+
+def _copy_checkpoint(plan: ReproducePlan, dest: Path) -> None:
+    """Copy the plan's checkpoint into ``dest`` (the new trial's folder): checked again
+    now (still the original's newest, reached without a symlink), copied without
+    following a link, and the copy verified."""
+    assert plan.source is not None and plan.checkpoint is not None  # a checkpoint plan
+    src = _newest(plan.source, plan.trial_id)
+    if src.name != plan.checkpoint.name:
+        raise UsageError(f"trial {plan.trial_id}'s newest checkpoint is now {src}; plan again")
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src, dest / src.name, symlinks=True, copy_function=copy_file)
+    copied, torn = latest_verified(dest)
+    if copied is None or copied.path.name != src.name:
+        why = torn[0].reason if torn else "not found"
+        raise UsageError(f"the copy of {src} does not verify: {why}")
 
 
 def _launch_record(
@@ -270,9 +299,7 @@ def reproduce(store: Store, pool: SchedulerPool, plan: ReproducePlan) -> Reprodu
                 plan.seed,
                 slug=layout.recorded_slug(exp_id, run_dir),
             )
-            dest = Path(spec.checkpoint_dir)
-            dest.mkdir(parents=True, exist_ok=True)
-            shutil.copytree(plan.checkpoint, dest / plan.checkpoint.name, copy_function=copy_file)
+            _copy_checkpoint(plan, Path(spec.checkpoint_dir))
         with store.write() as session:
             how = f" from checkpoint {plan.checkpoint}" if plan.checkpoint else ""
             log_event(

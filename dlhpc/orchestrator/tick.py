@@ -13,7 +13,9 @@ its own and reads only what the steps before it committed or returned:
   checkpoint keep policy (:mod:`dlhpc.orchestrator.checkpoints`).
 
 Killing the process at any line loses nothing: every step is recomputed from the
-scheduler, the files and the DB on the next pass.
+scheduler, the files and the DB on the next pass. A pass whose database cannot commit
+because its filesystem is full stops there, acts on nothing, and frees what dlhpc holds
+there (:func:`_free_space`), so that an experiment that filled its own disk recovers.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 from sqlalchemy import select
 
 from dlhpc._failpoints import failpoint
-from dlhpc.errors import DlhpcError, LeaseHeldError, SchedulerError
+from dlhpc.errors import DlhpcError, LeaseHeldError, SchedulerError, StoreError
 from dlhpc.orchestrator._reconcile import Decided, reconcile_experiment
 from dlhpc.orchestrator._scan import Scan, pending_attempt_dirs, scan
 from dlhpc.orchestrator.adopt import recover_submissions
@@ -38,7 +40,7 @@ from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.orchestrator.submit import submit_pending
 from dlhpc.protocol import split_attempt_key
 from dlhpc.scheduler import JobStatus
-from dlhpc.store import Event, Store, Trial
+from dlhpc.store import Event, Store, Trial, is_disk_full
 from dlhpc.store.ingest import ingest_attempts
 from dlhpc.store.summaries import refresh_metrics
 
@@ -63,6 +65,8 @@ class TickReport:
     duration_s: float = 0.0
     lease_held_elsewhere: bool = False
     errors: list[str] = field(default_factory=list)
+    # the pass stopped: its database cannot commit (a full filesystem); one line, why
+    stalled: str | None = None
 
 
 def tick(store: Store, pool: SchedulerPool, clock: Clock = SYSTEM_CLOCK) -> TickReport:
@@ -74,9 +78,18 @@ def tick(store: Store, pool: SchedulerPool, clock: Clock = SYSTEM_CLOCK) -> Tick
     calls_before = pool.calls()
     try:
         with store.hold_lease():
-            _tick(store, pool, report, clock)
+            try:
+                _tick(store, pool, report, clock)
+            except StoreError as err:
+                if not is_disk_full(err):
+                    raise
+                _free_space(store, report, clock, err)  # under the lease it holds
     except LeaseHeldError:
         report.lease_held_elsewhere = True
+    except StoreError as err:  # taking the lease did not commit
+        if not is_disk_full(err):
+            raise
+        _free_space(store, report, clock, err)  # the copy's lease row says who may
     report.scheduler_calls = dict(pool.calls() - calls_before)
     report.duration_s = time.monotonic() - t0
     return report
@@ -151,6 +164,8 @@ def _decide(
         try:
             decided = reconcile_experiment(store, exp_id, polled.statuses, report, clock, runs)
         except (DlhpcError, ValueError) as err:
+            if is_disk_full(err):
+                raise  # no experiment can commit: the pass stops (see tick)
             # e.g. its searcher's optional dependency vanished, or its saved state does
             # not load: keep the other experiments moving, and say so every pass
             report.errors.append(f"experiment {exp_id}: {type(err).__name__}: {err}")
@@ -287,3 +302,31 @@ def _ingest_batches(
                 report.errors.extend(result.warnings)
             refresh_metrics(s, list({t.id: t for t, _ in folders}.values()))
         failpoint("tick.after_ingest_batch")
+
+
+def _free_space(store: Store, report: TickReport, clock: Clock, err: StoreError) -> None:
+    """The pass could not commit (``err``: the database's filesystem is full): record
+    nothing, act on nothing, and free the space the keep policy frees.
+
+    The pass's ingest and keep policy run on a copy of the database in memory
+    (:meth:`Store.memory_copy`): the committed state plus the files not ingested yet
+    (the checkpoints that filled the disk among them). The folders that policy
+    deletes are removed for real; their rows, here, are marked on a later pass
+    (a folder already gone: 0 bytes). A trial's newest checkpoint is never among
+    them while the trial is live. ``report.stalled`` says it all in one line."""
+    shadow = store.memory_copy()
+    scratch = TickReport()
+    try:
+        read = scan(shadow, clock.now())
+        todo = pending_attempt_dirs([*read.scanned, *read.settling], read.done_files, [])
+        _ingest_batches(shadow, todo, scratch, clock)
+        for exp_id in read.exp_ids:
+            gc_pass(shadow, exp_id, scratch)
+    except (DlhpcError, OSError) as copy_err:
+        scratch.errors.append(f"{type(copy_err).__name__}: {copy_err}")
+    finally:
+        shadow.close()
+    freed = f"freed {scratch.checkpoint_bytes_freed} bytes of superseded checkpoints"
+    trouble = f" ({'; '.join(scratch.errors)})" if scratch.errors else ""
+    report.checkpoint_bytes_freed = scratch.checkpoint_bytes_freed
+    report.stalled = f"{err}: nothing recorded or submitted this pass; {freed}{trouble}"

@@ -10,7 +10,7 @@ the searcher stopped while it ran.
 
 from __future__ import annotations
 
-import math
+import os
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -22,7 +22,13 @@ from sqlalchemy.orm import Session
 from dlhpc.orchestrator.clock import Clock
 from dlhpc.orchestrator.decide import pending_promotion, stop_grace
 from dlhpc.orchestrator.eventlog import log_event
-from dlhpc.orchestrator.recovery import Verdict, heartbeat_stale, judge, superseded_cause
+from dlhpc.orchestrator.recovery import (
+    Verdict,
+    exit_confirmed,
+    heartbeat_stale,
+    judge,
+    superseded_cause,
+)
 from dlhpc.protocol import HEARTBEAT_FILE, PROGRESS_FILE, UnsafeFile, attempt_dir, read_state_file
 from dlhpc.protocol.record_check import MAX_STEP
 from dlhpc.scheduler import JobState, JobStatus
@@ -49,10 +55,17 @@ class TrialPass:
     cancels: list[str] = field(default_factory=list)  # job ids to scancel after commit
     warnings: list[str] = field(default_factory=list)  # heartbeat/progress files not read
     stopping: list[Trial] = field(default_factory=list)  # stop requested, job still live
+    file_times: dict[Path, float] = field(default_factory=dict)  # read once per folder
 
     @property
     def now(self) -> datetime:
         return self.clock.now()
+
+    def file_now(self, folder: Path) -> float:
+        """:meth:`Clock.file_time` of ``folder``, read once per pass."""
+        if folder not in self.file_times:
+            self.file_times[folder] = self.clock.file_time(folder)
+        return self.file_times[folder]
 
 
 def _apply_status(a: Attempt, st: JobStatus | None, now: datetime) -> None:
@@ -83,11 +96,21 @@ def _attempt_file(t: Trial, a: Attempt, name: str, p: TrialPass) -> dict[str, ob
 
 
 def _heartbeat_age(t: Trial, a: Attempt | None, p: TrialPass) -> timedelta | None:
-    beat = _attempt_file(t, a, HEARTBEAT_FILE, p) if a is not None else None
-    at = beat.get("time") if beat is not None else None
-    if not (type(at) is float and math.isfinite(at) or type(at) is int and abs(at) < 2**53):
+    """How long ago the attempt's heartbeat file was written, by the clock of the
+    filesystem that stamped it (:meth:`TrialPass.file_now` of the experiment's run
+    folder, beside its ``trials/``, so nothing that lists trials meets the probe):
+    never this machine's clock against the compute node's. None when it has none
+    (or it is unsafe to read: a warning in ``p``)."""
+    if a is None or _attempt_file(t, a, HEARTBEAT_FILE, p) is None:
         return None
-    return timedelta(seconds=min(max(0.0, p.clock.time() - at), _LONG_AGO))
+    beat = attempt_dir(Path(t.run_dir), a.attempt_key) / HEARTBEAT_FILE
+    try:
+        now = p.file_now(Path(t.run_dir).parent.parent)
+        age = now - os.stat(beat, follow_symlinks=False).st_mtime
+    except OSError as err:
+        p.warnings.append(f"trial {t.id}: heartbeat age not read, {err}")
+        return None
+    return timedelta(seconds=min(max(0.0, age), _LONG_AGO))
 
 
 def _lost_steps(t: Trial, a: Attempt, p: TrialPass) -> int | None:
@@ -144,15 +167,17 @@ def _settle_stop(s: Session, t: Trial, current: Attempt | None, p: TrialPass) ->
     or cancel the job once it ignored the stop for :func:`stop_grace`."""
     assert t.stop_requested_at is not None  # the caller checked
     now = p.now
+    grace = stop_grace()
     st = p.statuses.get(current.job_id) if current is not None else None
     job_gone = current is None or current.state not in LIVE_ATTEMPT_STATES
-    if current is not None and (current.exit_code is not None or job_gone):
+    # an exit record of a job still running is not final: the stop grace ends it
+    exited = current is not None and current.exit_code is not None
+    if current is not None and (job_gone or exited and exit_confirmed(current, st)):
         done = current.exit_code == 0 and t.steps_completed >= p.final_length
         if not current.cause:
             current.cause = "completed" if done else "stopped"
         end_trial(s, t, TrialState.COMPLETED if done else TrialState.STOPPED_EARLY, now, None, "")
         return
-    grace = stop_grace()
     if now - t.stop_requested_at > grace and current is not None:
         p.cancels.append(current.job_id)
         current.state = JobState.CANCELLED.value
@@ -216,6 +241,9 @@ def reconcile_trial(s: Session, t: Trial, p: TrialPass) -> None:
     if current is not None and verdict.cause and (verdict.resubmit or verdict.state.is_terminal):
         current.cause = verdict.cause
         current.lost_steps = _lost_steps(t, current, p)
+    if verdict.cancel_job and not verdict.resubmit and current is not None:
+        p.cancels.append(current.job_id)  # its exit is final but its job hangs on: end it
+        current.state = JobState.CANCELLED.value
     if verdict.resubmit and current is not None:
         _resubmit(s, t, current, verdict, p, now)
         return

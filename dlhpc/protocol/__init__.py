@@ -9,13 +9,14 @@ share:
 * :mod:`~dlhpc.protocol.layout`: every path and file name of the run and
   checkpoint folders, and the stop file's write and read;
 * :mod:`~dlhpc.protocol.spec`: ``trial.json`` (:class:`TrialSpec`);
-* :mod:`~dlhpc.protocol.events`: event files and their record format;
+* :mod:`~dlhpc.protocol.events`: event files, their record format and their
+  streamed reading;
 * :mod:`~dlhpc.protocol.atomic`: atomic publication of small files;
 * :mod:`~dlhpc.protocol.safe_read`: the one way the login node reads a file a job
   wrote (bounded, no symlink, no FIFO), and :mod:`~dlhpc.protocol.record_check`:
   the ranges an event record's stored fields must be in;
-* :mod:`~dlhpc.protocol.checkpoint`: the checkpoint format (manifest, verify,
-  publish, list, remove);
+* :mod:`~dlhpc.protocol.checkpoint`: the checkpoint format (publish, remove), and
+  :mod:`~dlhpc.protocol.checkpoint_read`: reading it (manifest, verify, list);
 * :mod:`~dlhpc.protocol.gpu`: NVML loading and the GPU idle rule.
 
 Standard library only (plus :mod:`dlhpc._perms` and :mod:`dlhpc._failpoints`),
@@ -29,15 +30,18 @@ from dlhpc.protocol.events import (
     EVENT_FILE_RE,
     REQUEUE_EXIT_CODE,
     EventBatch,
+    EventFile,
     EventWriter,
     iter_attempt_dirs,
     read_event_batches,
+    scan_event_files,
 )
 from dlhpc.protocol.layout import (
     ATTEMPT_DIR_VAR,
     HEARTBEAT_FILE,
     HEARTBEAT_INTERVAL_S,
     PROGRESS_FILE,
+    REQUEUE_REQUEST_FILE,
     SETUP_DONE_VAR,
     SETUP_STREAM,
     STOP_FILE,
@@ -74,11 +78,13 @@ __all__ = [
     "HEARTBEAT_INTERVAL_S",
     "PROGRESS_FILE",
     "REQUEUE_EXIT_CODE",
+    "REQUEUE_REQUEST_FILE",
     "SETUP_DONE_VAR",
     "SETUP_STREAM",
     "STOP_FILE",
     "TRIAL_DIR_VAR",
     "EventBatch",
+    "EventFile",
     "EventWriter",
     "TrialSpec",
     "atomic_write_bytes",
@@ -98,6 +104,7 @@ __all__ = [
     "jobs_dir",
     "launch_env_file",
     "read_event_batches",
+    "scan_event_files",
     "read_small_json",
     "read_state_file",
     "recorded_slug",

@@ -9,8 +9,10 @@ Layout under a trial's checkpoint folder::
     .tmp-ckpt-1300-<uuid>/      a publish in progress, or one that crashed
 
 Contract: a folder is a checkpoint only if its ``MANIFEST.json`` parses and
-every file it lists exists with the recorded size (and sha256). Anything else
-is *torn* and is never returned as loadable. A new checkpoint never replaces an
+every file it lists exists with the recorded size (and sha256); anything else
+is *torn* and is never returned as loadable (reading and verifying:
+:mod:`dlhpc.protocol.checkpoint_read`, whose names this module gives too;
+publishing and pruning: here). A new checkpoint never replaces an
 old one in place, and nothing older is deleted until :func:`prune` runs after a
 newer one is verified, so a crash at any instant leaves the previous verified
 checkpoint intact. The newest ``(step, re-save number)`` wins.
@@ -29,24 +31,34 @@ Standard library only: cheap to import inside a job.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import re
 import shutil
 import stat
 import time
 import uuid
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
-from typing import Any, TypeGuard
+from pathlib import Path
+from typing import Any
 
 from dlhpc._failpoints import failpoint
 from dlhpc.protocol.atomic import atomic_write_bytes, fsync_dir
-from dlhpc.protocol.record_check import MAX_BYTES, MAX_TIME
-from dlhpc.protocol.safe_read import MANIFEST_LIMIT, UnsafeFile, parse_json, read_bounded
+from dlhpc.protocol.checkpoint_read import (
+    CHECKPOINT_NAME_RE,
+    FORMAT,
+    MANIFEST_NAME,
+    Checkpoint,
+    FileRecord,
+    TornCheckpoint,
+    check_entry,
+    hash_file,
+    is_count,
+    latest_verified,
+    list_checkpoints,
+    scan_folder,
+    verify_checkpoint,
+)
 
 __all__ = [
     "CHECKPOINT_NAME_RE",
@@ -63,95 +75,15 @@ __all__ = [
     "verify_checkpoint",
 ]
 
-MANIFEST_NAME = "MANIFEST.json"
-FORMAT = 1
 STALE_TMP_SECONDS = 3600.0
-# a published checkpoint folder's name
-CHECKPOINT_NAME_RE = re.compile(r"^ckpt-(?P<step>\d{10,})(?:-(?P<seq>[1-9]\d*))?$")
-_TMP_RE = re.compile(r"^\.tmp-ckpt-(?P<step>\d+)-[0-9a-f]{32}$")
 # a checkpoint folder being deleted is renamed to this prefix + its name + a random suffix
 DELETING_PREFIX = ".del-ckpt-"
-_SHA_RE = re.compile(r"^[0-9a-f]{64}$")
-_CHUNK = 8 << 20
-
-
-@dataclass(frozen=True)
-class FileRecord:
-    size: int
-    sha256: str
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A published checkpoint as its manifest describes it (not necessarily verified)."""
-
-    path: Path
-    step: int
-    created: float
-    files: dict[str, FileRecord] = field(hash=False)
-    metadata: dict[str, Any] = field(hash=False)
-
-    @property
-    def size_bytes(self) -> int:
-        return sum(f.size for f in self.files.values())
-
-
-@dataclass(frozen=True)
-class TornCheckpoint:
-    """A folder that is not a loadable checkpoint, and why."""
-
-    path: Path
-    step: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class _Entry:
-    path: Path
-    step: int
-    seq: int  # re-save number; -1 for a temp folder (sorts below a published twin)
-
-    @property
-    def is_tmp(self) -> bool:
-        return self.seq < 0
 
 
 def temp_checkpoint_dir(root: Path, step: int) -> Path:
     """A fresh, unique name (not created) for a checkpoint of ``step`` being written
     under ``root``: readers skip it, :func:`prune` removes it once it is stale."""
     return root / f".tmp-ckpt-{step}-{uuid.uuid4().hex}"
-
-
-def _scan(root: Path) -> list[_Entry]:
-    """Checkpoint and temp folders under ``root``, newest first."""
-    try:
-        names = os.listdir(root)
-    except FileNotFoundError:
-        return []
-    entries = []
-    for name in names:
-        if m := CHECKPOINT_NAME_RE.match(name):
-            entries.append(_Entry(root / name, int(m["step"]), int(m["seq"] or 0)))
-        elif m := _TMP_RE.match(name):
-            entries.append(_Entry(root / name, int(m["step"]), -1))
-    return sorted(entries, key=lambda e: (e.step, e.seq), reverse=True)
-
-
-def _is_count(v: object) -> TypeGuard[int]:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-
-
-def _hash_file(path: Path, sync: bool = False) -> tuple[int, str]:
-    """(size, sha256) of ``path``; fsyncs it too if ``sync``."""
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-            size += len(chunk)
-        if sync:
-            os.fsync(f.fileno())
-    return size, h.hexdigest()
 
 
 def _seal(folder: Path) -> dict[str, FileRecord]:
@@ -168,7 +100,7 @@ def _seal(folder: Path) -> dict[str, FileRecord]:
                 raise ValueError(f"write_files may not create {MANIFEST_NAME}")
             if not stat.S_ISREG(os.lstat(p).st_mode):
                 raise ValueError(f"checkpoint file {rel} is not a regular file")
-            files[rel] = FileRecord(*_hash_file(p, sync=True))
+            files[rel] = FileRecord(*hash_file(p, sync=True))
     if not files:
         raise ValueError("write_files wrote no files")
     for d in reversed(dirs):
@@ -179,7 +111,7 @@ def _seal(folder: Path) -> dict[str, FileRecord]:
 def _reserve_name(root: Path, step: int) -> Path:
     """Create an empty, unused ``ckpt-<step>[-n]`` folder (mkdir is exclusive)."""
     base = f"ckpt-{step:010d}"
-    seqs = [e.seq for e in _scan(root) if e.step == step and not e.is_tmp]
+    seqs = [e.seq for e in scan_folder(root) if e.step == step and not e.is_tmp]
     n = max(seqs, default=-1) + 1
     while True:
         target = root / (base if n == 0 else f"{base}-{n}")
@@ -217,7 +149,7 @@ def publish_checkpoint(
     folder that readers skip and :func:`prune` removes. ``metadata`` must be
     JSON-serialisable. Nothing existing is modified or deleted.
     """
-    if not _is_count(step):
+    if not is_count(step):
         raise ValueError(f"checkpoint step must be a non-negative int, got {step!r}")
     meta = json.loads(json.dumps(metadata or {}, allow_nan=False))  # fail before any I/O
     root.mkdir(parents=True, exist_ok=True)
@@ -254,93 +186,6 @@ def publish_checkpoint(
         raise
     failpoint("ckpt-after-manifest")
     return Checkpoint(final, step, created, files, meta)
-
-
-def _parse_manifest(folder: Path, step: int) -> Checkpoint | str:
-    path = folder / MANIFEST_NAME
-    try:  # bounded, never through a symlink (safe_read): a job wrote it
-        m = parse_json(read_bounded(path, MANIFEST_LIMIT), path)
-    except FileNotFoundError:
-        return "no manifest"
-    except UnsafeFile as e:
-        return f"manifest unusable: {e.reason}"
-    if not isinstance(m, dict) or m.get("format") != FORMAT:
-        return "manifest has an unknown format"
-    if m.get("step") != step or not _is_count(m.get("step")):
-        return f"manifest step {m.get('step')!r} != folder step {step}"
-    created, files_raw, meta = m.get("created"), m.get("files"), m.get("metadata")
-    if not isinstance(created, int | float) or not 0 <= created <= MAX_TIME:
-        return "manifest: bad 'created'"
-    if not isinstance(files_raw, dict) or not files_raw or not isinstance(meta, dict):
-        return "manifest: bad 'files' or 'metadata'"
-    files: dict[str, FileRecord] = {}
-    for rel, rec in files_raw.items():
-        parts = PurePosixPath(rel).parts
-        if not parts or PurePosixPath(rel).is_absolute() or ".." in parts or rel == MANIFEST_NAME:
-            return f"manifest: unsafe file name {rel!r}"
-        size, sha = (rec.get("size"), rec.get("sha256")) if isinstance(rec, dict) else (0, 0)
-        if not _is_count(size) or size > MAX_BYTES:
-            return f"manifest: bad size or sha256 for {rel}"
-        if not isinstance(sha, str) or not _SHA_RE.match(sha):
-            return f"manifest: bad size or sha256 for {rel}"
-        files[rel] = FileRecord(size, sha)
-    return Checkpoint(folder, step, float(created), files, meta)
-
-
-def verify_checkpoint(ckpt: Checkpoint, verify_hashes: bool = True) -> str | None:
-    """Why ``ckpt``'s files do not match its manifest, or None if they do."""
-    for rel, rec in ckpt.files.items():
-        p = ckpt.path / rel
-        try:
-            st = os.stat(p)
-        except OSError:
-            return f"file {rel}: missing"
-        if not stat.S_ISREG(st.st_mode):
-            return f"file {rel}: not a regular file"
-        if st.st_size != rec.size:
-            return f"file {rel}: size {st.st_size} != {rec.size}"
-        if verify_hashes:
-            try:
-                size, sha = _hash_file(p)
-            except OSError as e:
-                return f"file {rel}: unreadable: {e}"
-            if size != rec.size or sha != rec.sha256:
-                return f"file {rel}: sha256 mismatch"
-    return None
-
-
-def _check(entry: _Entry, verify_hashes: bool) -> Checkpoint | str:
-    if entry.is_tmp:
-        return "unpublished temp folder (a save in progress or one that crashed)"
-    if not entry.path.is_dir():
-        return "not a folder"
-    ckpt = _parse_manifest(entry.path, entry.step)
-    if isinstance(ckpt, str):
-        return ckpt
-    reason = verify_checkpoint(ckpt, verify_hashes)
-    return ckpt if reason is None else reason
-
-
-def list_checkpoints(root: Path) -> list[Checkpoint]:
-    """Published checkpoints whose manifest parses, newest first. Files are not checked."""
-    out = []
-    for e in _scan(root):
-        if not e.is_tmp and isinstance(ckpt := _parse_manifest(e.path, e.step), Checkpoint):
-            out.append(ckpt)
-    return out
-
-
-def latest_verified(
-    root: Path, verify_hashes: bool = True
-) -> tuple[Checkpoint | None, list[TornCheckpoint]]:
-    """The newest verified checkpoint (or None), and every torn folder newer than it."""
-    torn: list[TornCheckpoint] = []
-    for e in _scan(root):
-        result = _check(e, verify_hashes)
-        if isinstance(result, Checkpoint):
-            return result, torn
-        torn.append(TornCheckpoint(e.path, e.step, result))
-    return None, torn
 
 
 def _newest_mtime(folder: Path) -> float:
@@ -388,10 +233,10 @@ def prune(
     removed: list[Path] = []
     kept = 0
     now = time.time()
-    for e in _scan(root):
+    for e in scan_folder(root):
         if e.path.name in protect or str(e.path) in protect:
             if (keep_latest is None or kept < keep_latest) and isinstance(
-                _check(e, verify_hashes), Checkpoint
+                check_entry(e, verify_hashes), Checkpoint
             ):
                 kept += 1
             continue
@@ -401,7 +246,7 @@ def prune(
             except OSError:  # vanished meanwhile
                 doomed = False
         elif keep_latest is None or kept < keep_latest:
-            if isinstance(_check(e, verify_hashes), Checkpoint):
+            if isinstance(check_entry(e, verify_hashes), Checkpoint):
                 kept += 1
                 doomed = False
             else:  # torn: garbage once something newer is verified

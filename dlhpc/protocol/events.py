@@ -57,21 +57,28 @@ from dlhpc.protocol.atomic import atomic_write_text
 from dlhpc.protocol.layout import attempts_dir
 from dlhpc.protocol.metric_lines import MAX_ROWS_PER_LINE, MetricRow, encode_rows, expand
 from dlhpc.protocol.record_check import check_record
-from dlhpc.protocol.safe_read import EVENT_FILE_LIMIT, UnsafeFile, read_bounded
+from dlhpc.protocol.safe_read import EVENT_FILE_LIMIT, UnsafeFile, open_regular
 
 __all__ = [
     "EVENT_FILE_RE",
     "REQUEUE_EXIT_CODE",
+    "LINE_LIMIT",
     "EventBatch",
+    "EventFile",
     "EventWriter",
     "MetricRow",
     "encode_record",
     "encode_records",
     "iter_attempt_dirs",
+    "iter_records",
     "read_event_batches",
+    "scan_event_files",
 ]
 
 REQUEUE_EXIT_CODE = 75  # sysexits' EX_TEMPFAIL: "checkpointed, run me again"
+# one line of an event file: a packed metrics line of MAX_ROWS_PER_LINE rows holds
+# thousands of metrics well below this
+LINE_LIMIT = 8 * 2**20
 
 EVENT_FILE_RE = re.compile(r"^(?P<stream>[A-Za-z0-9_-]+)-(?P<seq>\d{8})\.jsonl$")
 _STREAM_RE = re.compile(r"^[A-Za-z0-9_]+(-[A-Za-z0-9_]+)*$")
@@ -167,6 +174,28 @@ class EventBatch:
     retry: bool = False
 
 
+@dataclass(frozen=True)
+class EventFile:
+    """One published event file, checked line by line but not held in memory
+    (:func:`scan_event_files`): ``count`` records, or why it is not read
+    (``problem``, ``retry``: as :class:`EventBatch`)."""
+
+    path: Path
+    count: int
+    problem: str = ""
+    retry: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def records(self) -> Iterator[dict[str, Any]]:
+        """Its records, read again one line at a time (:func:`iter_records`). A job
+        that rewrote the file since it was checked makes this raise
+        :class:`UnsafeFile` at the first line that no longer passes."""
+        return iter_records(self.path)
+
+
 def iter_attempt_dirs(trial_path: Path) -> Iterator[Path]:
     """The attempt folders of a trial; a symlink (a job pointing elsewhere) is never one."""
     attempts = attempts_dir(trial_path)
@@ -178,56 +207,93 @@ def iter_attempt_dirs(trial_path: Path) -> Iterator[Path]:
     yield from (attempts / name for name in names)
 
 
-def read_event_batches(attempt_path: Path, skip: Iterable[str] = ()) -> list[EventBatch]:
-    """Read the published event files of an attempt, except those named in ``skip``.
-
-    Temp files (dot-prefixed) are never read. Each file is read by
-    :func:`~dlhpc.protocol.safe_read.read_bounded` (no symlink followed, a regular
-    file of at most :data:`~dlhpc.protocol.safe_read.EVENT_FILE_LIMIT` bytes) and every
-    record checked (:func:`~dlhpc.protocol.record_check.check_record`); a file that
-    fails is returned as a batch without records and with its ``problem``, never
-    raised: one bad file stops no other. A ``metrics`` line is expanded into its
-    ``metric`` records, in place: a batch's records are the same whichever way they
-    were written. A file gone since it was listed is left out.
-    """
+def scan_event_files(attempt_path: Path, skip: Iterable[str] = ()) -> Iterator[EventFile]:
+    """The published event files of an attempt, except those named in ``skip``, in
+    name order, each read through once and checked (:func:`iter_records`) but not
+    held: a file that fails has its ``problem``; the others give their records again,
+    one line at a time, from :meth:`EventFile.records`. Temp files (dot-prefixed) are
+    never read, and a file gone since it was listed is left out. Memory stays bounded
+    by :data:`LINE_LIMIT` whatever the file's size."""
     done = set(skip)
-    batches = []
     # names, not paths, sorted: the same order (one folder), without Path comparisons
     for name in sorted(os.listdir(attempt_path)):
         if name in done or not EVENT_FILE_RE.match(name):
             continue
+        path = attempt_path / name
         try:
-            batches.append(EventBatch(name, _read_records(attempt_path / name)))
+            count = sum(1 for _ in iter_records(path))
         except FileNotFoundError:
             continue
         except UnsafeFile as err:
-            batches.append(EventBatch(name, [], err.reason, err.transient))
+            yield EventFile(path, 0, err.reason, err.transient)
+            continue
+        yield EventFile(path, count)
+
+
+def read_event_batches(attempt_path: Path, skip: Iterable[str] = ()) -> list[EventBatch]:
+    """Every published event file of an attempt (but those in ``skip``) with its
+    records in memory (:func:`scan_event_files`, whose checks apply): for tools and
+    tests; ingest streams them instead. A file that fails is a batch without records
+    and with its ``problem``, never raised: one bad file stops no other."""
+    batches = []
+    for f in scan_event_files(attempt_path, skip):
+        try:
+            records = [] if f.problem else list(f.records())
+        except FileNotFoundError:
+            continue
+        except UnsafeFile as err:
+            batches.append(EventBatch(f.name, [], err.reason, err.transient))
+            continue
+        batches.append(EventBatch(f.name, records, f.problem, f.retry))
     return batches
 
 
-def _read_records(path: Path) -> list[dict[str, Any]]:
-    """The records of one event file; :class:`UnsafeFile` naming the first bad line."""
-    data = read_bounded(path, EVENT_FILE_LIMIT)
+def iter_records(path: Path) -> Iterator[dict[str, Any]]:
+    """The records of one event file, one line at a time; raises :class:`UnsafeFile`
+    naming the first line that fails (see :func:`scan_event_files`).
+
+    The file is opened by :func:`~dlhpc.protocol.safe_read.open_regular` (no symlink,
+    no FIFO, a regular file of at most :data:`EVENT_FILE_LIMIT` bytes); each line is
+    read with a bound of :data:`LINE_LIMIT` bytes, decoded as strict UTF-8 and its
+    record checked (:func:`~dlhpc.protocol.record_check.check_record`); a ``metrics``
+    line is expanded into its ``metric`` records in place."""
+    fd, size = open_regular(path)
     try:
-        text = data.decode("utf-8")
+        if size > EVENT_FILE_LIMIT:
+            raise UnsafeFile(path, f"{size} bytes, over the limit of {EVENT_FILE_LIMIT}")
+        with open(fd, "rb", closefd=False) as f:
+            offset = 0
+            for number, line in enumerate(iter(lambda: f.readline(LINE_LIMIT + 1), b""), 1):
+                if len(line) > LINE_LIMIT:
+                    raise UnsafeFile(path, f"line {number}: over {LINE_LIMIT} bytes")
+                if offset + len(line) > EVENT_FILE_LIMIT:
+                    raise UnsafeFile(path, f"grew past the limit of {EVENT_FILE_LIMIT} bytes")
+                yield from _line_records(path, line, number, offset)
+                offset += len(line)
+    except OSError as err:
+        raise UnsafeFile(path, f"read: {err.strerror}", transient=True) from None
+    finally:
+        os.close(fd)
+
+
+def _line_records(path: Path, line: bytes, number: int, offset: int) -> list[dict[str, Any]]:
+    """The records of one line (none when blank); :class:`UnsafeFile` when it fails."""
+    try:
+        text = line.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise UnsafeFile(path, f"not UTF-8 at byte {err.start}") from None
-    records: list[dict[str, Any]] = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            if "\\u" in line and _SURROGATE.search(line):
-                # a lone surrogate (only an escape makes one) is no text SQLite stores
-                json.dumps(record, ensure_ascii=False).encode("utf-8")
-            if isinstance(record, dict) and record.get("type") == "metrics":
-                records.extend(expand(record, path.name))
-                continue
-            check_record(record)
-        except RecursionError:
-            raise UnsafeFile(path, f"line {number}: JSON nested too deep") from None
-        except ValueError as err:  # JSON, UnicodeEncodeError and the checks' errors
-            raise UnsafeFile(path, f"line {number}: {err}") from None
-        records.append(record)
-    return records
+        raise UnsafeFile(path, f"not UTF-8 at byte {offset + err.start}") from None
+    if not text.strip():
+        return []
+    try:
+        record = json.loads(text)
+        if "\\u" in text and _SURROGATE.search(text):
+            # a lone surrogate (only an escape makes one) is no text SQLite stores
+            json.dumps(record, ensure_ascii=False).encode("utf-8")
+        if isinstance(record, dict) and record.get("type") == "metrics":
+            return expand(record, path.name)
+        check_record(record)
+    except RecursionError:
+        raise UnsafeFile(path, f"line {number}: JSON nested too deep") from None
+    except ValueError as err:  # JSON, UnicodeEncodeError and the checks' errors
+        raise UnsafeFile(path, f"line {number}: {err}") from None
+    return [record]

@@ -21,6 +21,8 @@ Layout under the runs folder (one per store)::
           heartbeat.json         HEARTBEAT_FILE: the worker's liveness, rewritten in place
           progress.json          PROGRESS_FILE: step, last checkpoint step and the step
                                  training started from (if told), rewritten
+          requeue.json           REQUEUE_REQUEST_FILE: rank 0 exited for a requeue at the
+                                 time limit; the job script asks the scheduler once the step ends
 
 and under the checkpoint folder (``checkpoint.dir``)::
 
@@ -52,6 +54,7 @@ __all__ = [
     "SETUP_DONE_VAR",
     "SETUP_STREAM",
     "PROGRESS_FILE",
+    "REQUEUE_REQUEST_FILE",
     "STOP_FILE",
     "TRIAL_FILE",
     "attempt_dir",
@@ -98,6 +101,8 @@ ATTEMPTS_DIR = "attempts"
 HEARTBEAT_FILE = "heartbeat.json"
 HEARTBEAT_INTERVAL_S = 15.0  # how often the worker rewrites HEARTBEAT_FILE
 PROGRESS_FILE = "progress.json"
+# in the attempt folder: the worker's request that the job script requeue this task
+REQUEUE_REQUEST_FILE = "requeue.json"
 # in the trial folder: the searcher stopped the trial; its job should end at the next step
 STOP_FILE = "stop.json"
 

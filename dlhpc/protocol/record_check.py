@@ -21,7 +21,7 @@ __all__ = ["MAX_BYTES", "MAX_STEP", "MAX_TIME", "check_columns", "check_record"]
 
 MAX_STEP = 2**53  # steps are counts a float still tells apart
 MAX_TIME = 32503680000.0  # 3000-01-01 in seconds since the epoch: datetime's range
-MAX_BYTES = 2**62  # a checkpoint's size in bytes
+MAX_BYTES = 2**50  # a checkpoint's size in bytes (a PiB): sums of many stay in int64
 _MAX_CODE = 2**31  # an exit code
 _FLOAT_MAX = 2**1023  # an int past this does not convert to a float
 

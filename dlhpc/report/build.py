@@ -11,7 +11,9 @@ carries: a page whose digest is not the DB's is written again) unless ``force``,
 a cron rebuild costs the live ones only.
 
 The index lists every experiment in the state folder, with who launched it and its
-tags: in a lab's shared folder (group mode) that is everyone's, and it says so.
+tags. In a lab's shared folder (group mode) each member has a database of their own:
+``--all`` reads every member's (the others' read-only, SQLite ``mode=ro``), writes each
+member's pages into a folder named after them, and one index of everyone's.
 ``publish`` makes the folder and pages readable by others (:mod:`dlhpc.report.publish`).
 """
 
@@ -20,9 +22,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from urllib.parse import quote
 
 from sqlalchemy import func, select
 
@@ -33,7 +36,7 @@ from dlhpc.report._page import LAB_META
 from dlhpc.report._status_lab import lab_stamps
 from dlhpc.report.models_index import write_models_index
 from dlhpc.report.publish import check_publishable, make_public, publishing
-from dlhpc.store import Experiment, Store, Tag, Trial
+from dlhpc.store import Experiment, Store, Tag, Trial, lab_databases
 
 __all__ = ["INDEX_FILE", "MODELS_FILE", "AllResult", "page_file", "write_all", "write_report"]
 
@@ -109,12 +112,16 @@ def _entries(store: Store, now: datetime) -> list[_Entry]:
 def _shared(store: Store) -> str:
     """What the index says about whose experiments it lists."""
     policy = store.permissions
-    if policy is not None and policy.mode == "group":
+    if _group_mode(store) and policy is not None:
         return (
             f"A lab's shared state folder (group {policy.group}): every member's experiments,"
             " with who launched each."
         )
     return "Every experiment of this state folder, with who launched each."
+
+
+def _group_mode(store: Store) -> bool:
+    return store.permissions is not None and store.permissions.mode == "group"
 
 
 def write_all(
@@ -134,10 +141,63 @@ def write_all(
     out = out_dir.absolute()
     created = [d for d in (out, *out.parents) if publish and not d.exists()]  # o+rx too
     with publishing() if publish else nullcontext():
-        result = _write_all(store, out_dir, _utc(now), progress, force)
+        if _group_mode(store):
+            result = _write_lab(store, out_dir, _utc(now), progress, force)
+        else:
+            result, entries = _write_all(store, out_dir, _utc(now), progress, force)
+            _write_index(out_dir, entries, _utc(now), _shared(store), MODELS_FILE, result)
     if publish:
-        make_public([*created, out], [p for p, _ in result.written] + result.kept)
+        pages = [p for p, _ in result.written] + result.kept
+        make_public([*created, out, *sorted({p.parent for p in pages})], pages)  # + members'
+
     return result
+
+
+def _write_lab(
+    store: Store,
+    out_dir: Path,
+    now: datetime,
+    progress: Callable[[int, int], None] | None,
+    force: bool,
+) -> AllResult:
+    """Group mode: each member's pages, models.html and index in ``out_dir/<member>/``
+    (read from the member's own database, read-only unless it is ``store``'s), then
+    ``out_dir/index.html`` of every member's experiments."""
+    ensure_folder(out_dir, store)
+    result, everyone = AllResult(), []
+    for member, db in lab_databases(store.lab):
+        mine = db == store.db_path
+        member_store = (
+            store if mine else Store(db.parent, permissions=store.permissions, read_only=True)
+        )
+        try:
+            part, entries = _write_all(member_store, out_dir / member, now, progress, force)
+            shared = f"{member}'s experiments, in the lab's shared state folder."
+            _write_index(out_dir / member, entries, now, shared, MODELS_FILE, part)
+        finally:
+            if not mine:
+                member_store.close()
+        result.written += part.written
+        result.kept += part.kept
+        everyone += [replace(e, href=f"{quote(member)}/{e.href}") for e in entries]
+    _write_index(out_dir, everyone, now, _shared(store), "", result)
+    return result
+
+
+def _write_index(
+    out_dir: Path,
+    entries: list[IndexEntry],
+    now: datetime,
+    shared: str,
+    models: str,
+    result: AllResult,
+) -> None:
+    """Publish ``out_dir/index.html`` of ``entries``, saying ``shared`` about whose they
+    are, linking ``models`` if given; recorded in ``result``."""
+    stamp = now.replace(tzinfo=timezone.utc).timestamp()
+    index = render_index(entries, stamp, shared, models).encode("utf-8")
+    publish_file(out_dir / INDEX_FILE, index)
+    result.written.append((out_dir / INDEX_FILE, len(index)))
 
 
 def _write_all(
@@ -146,7 +206,9 @@ def _write_all(
     now: datetime,
     progress: Callable[[int, int], None] | None,
     force: bool,
-) -> AllResult:
+) -> tuple[AllResult, list[IndexEntry]]:
+    """The pages that may have changed and models.html; returns them and the index's
+    entries."""
     ensure_folder(out_dir, store)
     entries = _entries(store, now)
     result = AllResult()
@@ -162,12 +224,7 @@ def _write_all(
             progress(i + 1, len(entries))
     models = write_models_index(store, out_dir, now)  # small: rewritten on every run
     result.written.append((models, models.stat().st_size))
-    stamp = now.replace(tzinfo=timezone.utc).timestamp()
-    entries_only = [e for e, _, _ in entries]
-    index = render_index(entries_only, stamp, _shared(store), MODELS_FILE).encode("utf-8")
-    publish_file(out_dir / INDEX_FILE, index)
-    result.written.append((out_dir / INDEX_FILE, len(index)))
-    return result
+    return result, [e for e, _, _ in entries]
 
 
 _STAMP = re.compile(rb'<meta name="' + LAB_META.encode() + rb'" content="([0-9a-f]*)">')

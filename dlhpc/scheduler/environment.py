@@ -62,8 +62,9 @@ class JobEnvironment:
     volatile_vars: ClassVar[frozenset[str]] = frozenset()
     #: The variable that marks a job of this backend (named when none is found).
     marker: ClassVar[str] = ""
-    #: The signal name (``USR2``) that warns of the time limit: an entrypoint that
-    #: exits with the requeue code after it asks for :meth:`requeue_self`.
+    #: The signal name (``USR2``) that warns of the time limit: the entrypoint
+    #: checkpoints and exits with the requeue code; the requeue itself
+    #: (:meth:`requeue_self`) is asked for once the job's step has ended.
     time_limit_signal: ClassVar[str | None] = None
 
     def __init__(self, environ: Mapping[str, str]) -> None:

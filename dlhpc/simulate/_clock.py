@@ -9,6 +9,7 @@ simulated week passes in seconds of real time.
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from pathlib import Path
 
 __all__ = ["SIM_EPOCH", "VirtualClock"]
 
@@ -28,6 +29,10 @@ class VirtualClock:
 
     def now(self) -> datetime:
         return datetime.fromtimestamp(self._t, tz=timezone.utc).replace(tzinfo=None)
+
+    def file_time(self, folder: Path) -> float:
+        """The virtual now: the simulated cluster stamps its files with it."""
+        return self._t
 
     def elapsed(self) -> float:
         """Virtual seconds since the clock was created."""

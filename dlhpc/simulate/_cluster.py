@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import os
 import random
 from collections import Counter
 from collections.abc import Collection
@@ -382,6 +383,7 @@ class SimCluster(BaseScheduler):
     def _beat(self, t: Task) -> None:
         adir = attempt_dir(t.trial_dir, attempt_key(t.job_id, t.restart))
         atomic_write_text(adir / HEARTBEAT_FILE, json.dumps({"time": self.now, "pid": 0}))
+        os.utime(adir / HEARTBEAT_FILE, (self.now, self.now))  # stamped by the virtual clock
         t.last_beat = self.now
 
     def _flush(self) -> None:

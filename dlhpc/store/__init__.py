@@ -2,7 +2,7 @@
 
 from dlhpc.store.lab_tables import ModelVersion, Note, Tag
 from dlhpc.store.lease import LeaseLostError
-from dlhpc.store.store import Store, default_home, utcnow
+from dlhpc.store.store import Store, default_home, is_disk_full, lab_databases, utcnow
 from dlhpc.store.tables import (
     EXIT_PREEMPTED,
     Attempt,
@@ -35,5 +35,7 @@ __all__ = [
     "Tag",
     "Trial",
     "default_home",
+    "is_disk_full",
+    "lab_databases",
     "utcnow",
 ]

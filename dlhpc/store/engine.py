@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy import Engine, create_engine, event, select
 from sqlalchemy.exc import SQLAlchemyError
@@ -24,12 +25,17 @@ SCHEMA_VERSION = 6
 BUSY_TIMEOUT_MS = 30_000
 
 
-def make_engine(path: Path, *, writer: bool, journal_mode: str = "delete") -> Engine:
-    """An engine for the DB at ``path``; ``writer`` selects BEGIN IMMEDIATE."""
-    engine = create_engine(
-        f"sqlite:///{path}",
-        connect_args={"timeout": BUSY_TIMEOUT_MS / 1000, "check_same_thread": False},
-    )
+def make_engine(
+    path: Path, *, writer: bool, journal_mode: str = "delete", read_only: bool = False
+) -> Engine:
+    """An engine for the DB at ``path``; ``writer`` selects BEGIN IMMEDIATE;
+    ``read_only`` opens it with SQLite's ``mode=ro`` (a lab member's database)."""
+    args: dict[str, Any] = {"timeout": BUSY_TIMEOUT_MS / 1000, "check_same_thread": False}
+    if read_only:  # the URI goes to sqlite3 as it is, not through SQLAlchemy's URL parsing
+        uri = f"file:{quote(str(path))}?mode=ro"
+        engine = create_engine("sqlite://", creator=lambda: sqlite3.connect(uri, uri=True, **args))
+    else:
+        engine = create_engine(f"sqlite:///{path}", connect_args=args)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: sqlite3.Connection, _rec: Any) -> None:

@@ -7,7 +7,8 @@ file completely or not at all, and a second pass skips what the first applied.
 ``gpu`` records become ``gpu_samples`` rows (one per GPU per sample; a row already
 there is kept, and a GPU entry without a usable index is skipped). A ``checkpoint``
 record whose folder is not one of the trial's own
-(:mod:`dlhpc.store.checkpoint_dirs`) is not stored: a warning event takes its place.
+(:mod:`dlhpc.store.checkpoint_dirs`), or whose size does not fit that folder's
+manifest and files, is not stored: a warning event takes its place.
 """
 
 from __future__ import annotations
@@ -17,16 +18,17 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import Table, insert, select
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from dlhpc._failpoints import failpoint
-from dlhpc.protocol import read_event_batches
+from dlhpc.protocol import UnsafeFile, scan_event_files
+from dlhpc.protocol.checkpoint_read import recorded_size_problem
 from dlhpc.repro import merge_env_record
-from dlhpc.states import TERMINAL_TRIAL_STATES, CheckpointState, JobState
+from dlhpc.states import TERMINAL_TRIAL_STATES, JobState
+from dlhpc.store._ingest_rows import Rows, table
 from dlhpc.store._records import (
     apply_exit,
     apply_start,
@@ -41,11 +43,7 @@ from dlhpc.store._records import (
 from dlhpc.store.checkpoint_dirs import foreign_checkpoint, trial_checkpoint_dir
 from dlhpc.store.tables import (
     Attempt,
-    Base,
-    Checkpoint,
-    Event,
     Experiment,
-    GpuSample,
     IngestedFile,
     Metric,
     Trial,
@@ -68,8 +66,9 @@ __all__ = [
 SETTLE_WINDOW = timedelta(minutes=5)
 
 _KEY_RE = re.compile(r"^(?P<job>.+)\.r(?P<restart>\d+)$")
-# what a re-published checkpoint (a folder name whose row the GC deleted) takes anew
-_REPUBLISHED = ("attempt_id", "step", "size_bytes", "state", "created_at", "metric")
+# rows held before they are written (executemany, in the caller's transaction): what a
+# long file costs in memory is bounded by this, not by its length
+_SPILL_ROWS = 20_000
 
 
 @dataclass
@@ -103,42 +102,6 @@ def _checkpoint_metric(
         )
     )
     return finite(value)
-
-
-def _table(model: type[Base]) -> Table:
-    return cast(Table, model.__table__)
-
-
-def _metric_upsert() -> Any:
-    ins = sqlite_insert(_table(Metric))
-    return ins.on_conflict_do_update(
-        index_elements=["trial_id", "step", "name"],
-        set_={
-            "value": ins.excluded.value,
-            "attempt_id": ins.excluded.attempt_id,
-            "time": ins.excluded.time,
-        },
-    )
-
-
-def _checkpoint_upsert() -> Any:
-    ins = sqlite_insert(_table(Checkpoint))
-    # a folder name the GC freed and a job published again: a new checkpoint
-    revive = {k: ins.excluded[k] for k in _REPUBLISHED}
-    return ins.on_conflict_do_update(
-        index_elements=["trial_id", "path"],
-        set_={**revive, "pinned": False, "deleted_at": None},
-        where=_table(Checkpoint).c.state == CheckpointState.DELETED.value,
-    )
-
-
-# Core statements (compiled once, run as executemany): the ORM's per-row bookkeeping
-# cost more than the SQL for files of many records
-_METRIC_UPSERT = _metric_upsert()
-_CHECKPOINT_UPSERT = _checkpoint_upsert()
-_GPU_INSERT = sqlite_insert(_table(GpuSample)).on_conflict_do_nothing(
-    index_elements=["attempt_id", "host", "gpu_index", "time"]
-)
 
 
 def new_attempt(
@@ -221,18 +184,6 @@ def _job_origins(
     return origins
 
 
-@dataclass
-class _Rows:
-    """The rows an ingest batch inserts, by table, in file order."""
-
-    metrics: list[dict[str, Any]] = field(default_factory=list)
-    checkpoints: list[dict[str, Any]] = field(default_factory=list)
-    gpu: list[dict[str, Any]] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)  # log records
-    marks: list[dict[str, Any]] = field(default_factory=list)  # ingested_files rows
-    pending: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # trial -> metrics
-
-
 def ingest_attempt(
     session: Session, trial: Trial, attempt_path: Path, now: datetime
 ) -> IngestResult:
@@ -256,22 +207,14 @@ def ingest_attempts(
         )
     ):
         done[attempt_id].add(name)
-    rows = _Rows()
+    rows = Rows()
     results = []
     for (trial, path), attempt in zip(folders, attempts, strict=True):
         results.append(_read_folder(session, trial, attempt, path, done[attempt.id], rows, now))
-    conn = session.connection()
-    if rows.metrics:  # a later row of a key wins (executemany runs them in order)
-        conn.execute(_METRIC_UPSERT, rows.metrics)
-    if rows.checkpoints:
-        conn.execute(_CHECKPOINT_UPSERT, rows.checkpoints)
-    if rows.gpu:  # executemany: no limit on bound parameters however long the file
-        conn.execute(_GPU_INSERT, rows.gpu)
-    if rows.events:
-        conn.execute(insert(_table(Event)), rows.events)
+    rows.write(session)
     failpoint("ingest.before_mark")
     if rows.marks:  # the same transaction as everything the files implied
-        conn.execute(insert(_table(IngestedFile)), rows.marks)
+        session.connection().execute(insert(table(IngestedFile)), rows.marks)
     session.flush()  # the attempts' new facts
     return results
 
@@ -282,36 +225,42 @@ def _read_folder(
     attempt: Attempt,
     attempt_path: Path,
     done: set[str],
-    out: _Rows,
+    out: Rows,
     now: datetime,
 ) -> IngestResult:
     """Read one attempt folder's files not in ``done`` (then added to it): attempt
     facts onto ``attempt``, rows into ``out``, each file's ``ingested_files`` row
-    after its records'. A file the reader refused is quarantined: marked with no
-    records (never read again), an event and the trial's ``error`` naming it; one it
-    could not read for now (an I/O error) is left for the next pass."""
+    after its records'. Each file is checked whole first, then its records are
+    applied as they are read again (:func:`~dlhpc.protocol.scan_event_files`), the
+    rows written every :data:`_SPILL_ROWS`. A file the reader refused is
+    quarantined: marked with no records (never read again), an event and the
+    trial's ``error`` naming it; one it could not read for now (an I/O error) is
+    left for the next pass. A file its job rewrote between the check and the second
+    read is applied up to the line that no longer passes, with a warning."""
     result = IngestResult()
     out.pending.setdefault(trial.id, [])
-    for batch in read_event_batches(attempt_path, skip=done):
-        if batch.problem:
-            where = str(attempt_path / batch.name)
-            if batch.retry:
-                result.warnings.append(f"trial {trial.id}: {where} not read: {batch.problem}")
-                continue
-            warning, event = quarantine(trial, where, batch.problem, now)
+    for f in scan_event_files(attempt_path, skip=done):
+        where = str(f.path)
+        if f.retry:
+            result.warnings.append(f"trial {trial.id}: {where} not read: {f.problem}")
+            continue
+        if f.problem:
+            warning, event = quarantine(trial, where, f.problem, now)
             result.warnings.append(warning)
             out.events.append(event)
-        for rec in batch.records:
-            _apply(session, trial, attempt, rec, out, result, now)
+        applied = 0
+        try:
+            for rec in [] if f.problem else f.records():
+                _apply(session, trial, attempt, rec, out, result, now)
+                applied += 1
+                if out.held() >= _SPILL_ROWS:
+                    out.write(session)
+        except (UnsafeFile, FileNotFoundError) as err:
+            result.warnings.append(f"trial {trial.id}: {where} changed while read: {err}")
         out.marks.append(
-            {
-                "attempt_id": attempt.id,
-                "name": batch.name,
-                "records": len(batch.records),
-                "ingested_at": now,
-            }
+            {"attempt_id": attempt.id, "name": f.name, "records": applied, "ingested_at": now}
         )
-        done.add(batch.name)
+        done.add(f.name)
         result.files += 1
     return result
 
@@ -321,7 +270,7 @@ def _apply(
     trial: Trial,
     attempt: Attempt,
     rec: dict[str, Any],
-    out: _Rows,
+    out: Rows,
     result: IngestResult,
     now: datetime,
 ) -> None:
@@ -362,14 +311,15 @@ def _foreign_checkpoint_record(
 ) -> dict[str, Any] | None:
     """The warning ``events`` row that replaces a ``checkpoint`` record whose folder is
     not one of the trial's own (:func:`~dlhpc.store.checkpoint_dirs.foreign_checkpoint`:
-    another trial's, elsewhere, or another step's), or None to store it."""
+    another trial's, elsewhere, or another step's) or whose size does not fit that
+    folder (:func:`~dlhpc.protocol.checkpoint_read.recorded_size_problem`), or None to
+    store it."""
     step = finite_int(rec.get("step", 0))
     own = trial_checkpoint_dir(trial.experiment, trial.id)
-    why = (
-        "its step is not an integer"
-        if step is None
-        else foreign_checkpoint(own, str(rec.get("path", "")), step)
-    )
+    path = str(rec.get("path", ""))
+    why = "its step is not an integer" if step is None else foreign_checkpoint(own, path, step)
+    if why is None and step is not None:  # the trial's own folder: its size must fit it
+        why = recorded_size_problem(Path(path), step, int(rec.get("size") or 0))
     if why is None:
         return None
     message = f"checkpoint record refused (not stored): {why}"

@@ -24,7 +24,6 @@ __all__ = [
     "DIGITS",
     "PLANNED_EXIT_NOISE",
     "References",
-    "SELF_REQUEUE_NOISE",
     "final_sha",
     "logs_of",
     "reference_sha",
@@ -150,10 +149,6 @@ def hog_argv(sleep_s: int) -> list[str]:
 
 #: What a planned exit (75: checkpointed for a requeue) must not leave in a job's log.
 PLANNED_EXIT_NOISE = ("Traceback", "triggered an exception", "srun: error")
-#: The same after a self-requeue at the time limit: the worker's ``scontrol requeue``
-#: kills the step it runs in, and srun reports that kill ("srun: error: NODE: task 0:
-#: Terminated"), but never an exit code.
-SELF_REQUEUE_NOISE = ("Traceback", "triggered an exception", "Exited with exit code")
 
 
 def logs_of(cli: Cli, trial_id: int, key: str | None = None) -> tuple[str, str]:

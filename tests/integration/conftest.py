@@ -24,6 +24,16 @@ PROFILES = ("default", "strict", "noacct")
 NEEDS = ("accounting", "root", "scrontab")
 
 
+def let_others_pass(path: Path) -> None:
+    """Every folder above ``path`` lets others pass (o+x, never o+r), as ``scripts/dev-cluster``
+    does for the strict profile's user: a test's other Unix users must reach the checkout
+    and the venv, whichever cluster came up first."""
+    for folder in reversed(path.parents):
+        mode = folder.stat().st_mode
+        if not mode & 0o001:
+            os.chmod(folder, mode | 0o001)
+
+
 @dataclass(frozen=True)
 class DevCluster:
     """Which dev cluster the tests run against: ``scripts/dev-cluster env`` exports

@@ -3,8 +3,8 @@
 The seeded driver in :mod:`tests.integration.chaos` preempts the trials with a
 high-priority job, sends one a USR2, cancels one, requeues one, kills a node's
 slurmd (and restarts it) and shortens a walltime until the time-limit signal
-comes, all while ``dlhpc tick`` runs every ~2 s. :func:`~tests.integration.chaos.
-check_campaign` then asserts: every trial COMPLETED with all its epochs and no
+comes, all while ``dlhpc tick`` runs every ~2 s. :func:`~tests.integration.
+chaos_checks.check_campaign` then asserts: every trial COMPLETED with all its epochs and no
 crash counted; each hit attempt recorded with its cause and followed by a new
 attempt; never two runs of a trial at once; final weights bitwise equal to an
 uninterrupted run; metrics exactly once; ``PRAGMA integrity_check`` ok.
@@ -20,14 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.chaos import (
-    ACTIONS,
-    DEFAULT_SEED,
-    CampaignConfig,
-    check_campaign,
-    make_plan,
-    run_campaign,
-)
+from tests.integration.chaos import ACTIONS, DEFAULT_SEED, make_plan
+from tests.integration.chaos_campaign import CampaignConfig, run_campaign
+from tests.integration.chaos_checks import check_campaign
 from tests.integration.conftest import Cli
 
 

@@ -41,7 +41,7 @@ def _experiment(tmp_path: Path) -> Path:
         "resources: {nodes: 2, tasks_per_node: 2, cpus_per_task: 1, mem: 4G, time: '00:10:00'}\n"
         f"deepspeed: {{config: {DSLM / 'ds_config.json'}}}\n"
         "hyperparameters: {layers: 2, d_model: 64, heads: 4, context: 32,"
-        " log_every: 10, eval_every: 30, ckpt_every: 20, step_sleep: 0.25}\n"
+        " log_every: 10, eval_every: 30, ckpt_every: 20, step_sleep: 0.15}\n"
         "searcher: {name: single, metric: val_loss, smaller_is_better: true,"
         f" max_length: {STEPS}}}\n"
         "reproducibility: {seed: 7, deterministic: true}\nmax_restarts: 3\n"
@@ -123,9 +123,9 @@ def test_two_nodes_by_two_tasks_preempted_and_resumed_end_bitwise_equal(
     assert spec.deepspeed is not None and spec.deepspeed["zero_optimization"]["stage"] == 2
     ckpt_dir = Path(spec.checkpoint_dir)
 
+    procs, ref_ckpt = _start_reference(tmp_path, spec)  # meanwhile, the uninterrupted run
     _wait_for_checkpoint(cli, exp_id, ckpt_dir)  # step 20 of 60 is published: mid-run
     hog = _preempt(cli)
-    procs, ref_ckpt = _start_reference(tmp_path, spec)  # meanwhile, the uninterrupted run
     try:
         exp = cli.tick_until(exp_id, lambda e: e["state"] in TERMINAL, timeout=220)
     finally:

@@ -198,7 +198,7 @@ def test_a_scrontab_entry_alone_drives_an_experiment_to_completion(
         deadline = time.monotonic() + 420  # runs start on minute boundaries
         while (state := cli.experiment(exp_id)["state"]) not in TERMINAL:  # no tick here
             assert time.monotonic() < deadline, f"still {state}"
-            time.sleep(5)
+            time.sleep(2)
         assert state == "COMPLETED"
         assert (cli.home / "cron" / "scrontab.log").exists()
     finally:

@@ -17,11 +17,12 @@ from dlhpc.states import TERMINAL_EXPERIMENT_STATES as TERMINAL
 from tests.integration._reference import (
     DIGITS,
     PLANNED_EXIT_NOISE,
+    References,
     final_sha,
     hog_argv,
     logs_of,
-    reference_shas,
     seed_of,
+    start_references,
 )
 from tests.integration.conftest import Cli
 
@@ -70,13 +71,23 @@ def _check_logs(cli: Cli, exp: dict[str, Any]) -> None:
         assert not [x for x in PLANNED_EXIT_NOISE if x in err], err
 
 
-def _check_exact(cli: Cli, tmp_path: Path, exp: dict[str, Any], epochs: int) -> None:
+def _start_exact(cli: Cli, tmp_path: Path, exp_id: int, epochs: int) -> References:
+    """The uninterrupted runs of the experiment's trials, started beside their jobs while
+    these wait or sleep (at the same priority: a niced run starves on a busy machine);
+    :func:`_check_exact` waits for them."""
+    trials = cli.experiment(exp_id)["trials"]
+    seeds = {t["id"]: seed_of(cli, t["id"]) for t in trials}
+    return start_references(tmp_path, trials, epochs, seeds)
+
+
+def _check_exact(cli: Cli, exp: dict[str, Any], epochs: int, refs: References) -> None:
+    """Every trial completed all ``epochs`` with the weights of its uninterrupted run."""
     for t in exp["trials"]:
         assert t["state"] == "COMPLETED" and t["steps_completed"] == epochs, t
-    seeds = {t["id"]: seed_of(cli, t["id"]) for t in exp["trials"]}
-    refs = reference_shas(tmp_path, exp["trials"], epochs, seeds)
+    shas = refs.wait()
+    assert set(shas) == {t["id"] for t in exp["trials"]}, shas
     for t in exp["trials"]:
-        assert final_sha(cli, exp["id"], t["id"]) == refs[t["id"]], (
+        assert final_sha(cli, exp["id"], t["id"]) == shas[t["id"]], (
             f"trial {t['id']} weights differ"
         )
 
@@ -90,17 +101,18 @@ def test_preempted_trials_checkpoint_requeue_and_finish_bitwise_identical(
     exp_id = cli.json("launch", str(_experiment(tmp_path, "ft-preempt", epochs=epochs)))[
         "experiment_id"
     ]
-    # the trials also run epochs 1.. with metrics; wait until they are mid-training
-    time.sleep(3)
+    # wait until they are mid-training (an epoch done)
     _wait_running_with_progress(cli, exp_id)
-    # a high-priority job that needs both whole nodes preempts (requeues) them
+    # a high-priority job that needs both whole nodes preempts (requeues) them; the
+    # trials start again once it ends
     hog = subprocess.run(
-        hog_argv(15),
+        hog_argv(5),
         env=cli.env,
         capture_output=True,
         text=True,
         check=True,
     ).stdout.strip()
+    refs = _start_exact(cli, tmp_path, exp_id, epochs)  # while the trials wait for the nodes
     try:
         exp = cli.tick_until(exp_id, lambda e: e["state"] in TERMINAL, timeout=400)
     finally:
@@ -115,7 +127,7 @@ def test_preempted_trials_checkpoint_requeue_and_finish_bitwise_identical(
         assert set(causes[:-1]) == {"preempted"}, causes
         assert t["crashes"] == 0
     _check_logs(cli, exp)
-    _check_exact(cli, tmp_path, exp, epochs)
+    _check_exact(cli, exp, epochs, refs)
     # metrics exactly once per (step, name), with no gap
     import sqlite3
 
@@ -169,6 +181,7 @@ def test_hung_job_is_found_by_its_stale_heartbeat_cancelled_and_resumed(
     for pid in frozen:
         os.kill(pid, signal.SIGSTOP)
     try:
+        refs = _start_exact(cli, tmp_path, exp_id, epochs)  # while the job is frozen
         stale = {"DLHPC_HEARTBEAT_STALE_S": "40"}
         deadline = time.monotonic() + 240
         while True:
@@ -185,7 +198,7 @@ def test_hung_job_is_found_by_its_stale_heartbeat_cancelled_and_resumed(
     assert exp["state"] == "COMPLETED", json.dumps(exp, indent=1)
     t = next(t for t in exp["trials"] if t["id"] == victim["id"])
     assert [a["cause"] for a in t["attempts"]][0] == "lost" and t["crashes"] == 0
-    _check_exact(cli, tmp_path, exp, epochs)
+    _check_exact(cli, exp, epochs, refs)
 
 
 def _worker_logs(cli: Cli, key: str) -> list[str]:
@@ -210,15 +223,19 @@ def test_requeue_refused_by_slurm_is_resubmitted_and_resumes_bitwise(
     disabled"). The trial gets its time-limit signal (USR2 ``lead_time`` before the limit,
     which the test shortens as any owner may), checkpoints and exits 75; the worker's
     requeue is refused, the job ends, and the reconciler submits the trial again as a new
-    job, which resumes and finishes with the weights of an uninterrupted run."""
-    epochs = 8
+    job, which resumes and finishes with the weights of an uninterrupted run.
+
+    slurmctld sends a due signal when it next checks time limits (every 30 s), so the
+    training lasts about 45 s: it is still running when the signal comes, whenever in
+    those 30 s it comes."""
+    epochs = 20  # 23 steps of 0.1 s each: the first is done about 2.5 s into training
     exp = tmp_path / "ft-norequeue.yaml"
     exp.write_text(
         f"name: ft-norequeue\nentrypoint: python train.py\nworkdir: {DIGITS}\n"
         "resources: {cpus_per_task: 1, mem: 1G, time: '00:10:00',"
         " sbatch_args: ['--comment=dlhpc-site-no-requeue']}\n"
-        "preemption: {lead_time: '150s'}\n"
-        "hyperparameters: {lr: 0.05, hidden: 32, dropout: 0.2, batch_size: 64, step_sleep: 0.5}\n"
+        "preemption: {lead_time: '175s'}\n"
+        "hyperparameters: {lr: 0.05, hidden: 32, dropout: 0.2, batch_size: 64, step_sleep: 0.1}\n"
         "searcher: {name: grid, metric: val_accuracy, smaller_is_better: false,"
         f" max_length: {epochs}}}\n"
         "reproducibility: {seed: 7, deterministic: true}\nmax_restarts: 0\n"
@@ -227,10 +244,12 @@ def test_requeue_refused_by_slurm_is_resubmitted_and_resumes_bitwise(
     _wait_running_with_progress(cli, exp_id)
     (trial,) = cli.experiment(exp_id)["trials"]
     first_job = trial["slurm_job_ids"][-1]
-    # 3 minutes: USR2 is due 30 s into the run, and slurmctld sends it within a minute
+    # 3 minutes: USR2 is due 5 s into the run, already past, so slurmctld sends it at its
+    # next time-limit check, within 30 s
     subprocess.run(
         ["scontrol", "update", f"JobId={first_job}", "TimeLimit=3"], env=cli.env, check=True
     )
+    refs = _start_exact(cli, tmp_path, exp_id, epochs)  # while the trial trains and sleeps
     done = cli.tick_until(exp_id, lambda e: e["state"] in TERMINAL, timeout=420)
     assert done["state"] == "COMPLETED", json.dumps(done, indent=1)
     (t,) = done["trials"]
@@ -246,4 +265,4 @@ def test_requeue_refused_by_slurm_is_resubmitted_and_resumes_bitwise(
     # the first job's: its run ended as planned (exit 75, the requeue refused), quietly
     _, err = logs_of(cli, t["id"], first["key"])
     assert not [x for x in PLANNED_EXIT_NOISE if x in err], err
-    _check_exact(cli, tmp_path, done, epochs)
+    _check_exact(cli, done, epochs, refs)

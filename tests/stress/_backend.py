@@ -30,12 +30,14 @@ LEDGER = "ledger.txt"  # in the trial folder, which the reconciler does not read
 
 
 class StressBackend(BaseScheduler):
-    """Job ids at submission; every job RUNNING forever; cancels are counted."""
+    """Job ids at submission; every job RUNNING, but those in ``ended`` (COMPLETED);
+    cancels are counted."""
 
     name = "stress"
 
     def __init__(self) -> None:
         self.cancelled: list[str] = []
+        self.ended: set[str] = set()  # job ids a test says ended
 
     def render(self, request: JobRequest) -> list[str]:
         return [f"# stress array of {len(request.trial_dirs)} task(s)\n"]
@@ -48,7 +50,8 @@ class StressBackend(BaseScheduler):
         ]
 
     def poll(self, job_ids: Collection[str]) -> dict[str, JobStatus]:
-        return {j: JobStatus(j, JobState.RUNNING) for j in job_ids}
+        state = {True: JobState.COMPLETED, False: JobState.RUNNING}
+        return {j: JobStatus(j, state[j in self.ended]) for j in job_ids}
 
     def cancel(self, job_ids: Collection[str]) -> None:
         self.cancelled.extend(job_ids)

@@ -125,7 +125,7 @@ def test_trace_compute_to_target_and_budget() -> None:
 
 
 def test_regret_is_normalised_from_the_best_so_far() -> None:
-    ref = TaskReference("t", best=90.0, target=89.0, lo=0.0, hi=100.0, share=0.1, samples=10)
+    ref = TaskReference("t", 90.0, 89.0, 0.0, 100.0, 0.1, 10, random_epochs=500, random_gpu_hours=1)
     t = Trace(budget=10)
     for wall, value in enumerate([50.0, 80.0, 60.0, 95.0]):
         t.add(float(wall), 1.0, value)
@@ -175,10 +175,7 @@ def test_driver_smoke_random_and_asha(tmp_path: Path) -> None:
     args = ["--tasks", "167184", "--seeds", "1", "--workers", "4", "--budget", "300"]
     args += ["--methods", "random,asha", "--reference-samples", "200", "--json", str(out)]
     args += ["--svg-dir", str(tmp_path / "svg"), "--searcher", "bad={name: asha, nokey: 1}"]
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    assert bench.main([*args, "--scratch", str(scratch)]) == 0
-    assert list(scratch.iterdir()) == []  # every run's folder is removed
+    assert bench.main(args) == 0
     result = json.loads(out.read_text())
     assert [r["method"] for r in result["runs"]] == ["random", "asha"]
     assert "nokey" in result["skipped"]["bad"]  # the searcher's own rules refuse it
@@ -203,7 +200,7 @@ def test_driver_smoke_random_and_asha(tmp_path: Path) -> None:
     assert bench.done_tasks_only(result)["runs"] == result["runs"]
     # --resume goes on with a stopped run: the runs it has are kept, the others run
     out.write_text(json.dumps({**result, "runs": result["runs"][:1], "tasks_done": []}))
-    assert bench.main([*args, "--scratch", str(scratch), "--resume"]) == 0
+    assert bench.main([*args, "--resume"]) == 0
     again = json.loads(out.read_text())
     assert again["runs"][0] == result["runs"][0]  # kept as it was, not run again
     assert [r["method"] for r in again["runs"]] == ["random", "asha"]
@@ -211,17 +208,6 @@ def test_driver_smoke_random_and_asha(tmp_path: Path) -> None:
     assert again["tasks_done"] == ["167184"]
     with pytest.raises(SystemExit, match="other settings: \\['budget'\\]"):
         bench.main([*args[:7], "301", *args[8:], "--resume"])
-
-
-def test_driver_refuses_a_scratch_that_is_not_a_folder(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    import bench_search_lcbench as bench
-
-    with pytest.raises(SystemExit) as exc:
-        bench.main(["--scratch", str(tmp_path / "missing"), "--tasks", "167184"])
-    assert exc.value.code == 2
-    assert "--scratch: not a folder" in capsys.readouterr().err
 
 
 def _fake_run(
@@ -242,18 +228,19 @@ def test_report_table_ratios_and_shard_merge() -> None:
         runs += [_fake_run("asha", task, s, e, (0.5, 0.1)) for s, e in enumerate(asha)]
         runs += [_fake_run("syne-asha", task, s, 400, (0.6, 0.05)) for s in range(3)]
         args = {"budget": 1000, "reference_samples": 2000, "points": 1.0}
-        return {"args": args, "checkpoints": [50, 1000], "runs": runs, "references": {}}
+        refs = {task: {"random_epochs": {"a": 200.0, "b": 5000.0}[task]}}
+        return {"args": args, "checkpoints": [50, 1000], "runs": runs, "references": refs}
 
     shards = [result("a", [100, 200, 300], [10, 20, None]), result("b", [None] * 3, [100] * 3)]
     merged = merge(shards)
     text = table(merged, 4)
-    # per-task medians: random a=200, b=inf (counts as the budget, 1000); asha a=20, b=100:
-    # ratios 0.1 and 0.1; medians over tasks: asha 60, random inf
-    assert "| asha | 5/6 | 60 | 0.10 | 1 | 2 | 0.1000 | 1.0 |" in text
-    assert "| random | 3/6 | > budget | > budget |" in text
-    assert "| syne-asha | 6/6 | 400 | 1.20 |" in text  # 400/200 and 400/1000
+    # ratios to random's expected epochs (a 200, b 5000, beyond the budget but exact):
+    # asha's per-task medians a=20, b=100: ratios 0.1 and 0.02; medians over tasks: asha 60
+    assert "| asha | 5/6 | 60 | 0.06 | 1 | 2 | 0.1000 | 1.0 |" in text
+    assert "| random | 3/6 | > budget | > budget |" in text  # 200/200 and inf
+    assert "| syne-asha | 6/6 | 400 | 1.04 |" in text  # 400/200 and 400/5000
     (line,) = verdicts(merged, 4)
-    assert line.startswith("W=4 asha: median epochs to target 60 (random > budget)")
+    assert line.startswith("W=4 asha: median epochs to target 60 (random's expectation 2600)")
     assert "best peer syne-asha 400" in line and "every peer's at 1/2 checkpoints" in line
 
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from dlhpc.config import list_sites
-from dlhpc.config._site import REPO_SITES
+from dlhpc.config import builtin_sites, list_sites
 from tests._config import load_experiment, load_site
 
-SHIPPED = sorted(REPO_SITES.glob("*.yaml"))
+SHIPPED = sorted(builtin_sites().glob("*.yaml"))
+REPO = Path(__file__).resolve().parents[2]
 ENV = {"HOME": "/home/alice", "USER": "alice", "PATH": "/nonexistent"}
 
 
@@ -18,6 +18,12 @@ def test_the_required_site_files_are_shipped() -> None:
     names = {p.stem for p in SHIPPED}
     assert {"dev-cluster", "generic", "local"} <= names
     assert len([n for n in names if n.startswith("template-")]) >= 2
+
+
+def test_the_built_in_sites_are_the_checkouts_site_configs() -> None:
+    # one source: the package's folder is a link to the top-level one, not a copy
+    assert builtin_sites().resolve() == REPO / "site-configs"
+    assert [p.name for p in SHIPPED] == sorted(p.name for p in (REPO / "site-configs").iterdir())
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ from dlhpc.integrations.determined import ENV_SLOTS
 from dlhpc.integrations.determined.cluster import (
     ENV_CONTAINER_RANK,
     container_layout,
+    gpu_uuids,
 )
 from dlhpc.integrations.determined.launch import worker_envs
 from dlhpc.protocol import TrialSpec, read_event_batches
@@ -108,7 +110,10 @@ def _trial(tmp_path: Path, entry: str, slots: int, script: tuple[str, str] | Non
         (code / script[0]).write_text(script[1])
     for f in TUTORIAL.glob("*.py"):
         shutil.copy(f, code / f.name)
-    (exp / "entry.sh").write_text(f"#!/bin/bash\npython -m dlhpc.integrations.determined {entry}\n")
+    trap = "trap ':' TERM USR2 INT"  # as in every entry.sh dlhpc writes
+    (exp / "entry.sh").write_text(
+        f"#!/bin/bash\n{trap}\npython -m dlhpc.integrations.determined {entry}\n"
+    )
     tdir = exp / "trials" / "trial-000001"
     tdir.mkdir(parents=True)
     TrialSpec(
@@ -242,6 +247,56 @@ def test_stage_4_of_the_tutorial_runs_unchanged_with_its_own_launcher(tmp_path: 
     assert [r["step"] for r in records if r["type"] == "checkpoint"][-1] == 100
 
 
+def test_a_preemption_reaches_the_stage_4_launcher_and_its_workers(tmp_path: Path) -> None:
+    """TERM (forwarded by the worker to the entrypoint's process group, as Slurm signals
+    every process of the step) reaches the tutorial's launcher, which has no handler of
+    its own, and its workers: the workers checkpoint and exit for requeue, the launcher
+    lives on and exits with their code, so the exit record follows the last checkpoint."""
+    tdir = _trial(tmp_path, "sh -c 'python3 4_distributed.py launcher'", 2)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DLHPC_"))}
+    env["DLHPC_JOB_ID"] = "local-1"
+    argv = [sys.executable, "-m", "dlhpc.harness.worker", str(tdir)]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    attempt = tdir / "attempts" / "local-1.r0"
+    deadline = time.monotonic() + 120
+    while not list(attempt.glob("user-r0-*.jsonl")):  # the first metrics: training is on
+        assert time.monotonic() < deadline and proc.poll() is None, "training never started"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 75, out.decode()
+    records = [r for b in read_event_batches(attempt) for r in b.records]
+    (exit_rec,) = [r for r in records if r["type"] == "exit"]
+    assert (exit_rec["reason"], exit_rec["signal"]) == ("requeue", "TERM")
+    saved = [r for r in records if r["type"] == "checkpoint"]
+    assert saved and exit_rec["checkpoint_step"] == saved[-1]["step"], records
+    assert exit_rec["time"] > saved[-1]["time"]
+
+
+SELF_TERM = """\
+import os, signal, subprocess, sys, determined as det
+det.get_cluster_info()
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) if CHILD else None
+os.kill(os.getpid(), signal.SIGTERM)
+print("alive", flush=True)
+if child:
+    child.kill()
+"""
+
+
+@pytest.mark.parametrize("child", [True, False], ids=["launcher", "no-children"])
+def test_after_get_cluster_info_only_a_launcher_lives_on_at_term(
+    tmp_path: Path, child: bool
+) -> None:
+    """A process with children (a launcher) survives TERM; one without (a script that
+    has not entered core.init()) still ends of it."""
+    tdir = _trial(tmp_path, "true", 1)
+    env = {**os.environ, "DLHPC_TRIAL_DIR": str(tdir)}
+    code = SELF_TERM.replace("CHILD", str(child))
+    got = subprocess.run([*SHIM, sys.executable, "-c", code], env=env, capture_output=True)
+    assert (got.returncode, got.stdout) == ((0, b"alive\n") if child else (-15, b"")), got
+
+
 def test_sh_c_runs_one_simple_command_in_its_place_and_the_rest_through_sh(
     tmp_path: Path,
 ) -> None:
@@ -259,3 +314,54 @@ def test_sh_c_runs_one_simple_command_in_its_place_and_the_rest_through_sh(
         timeout=60,
     )
     assert both.stdout == "2\nx\n", both.stderr
+
+
+class _FakeNvml:
+    """Two GPUs, as NVML names them (bytes UUIDs, as older pynvml returns)."""
+
+    class NVMLError(Exception):
+        pass
+
+    uuids = (b"GPU-aaaa", b"GPU-bbbb")
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802 (NVML's names)
+        return len(self.uuids)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:  # noqa: N802
+        if i >= len(self.uuids):
+            raise self.NVMLError("Invalid Argument")
+        return i
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> int:  # noqa: N802
+        return [u.decode() for u in self.uuids].index(uuid)
+
+    def nvmlDeviceGetUUID(self, handle: int) -> bytes:  # noqa: N802
+        return self.uuids[handle]
+
+
+def test_gpu_uuids_are_the_visible_gpus_and_none_on_a_cpu_node(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dlhpc.integrations.determined import cluster
+
+    monkeypatch.setattr(cluster, "load_nvml", lambda: (None, "ModuleNotFoundError: pynvml"))
+    assert gpu_uuids({}) == [] and gpu_uuids({"CUDA_VISIBLE_DEVICES": ""}) == []  # CPU
+    given = {"CUDA_VISIBLE_DEVICES": "GPU-x, MIG-y"}
+    assert gpu_uuids(given) == ["GPU-x", "MIG-y"]  # UUIDs need no NVML
+    with pytest.raises(DlhpcError, match=r"CUDA_VISIBLE_DEVICES='1' needs NVML \(Module"):
+        gpu_uuids({"CUDA_VISIBLE_DEVICES": "1"})
+    monkeypatch.setattr(cluster, "load_nvml", lambda: (_FakeNvml(), ""))
+    assert gpu_uuids({}) == ["GPU-aaaa", "GPU-bbbb"]  # every GPU NVML shows
+    assert gpu_uuids({"CUDA_VISIBLE_DEVICES": "1,GPU-aaaa"}) == ["GPU-bbbb", "GPU-aaaa"]
+    with pytest.raises(DlhpcError, match="NVML: Invalid Argument"):
+        gpu_uuids({"CUDA_VISIBLE_DEVICES": "7"})
+
+
+def test_cluster_info_has_gpu_uuids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dlhpc.integrations.determined import cluster
+
+    tdir = _trial(tmp_path, "true", 1)
+    spec = TrialSpec.read(tdir / "trial.json")
+    monkeypatch.setattr(cluster, "load_nvml", lambda: (_FakeNvml(), ""))
+    info = cluster.ClusterInfo(spec, {"CUDA_VISIBLE_DEVICES": "1"})
+    assert info.gpu_uuids == ["GPU-bbbb"]

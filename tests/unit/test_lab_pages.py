@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from dlhpc._perms import current_user
+from dlhpc.config import Permissions
 from dlhpc.report._html import IndexEntry, render_index
 from dlhpc.report.build import page_file
 from dlhpc.store import Store, utcnow
@@ -50,6 +51,18 @@ def _site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, permissions: str) -> 
     f = tmp_path / "site.yaml"
     f.write_text(f"name: lab\nbackend: local\n{permissions}")
     monkeypatch.setenv("DLHPC_SITE", str(f))
+
+
+def _group_lab(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Lab:
+    """Group mode: the site, and the lab made in this member's folder of the lab folder
+    ``home`` (``users/<user>/``), as the CLI would have made it."""
+    _site(tmp_path, monkeypatch, f"permissions: {{mode: group, group: {GROUP}}}\n")
+    mask = os.umask(0o027)
+    try:
+        Store(home, permissions=Permissions("group", GROUP, 0o027)).close()
+        return make_lab(home / "users" / current_user())
+    finally:
+        os.umask(mask)
 
 
 def _no_raw_canary(page: str, shown: tuple[str, ...] = CANARIES) -> None:
@@ -94,13 +107,13 @@ def test_index_has_user_and_tags_columns_and_a_user_filter(lab: Lab, tmp_path: P
 
 
 def test_index_says_when_it_is_a_lab_s_shared_folder(
-    lab: Lab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _site(tmp_path, monkeypatch, f"permissions: {{mode: group, group: {GROUP}}}\n")
+    lab = _group_lab(home, tmp_path, monkeypatch)
     assert run("report", "--all", "--out-dir", str(tmp_path / "site")).exit_code == 0
     index = (tmp_path / "site" / "index.html").read_text()
     assert f"shared state folder (group {GROUP}): every member&#x27;s experiments" in index
-    assert html.escape(OTHER_USER, quote=True) in index  # another member's run, listed
+    assert f'href="{current_user()}/{page_file(lab.mine)}"' in index  # in the member's folder
 
 
 def test_render_index_with_no_experiments() -> None:
@@ -134,34 +147,37 @@ def test_private_by_default(lab: Lab, tmp_path: Path) -> None:
 
 
 def test_group_mode_shares_with_the_group_only(
-    lab: Lab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _site(tmp_path, monkeypatch, f"permissions: {{mode: group, group: {GROUP}}}\n")
+    lab = _group_lab(home, tmp_path, monkeypatch)
     assert run("report", "--all", "--out-dir", str(tmp_path / "site")).exit_code == 0
     gid = grp.getgrnam(GROUP).gr_gid
     site = tmp_path / "site"
-    assert os.stat(site).st_gid == gid and os.stat(site).st_mode & stat.S_ISGID
-    for name, mode in _modes(site).items():
-        assert mode & stat.S_IRGRP and not mode & 0o007, (name, oct(mode))
+    assert page_file(lab.mine) in _modes(site / current_user())
+    for folder in (site, site / current_user()):
+        assert os.stat(folder).st_gid == gid and os.stat(folder).st_mode & stat.S_ISGID
+        for name, mode in _modes(folder).items():
+            assert mode & stat.S_IRGRP and not mode & 0o027, (name, oct(mode))
 
 
 @pytest.mark.parametrize("mode", ["private", "group"])
 def test_published_pages_are_world_readable_and_the_state_folder_stays_private(
-    lab: Lab,
     home: Path,
     tmp_path: Path,
     web_root: Path,
     monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
     mode: str,
 ) -> None:
     if mode == "group":
-        _site(tmp_path, monkeypatch, f"permissions: {{mode: group, group: {GROUP}}}\n")
+        lab = _group_lab(home, tmp_path, monkeypatch)
     else:
+        lab = request.getfixturevalue("lab")
         _site(tmp_path, monkeypatch, "")
+        os.chmod(home, 0o700)
     web = web_root / "public_html"
     web.mkdir()
     os.chmod(web, 0o711)  # passable by the web server, not listable
-    os.chmod(home, 0o700 if mode == "private" else 0o770)
     home_before = {p: os.stat(p).st_mode for p in [home, *home.rglob("*")]}
     out = web / "dlhpc" / "lab"  # two folders the report creates
     res = run("report", "--all", "--out-dir", str(out), "--publish")
@@ -170,14 +186,16 @@ def test_published_pages_are_world_readable_and_the_state_folder_stays_private(
     for folder in (web / "dlhpc", out):
         st = os.stat(folder).st_mode
         assert st & 0o005 == 0o005 and not st & 0o002, (folder, oct(st))
-    no_write = 0o022 if mode == "private" else 0o002  # the lab group writes in group mode
-    for name, st in _modes(out).items():
-        assert st & stat.S_IROTH and not st & no_write, (name, oct(st))
+    pages = out / current_user() if mode == "group" else out  # group: the member's folder
+    assert page_file(lab.mine) in _modes(pages)
+    for folder in {out, pages}:
+        for name, st in _modes(folder).items():
+            assert st & stat.S_IROTH and not st & 0o022, (name, oct(st))
     assert {p: os.stat(p).st_mode for p in [home, *home.rglob("*")]} == home_before
     assert not any(st & 0o007 for st in home_before.values())
     # a later rebuild with --publish (the cron line's) keeps them published
     assert run("report", "--all", "--out-dir", str(out), "--publish", "-q").exit_code == 0
-    assert all(st & stat.S_IROTH for st in _modes(out).values())
+    assert all(st & stat.S_IROTH for st in _modes(pages).values())
 
 
 def test_publish_refuses_a_closed_parent_and_the_state_folder(

@@ -57,11 +57,14 @@ def _folder(root: Path, exp_id: int, trial_id: int, step: int, size: int) -> Pat
 
 
 def _ckpt(s: Any, trial_id: int, path: Path, step: int, metric: float | None) -> int:
+    """A checkpoint row for the folder ``path``, with the size its job would record
+    (its payload's bytes; 100 for a folder that does not exist)."""
+    payload = [f for f in path.rglob("*") if f.is_file() and f.name != "MANIFEST.json"]
     c = Checkpoint(
         trial_id=trial_id,
         step=step,
         path=str(path),
-        size_bytes=100,
+        size_bytes=sum(f.stat().st_size for f in payload) if path.exists() else 100,
         metric=metric,
         created_at=utcnow(),
     )

@@ -39,3 +39,13 @@ def test_stop_file_round_trip(tmp_path: Path) -> None:
     assert layout.stop_requested(trial)
     assert layout.stop_file(trial) == trial / "stop.json"
     assert json.loads((trial / "stop.json").read_text()) == {"reason": "searcher"}
+
+
+def test_every_protocol_module_is_under_400_lines() -> None:
+    """The protocol is split by responsibility (the checkpoint format: reading in
+    ``checkpoint_read``, publishing and pruning in ``checkpoint``), each module small
+    enough to read whole."""
+    package = Path(layout.__file__).parent
+    sizes = {p.name: len(p.read_text().splitlines()) for p in package.glob("*.py")}
+    assert "checkpoint_read.py" in sizes
+    assert {name: n for name, n in sizes.items() if n > 400} == {}

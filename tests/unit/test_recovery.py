@@ -48,13 +48,48 @@ P = JobState.PENDING
         (_attempt(), _st(R), timedelta(seconds=5), TrialState.RUNNING, "", False, False, False),
         (
             _attempt(0, "completed"),
-            _st(R),
+            _st(JobState.COMPLETED),
             None,
             TrialState.COMPLETED,
             "completed",
             False,
             False,
             False,
+        ),
+        # an exit record while the scheduler still runs the job is not final (a job
+        # can write one and train on): RUNNING, nothing cancelled, nothing resubmitted
+        (_attempt(0, "completed"), _st(R), None, TrialState.RUNNING, "", False, False, False),
+        (
+            _attempt(1, "error"),
+            _st(R),
+            timedelta(seconds=5),
+            TrialState.RUNNING,
+            "",
+            False,
+            False,
+            False,
+        ),
+        # ... until its heartbeat (stopped before the exit is written) is stale: final,
+        # and what is left of the job is cancelled
+        (
+            _attempt(0, "completed"),
+            _st(R),
+            HEARTBEAT_STALE + timedelta(seconds=1),
+            TrialState.COMPLETED,
+            "completed",
+            False,
+            False,
+            True,
+        ),
+        (
+            _attempt(1, "error"),
+            _st(R),
+            HEARTBEAT_STALE + timedelta(seconds=1),
+            TrialState.PENDING,
+            "crash",
+            True,
+            True,
+            True,
         ),
         # checkpointed at a time-limit signal; Slurm requeues the same task: wait
         (

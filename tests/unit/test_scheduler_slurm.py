@@ -19,6 +19,7 @@ import pytest
 
 from dlhpc.config.schema import PreemptionConfig, Resources, SiteConfig
 from dlhpc.errors import SchedulerError
+from dlhpc.protocol import REQUEUE_REQUEST_FILE, read_event_batches
 from dlhpc.scheduler import JobRequest, JobState, SlurmScheduler, make_scheduler
 from dlhpc.scheduler.slurm.parse import (
     expand_job_id,
@@ -35,6 +36,14 @@ from dlhpc.scheduler.slurm.sbatch import parse_sbatch_args
 def stand_in(trial_dir: str) -> None:
     """The in-job callable the tests submit (never run: sbatch is fake)."""
     (Path(trial_dir) / "ran.txt").write_text("ok", encoding="utf-8")
+
+
+def asks_requeue(trial_dir: str) -> None:
+    """The in-job callable as the worker ends after the time-limit signal: its request
+    in the run's attempt folder (task 1 of array 100, first run)."""
+    attempt = Path(trial_dir) / "attempts" / "100_1.r0"
+    attempt.mkdir(parents=True)
+    (attempt / REQUEUE_REQUEST_FILE).write_text("{}", encoding="utf-8")
 
 
 # --- fake Slurm -------------------------------------------------------------
@@ -421,9 +430,10 @@ def test_submit_single_task_is_an_array(fake: FakeSlurm, tmp_path: Path) -> None
 
 
 def test_script_format(fake: FakeSlurm, tmp_path: Path) -> None:
-    """The whole text: submitit's SlurmExecutor format, the worker in an srun step."""
+    """The whole text: submitit's SlurmExecutor format, the worker in an srun step, then
+    the requeue the trial asked for, and the step's status as the script's."""
     (text,) = SlurmScheduler(fn=stand_in).render(make_request(tmp_path, 2))
-    logs = f"{tmp_path}/slurm/%A_%a"
+    logs, trials = f"{tmp_path}/slurm/%A_%a", f"{tmp_path}/trials"
     python = shlex.quote(sys.executable)
     assert text == "\n".join(
         [
@@ -449,9 +459,49 @@ def test_script_format(fake: FakeSlurm, tmp_path: Path) -> None:
             "export SUBMITIT_EXECUTOR=slurm",
             f"srun --unbuffered --output {logs}_%t_log.out --error {logs}_%t_log.err "
             f"{python} -u -m submitit.core._submit {tmp_path}/slurm",
+            "_dlhpc_status=$?",
+            "# dlhpc: the requeue the trial asked for at the time limit, once its step has ended",
+            f"_dlhpc_attempts=({trials}/trial-000000/attempts {trials}/trial-000001/attempts)",
+            '_dlhpc_attempt="${_dlhpc_attempts[$SLURM_ARRAY_TASK_ID]}"/'
+            '"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}.r${SLURM_RESTART_COUNT:-0}"',
+            'if [ -e "$_dlhpc_attempt"/requeue.json ]; then',
+            f'  {python} -m dlhpc.scheduler.slurm.requeue "$_dlhpc_attempt"',
+            "fi",
+            'exit "$_dlhpc_status"',
             "",
         ]
     )
+
+
+@pytest.mark.parametrize("refused", [False, True], ids=["requeued", "refused"])
+def test_the_script_requeues_the_task_its_trial_asked_for_after_the_step(
+    fake: FakeSlurm, tmp_path: Path, refused: bool
+) -> None:
+    """The trial's request (its attempt folder's requeue file) is acted on by the batch
+    shell once srun has returned: ``scontrol requeue`` of its task. A refusal is printed
+    to the job's log and published in the attempt's worker stream; the script's status
+    stays the step's. Folder names a shell would expand stay text."""
+    root = tmp_path / "a b'$(touch PWNED)\"`x`"
+    req = make_request(root, 2)
+    SlurmScheduler(fn=asks_requeue).submit(req)
+    for d in req.trial_dirs:
+        d.mkdir(parents=True)
+    if refused:
+        fake.put("scontrol_fail", "")
+    proc = _run_task_1(tmp_path, req)
+    assert proc.returncode == 0, proc.stderr
+    assert fake.calls("scontrol")[1:] == ["scontrol requeue 100_1"]  # after show config
+    assert not list(tmp_path.rglob("PWNED")) and not (Path.cwd() / "PWNED").exists()
+    attempt = req.trial_dirs[1] / "attempts" / "100_1.r0"
+    logs = [r["message"] for b in read_event_batches(attempt) for r in b.records]
+    if not refused:
+        assert logs == [] and "dlhpc:" not in proc.stderr, proc.stderr
+        return
+    assert "dlhpc: scontrol requeue 100_1: scontrol: error: no controller" in proc.stderr
+    assert logs == [
+        "scontrol requeue 100_1: scontrol: error: no controller; the reconciler submits"
+        " the trial again instead"
+    ]
 
 
 def test_render_needs_no_slurm_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -461,20 +511,12 @@ def test_render_needs_no_slurm_commands(tmp_path: Path, monkeypatch: pytest.Monk
     assert "#SBATCH --array=0-0%1" in text and "\nsrun " in text
 
 
-def test_submitted_array_runs_through_submitits_in_job_side(
-    fake: FakeSlurm, tmp_path: Path
-) -> None:
-    """Submit for real against the fake sbatch, then run the script it got as Slurm
-    would for array task 1 (a fake srun runs the step's command): the installed
-    submitit finds task 1's pickle and runs the in-job callable on trial 1."""
-    req = make_request(tmp_path, 3)
-    tasks = SlurmScheduler(fn=stand_in).submit(req)
-    assert [t.job_id for t in tasks] == ["100_0", "100_1", "100_2"]
+def _run_task_1(tmp_path: Path, req: JobRequest) -> subprocess.CompletedProcess[str]:
+    """Run the script submitted for ``req`` (array 100) as Slurm would run its task 1,
+    a fake srun running the step's command."""
     srun = tmp_path / "fakebin" / "srun"
     srun.write_text('#!/bin/bash\nshift 5\nexec "$@"\n', encoding="utf-8")  # drop its options
     srun.chmod(0o755)
-    for d in req.trial_dirs:
-        d.mkdir(parents=True)
     env = {
         "PATH": os.environ["PATH"],
         "PYTHONPATH": os.pathsep.join(sys.path),
@@ -488,11 +530,28 @@ def test_submitted_array_runs_through_submitits_in_job_side(
         "SLURM_LOCALID": "0",
         "SLURM_JOB_NODELIST": "node1",
     }
+    env["FAKE"] = os.environ["FAKE"]
     script = req.folder / "100_submission.sh"
-    proc = subprocess.run(
+    return subprocess.run(
         ["bash", str(script)], env=env, capture_output=True, text=True, timeout=60, check=False
     )
+
+
+def test_submitted_array_runs_through_submitits_in_job_side(
+    fake: FakeSlurm, tmp_path: Path
+) -> None:
+    """Submit for real against the fake sbatch, then run the script it got as Slurm
+    would for array task 1 (a fake srun runs the step's command): the installed
+    submitit finds task 1's pickle and runs the in-job callable on trial 1. Nothing
+    asked for a requeue: the script calls no scontrol."""
+    req = make_request(tmp_path, 3)
+    tasks = SlurmScheduler(fn=stand_in).submit(req)
+    assert [t.job_id for t in tasks] == ["100_0", "100_1", "100_2"]
+    for d in req.trial_dirs:
+        d.mkdir(parents=True)
+    proc = _run_task_1(tmp_path, req)
     assert proc.returncode == 0, proc.stderr
+    assert fake.calls("scontrol") == ["scontrol show config"]  # the submission's
     ran = [d for d in req.trial_dirs if (d / "ran.txt").exists()]
     assert ran == [req.trial_dirs[1]]
     with (req.folder / "100_1_0_result.pkl").open("rb") as f:
@@ -633,3 +692,22 @@ def test_log_paths_and_registry(tmp_path: Path) -> None:
     ]
     with pytest.raises(ValueError, match="local, slurm"):
         make_scheduler("pbs", local_root=tmp_path)
+
+
+def test_a_requeue_request_of_another_run_is_not_acted_on(fake: FakeSlurm, tmp_path: Path) -> None:
+    """The batch shell's handler asks for nothing without a request, and refuses a
+    request in a folder that is not this run's attempt (``<job>.r<restart>``)."""
+    from dlhpc.errors import DlhpcError
+    from dlhpc.scheduler.slurm.requeue import main, requeue_after_step
+
+    env = {"SLURM_JOB_ID": "9", "SLURM_ARRAY_JOB_ID": "8", "SLURM_ARRAY_TASK_ID": "0"}
+    attempt = tmp_path / "8_0.r0"
+    attempt.mkdir()
+    assert requeue_after_step(attempt, env) == ""
+    other = tmp_path / "8_0.r1"
+    other.mkdir()
+    (other / REQUEUE_REQUEST_FILE).write_text("{}", encoding="utf-8")
+    with pytest.raises(DlhpcError, match=r"not this run's attempt folder \(8_0\.r0\)"):
+        requeue_after_step(other, env)
+    assert fake.calls("scontrol") == []
+    assert main([]) == 2

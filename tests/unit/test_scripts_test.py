@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -47,7 +48,10 @@ PYTHON = """\
 #!/bin/sh
 case "$*" in *"import dlhpc"*) exit 0 ;; esac
 echo "python $DLHPC_DEV_SLURM-$DLHPC_DEV_PROFILE $DLHPC_REQUIRE_CLUSTER $*" >> "$CALLS"
-if [ "$DLHPC_DEV_SLURM-$DLHPC_DEV_PROFILE" = "$FAIL_PYTEST" ]; then
+fail=0
+[ "$DLHPC_DEV_SLURM-$DLHPC_DEV_PROFILE" = "$FAIL_PYTEST" ] && fail=1
+if [ -n "$FAIL_MARK" ]; then case "$*" in *"-m $FAIL_MARK "*) fail=1 ;; esac; fi
+if [ $fail = 1 ]; then
     printf '\\033[31m1 failed, 4 passed, 1 error in 2.50s\\033[0m\\n'
     exit 1
 fi
@@ -124,12 +128,38 @@ def test_quick_runs_the_unit_tests_and_the_smoke_set_on_the_22_05_cluster_only()
     lines = _dry(None, "--quick", "-x").stdout.splitlines()
     assert lines[-1].startswith("0 passed, 0 failed, 0 skipped in "), lines
     runs = [ln for ln in lines if "-m pytest" in ln]
-    assert runs == [
-        "+ .venv/bin/python -m pytest -q -p no:cacheprovider --durations=10"
-        " -m not\\ cluster\\ or\\ smoke -x"
-    ]
+    head = "+ .venv/bin/python -m pytest -q -p no:cacheprovider --durations=10"
+    assert len(runs) == 2 and all(r.startswith(head) and r.endswith(" -x") for r in runs), runs
+    smoke, unit = (shlex.split(r.removeprefix(head)) for r in runs)
+    assert smoke[:2] == ["-m", "smoke"] and smoke[-2:] == ["tests/integration", "-x"], smoke
+    assert unit[:2] == ["-m", "not cluster"], unit
+    # what --quick leaves out is named, and the whole suite (no --ignore) runs it
+    assert smoke[2:-2] == ["--ignore=tests/integration/test_deepspeed_cluster.py"], smoke
+    left = [a.removeprefix("--ignore=") for a in unit[2:-1]]
+    assert left and all((REPO / path).exists() for path in left), unit
+    parts = [ln.split(": ")[0:2] for ln in lines if ln.startswith("== part ")]
+    assert parts == [["== part quick-smoke", "ok"], ["== part quick-unit", "ok"]], lines
     assert "+ scripts/dev-cluster up" in lines and not any("down" in ln for ln in lines)
     assert not any(w in ln for ln in lines for w in ("--slurm", "mypy", "setup-browser", "pip"))
+
+
+def test_quick_adds_up_its_two_parts_and_a_failing_smoke_part_fails_the_run(
+    stand_in: tuple[Path, dict[str, str]],
+) -> None:
+    root, env = stand_in
+    proc = _script({**env, "FAIL_MARK": "smoke"}, root, "--quick", "-x")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert SUMMARY.match(lines[-1]) and lines[-1].startswith("10 passed, 2 failed, 1 skipped")
+    assert "failed parts: quick-smoke" in lines
+    assert any(ln.startswith("quick-unit     ok: 6 passed, 0 failed, 1 skipped") for ln in lines)
+    assert any(ln.startswith("quick-smoke    FAILED (exit 1): 4 passed, 2 failed") for ln in lines)
+    calls = (root / "calls").read_text().splitlines()
+    assert "dev-cluster up" in calls and not any("down" in c for c in calls)
+    assert sorted(c.split(" -m ")[2].split()[0] for c in calls if " -m pytest " in c) == [
+        "not",
+        "smoke",
+    ]
 
 
 def test_an_unknown_part_exits_2_naming_the_parts() -> None:

@@ -2,7 +2,7 @@
 
 The user is faked at its one boundary (:func:`dlhpc._perms.current_user`) for the
 command matrix; one test runs real commands as the real unix user ``nobody``
-against a group-shared state folder.
+in a group-mode lab folder, beside root's own state folder.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from sqlalchemy import select
 
 from dlhpc import _perms
 from dlhpc.config import load_site
+from dlhpc.report.build import page_file
 from dlhpc.store import Checkpoint, Experiment, Store, Trial
 from tests.unit._cli import TRAIN, run, status, until_over
 from tests.unit._db import add_experiment, add_trial
@@ -150,16 +151,19 @@ def _nobody_python(env: dict[str, str]) -> list[str] | None:
     return None
 
 
-def test_a_real_other_user_reads_a_group_shared_db_and_may_not_kill(shared_base: Path) -> None:
+def test_a_real_other_member_reads_a_group_members_db_and_may_not_kill(
+    shared_base: Path,
+) -> None:
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("needs root and setpriv to run a command as another user")
     site = shared_base / "site.yaml"
     site.write_text(f"name: lab\nbackend: local\npermissions: {{mode: group, group: {GROUP}}}\n")
     site.chmod(0o644)
-    home = shared_base / "home"
+    lab = shared_base / "home"
     policy = load_site(str(site)).permissions
     os.umask(policy.umask)
-    store = Store(home, permissions=policy)
+    store = Store(lab, permissions=policy)
+    home = store.home  # root's own folder in the lab's
     with store.write() as s:
         exp = add_experiment(s, home / "runs", name="roots", user=_perms.current_user())
         add_trial(s, exp, state="PENDING")
@@ -170,22 +174,38 @@ def test_a_real_other_user_reads_a_group_shared_db_and_may_not_kill(shared_base:
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(shared_base),
-        "DLHPC_HOME": str(home),
+        "DLHPC_HOME": str(lab),
         "DLHPC_SITE": str(site),
         "PYTHONPATH": os.pathsep.join(paths),
     }
     nobody = _nobody_python(env)
     if nobody is None:
         pytest.skip("no python that the user nobody can run with dlhpc importable")
+    # nobody's commands use nobody's own state folder: root's experiment is not in it
     res = subprocess.run(
         [*nobody, "status", str(exp_id), "--json"], env=env, capture_output=True, text=True
     )
+    assert res.returncode == 2 and f"no experiment {exp_id}" in res.stderr, res.stderr
+    assert (lab / "users" / "nobody" / "dlhpc.db").is_file()
+    pages = shared_base / "pages"  # the lab view, as nobody: root's experiment is there
+    pages.mkdir()
+    shutil.chown(pages, "nobody")
+    res = subprocess.run(
+        [*nobody, "report", "--all", "--out-dir", str(pages)], env=env, capture_output=True
+    )
+    assert res.returncode == 0, res.stderr
+    assert "roots" in (pages / "root" / page_file(exp_id)).read_text()
+    # pointed at root's folder: nobody reads it, and may not change it
+    theirs = {**env, "DLHPC_HOME": str(home), "DLHPC_SITE": "local"}
+    res = subprocess.run(
+        [*nobody, "status", str(exp_id), "--json"], env=theirs, capture_output=True, text=True
+    )
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["experiments"][0]["name"] == "roots"
-    res = subprocess.run([*nobody, "kill", str(exp_id)], env=env, capture_output=True, text=True)
+    res = subprocess.run([*nobody, "kill", str(exp_id)], env=theirs, capture_output=True, text=True)
     assert res.returncode == 2
     assert f"experiment {exp_id} belongs to root; you (nobody) may only read it" in res.stderr
-    with Store(home).read() as s:
+    with Store(home, read_only=True).read() as s:
         e = s.get(Experiment, exp_id)
         assert e is not None and e.state == "ACTIVE"
         assert s.scalars(select(Trial.state)).all() == ["PENDING"]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dlhpc._perms import current_umask
+from dlhpc._perms import current_umask, current_user
 from dlhpc.config import load_site
 from dlhpc.errors import ConfigError, StoreError
 from dlhpc.protocol import atomic_write_text
@@ -137,7 +137,7 @@ def test_private_by_default_nothing_for_group_or_others(
     assert stat.S_IMODE((tmp_path / "home" / "dlhpc.db").stat().st_mode) == 0o600
 
 
-def test_group_mode_shares_with_the_lab_group_only(
+def test_group_mode_each_member_writes_alone_and_the_lab_reads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gid = grp.getgrnam(GROUP).gr_gid
@@ -145,25 +145,31 @@ def test_group_mode_shares_with_the_lab_group_only(
         tmp_path, monkeypatch, _site(tmp_path, f"permissions: {{mode: group, group: {GROUP}}}\n")
     )
     assert len(_kinds(roots)) == 10, _kinds(roots)
+    lab, mine = tmp_path / "home", tmp_path / "home" / "users" / current_user()
     wrong = []
     for p, st in _tree(roots):
         if stat.S_ISLNK(st.st_mode):
             continue
         mode = st.st_mode
-        ok = st.st_gid == gid and not mode & 0o007 and mode & stat.S_IRGRP
-        if p.name == LAUNCH_ENV_FILE:  # the launch's environment: its owner's alone
+        ok = st.st_gid == gid and not mode & 0o027 and mode & stat.S_IRGRP
+        if p in (lab, lab / "users"):  # where members make their folders: sticky, the group's
+            ok = st.st_gid == gid and stat.S_IMODE(mode) == 0o3770
+        elif p.name == LAUNCH_ENV_FILE:  # the launch's environment: its owner's alone
             ok = st.st_gid == gid and stat.S_IMODE(mode) == 0o600
-        snapshot = p.relative_to(tmp_path).parts[1:4:2] == ("runs", CODE_DIR)  # runs/exp-*/code
-        if snapshot:  # the code snapshot: the lab reads it, nobody writes it
+        elif stat.S_ISDIR(mode):
+            ok = ok and bool(mode & stat.S_ISGID) and mode & 0o050 == 0o050
+        if p.is_relative_to(mine / "runs") and p.relative_to(mine / "runs").parts[1:2] == (
+            CODE_DIR,
+        ):  # the code snapshot: the lab reads it, nobody writes it
             ok = ok and not mode & 0o222
-        if stat.S_ISDIR(mode):
-            group = 0o050 if snapshot else 0o070
-            ok = ok and bool(mode & stat.S_ISGID) and mode & group == group
         if not ok:
             wrong.append(f"{p} {stat.filemode(mode)} gid {st.st_gid}")
     assert wrong == []
-    db = os.stat(tmp_path / "home" / "dlhpc.db")
-    assert stat.S_IMODE(db.st_mode) == 0o660  # the lab writes it; SQLite alone gives 0640
+    assert (mine / "runs").is_dir() and not (lab / "runs").exists()
+    assert stat.S_IMODE(os.stat(mine / "dlhpc.db").st_mode) == 0o640
+    index = (tmp_path / "reports" / "index.html").read_text()
+    assert f'href="{current_user()}/exp-000001.html"' in index
+    assert (tmp_path / "reports" / current_user() / "exp-000001.html").is_file()
 
 
 def test_atomic_writes_follow_the_umask_not_mkstemps_0600(tmp_path: Path) -> None:
@@ -180,7 +186,11 @@ def test_permissions_section_is_validated_with_file_and_line(tmp_path: Path) -> 
         "permissions: {mode: group, group: no-such-group-x}\n": "no unix group 'no-such-group-x'",
         "permissions:\n  umask: 22\n": "permissions.umask: must be a quoted octal umask",
         "permissions:\n  umask: '020'\n": "020 lets everyone write",
-        f"permissions: {{mode: group, group: {GROUP}, umask: '002'}}\n": "lets others read",
+        f"permissions: {{mode: group, group: {GROUP}, umask: '002'}}\n": "group mode needs x27",
+        f"permissions: {{mode: group, group: {GROUP}, umask: '007'}}\n": "lets the group write",
+        f"permissions: {{mode: group, group: {GROUP}, others_experiments: write}}\n": (
+            "permissions.others_experiments: group mode keeps each member's state"
+        ),
         "permissions: {mode: shared}\n": "must be one of private, group",
         "permissions: {others: write}\n": "unknown key",
         "permissions: [private]\n": "must be a mapping",

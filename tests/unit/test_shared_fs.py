@@ -22,7 +22,7 @@ from dlhpc.protocol import EventWriter, read_event_batches
 from dlhpc.protocol.checkpoint import latest_verified, publish_checkpoint
 from dlhpc.store import IngestedFile, Metric, Store, Trial
 from dlhpc.store.ingest import SETTLE_WINDOW
-from tests.stress._backend import launch_stress, stress_pool
+from tests.stress._backend import StressBackend, launch_stress, stress_pool
 from tests.unit._cli import run
 
 _real_replace = os.replace
@@ -156,6 +156,9 @@ class _Later:
     def now(self) -> datetime:
         return SYSTEM_CLOCK.now() + self.by
 
+    def file_time(self, folder: Path) -> float:
+        return SYSTEM_CLOCK.file_time(folder)  # the files' clock is not this one
+
 
 def test_files_showing_up_after_the_trial_ended_are_ingested(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -173,6 +176,9 @@ def test_files_showing_up_after_the_trial_ended_are_ingested(
     worker = EventWriter(trial_run.attempt_dir, "worker-r0")
     worker.add("exit", code=0, reason="completed", signal=None, step=1, checkpoint_step=None)
     worker.flush()
+    backend = pool.get("stress")
+    assert isinstance(backend, StressBackend)
+    backend.ended.add(trial_run.attempt_dir.name.rsplit(".r", 1)[0])  # the job ended too
     try:
         assert tick(store, pool).finished == [1]  # trial COMPLETED, experiment COMPLETED
         with store.read() as s:

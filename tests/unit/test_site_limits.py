@@ -424,7 +424,7 @@ def test_recovery_adopts_started_tasks_by_their_files_without_accounting(
 
 
 def test_a_refused_self_requeue_ends_the_job_for_the_reconciler_to_resubmit(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -439,17 +439,24 @@ def test_a_refused_self_requeue_ends_the_job_for_the_reconciler_to_resubmit(
         "SLURM_ARRAY_TASK_ID": "3",
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
     }
-    assert _start_and_signal(tdir, signal.SIGUSR2, env) == 75  # non-zero: the job ends
+    assert _start_and_signal(tdir, signal.SIGUSR2, env) == 75
     from dlhpc.protocol import read_event_batches
+    from dlhpc.scheduler.slurm.requeue import requeue_after_step
 
-    records = [r for b in read_event_batches(tdir / "attempts" / "77_3.r0") for r in b.records]
+    # the job script, once the step has ended, asks for the requeue the worker requested
+    attempt = tdir / "attempts" / "77_3.r0"
+    monkeypatch.setenv("PATH", env["PATH"])
+    refused = requeue_after_step(attempt, env)
+    assert "permission denied" in refused
+    records = [r for b in read_event_batches(attempt) for r in b.records]
     exit_rec = next(r for r in records if r["type"] == "exit")
     assert (exit_rec["code"], exit_rec["reason"], exit_rec["signal"]) == (75, "requeue", "USR2")
     warning = next(r for r in records if r["type"] == "log")["message"]
     assert "permission denied" in warning and "submits the trial again" in warning
-    # Slurm ends the job FAILED (the worker raised): the trial is resubmitted at once
-    verdict = judge(_attempt(75, "requeue/USR2", NOW), _st(JobState.FAILED), None, NOW)
-    assert (verdict.resubmit, verdict.counted, verdict.cause) == (True, False, "timeout")
+    # the job ends (its status the step's, COMPLETED or FAILED): the trial is resubmitted
+    for state in (JobState.COMPLETED, JobState.FAILED):
+        verdict = judge(_attempt(75, "requeue/USR2", NOW), _st(state), None, NOW)
+        assert (verdict.resubmit, verdict.counted, verdict.cause) == (True, False, "timeout")
 
 
 # --- Slurm 24.11/26.05 preemption: requeued whatever the exit -----------------------

@@ -32,6 +32,9 @@ class _Clock:
     def now(self) -> datetime:
         return NOW
 
+    def file_time(self, folder: Path) -> float:
+        return NOW.timestamp()
+
 
 def _attempt(t: Trial, r: int, **kw: Any) -> Attempt:
     fields: dict[str, Any] = {

@@ -201,13 +201,16 @@ def test_gc_reports_the_bytes_it_removed_not_the_recorded_size(
     (tmp_path / "dir" / "kept.bin").write_bytes(b"k" * 3000)
     (old / "sub").mkdir()
     (old / "sub" / "escape").symlink_to(tmp_path / "dir", target_is_directory=True)  # unlinked only
+    # the sizes the manifests list (a size that does not fit is not stored at all:
+    # test_checkpoint_sizes.py); the folder holds more than its manifest lists
     _record(
         store,
         two["t1"],
         "1_0.r0",
-        {"step": 1, "path": str(old), "size": FORGED},
-        {"step": 2, "path": str(new), "size": FORGED},
+        {"step": 1, "path": str(old), "size": 5000},
+        {"step": 2, "path": str(new), "size": 100},
     )
+    assert real != 5000
     assert gc(store, two["exp"], dry_run=True).bytes_freed == real
     report = gc(store, two["exp"])
     assert (report.deleted, report.bytes_freed) == ([str(old)], real)
@@ -247,8 +250,16 @@ def cli_two(
     store.close()
 
 
-def _add(s: Any, trial_id: int, path: Path, step: int) -> int:
-    c = Checkpoint(trial_id=trial_id, step=step, path=str(path), metric=0.5, created_at=utcnow())
+def _add(s: Any, trial_id: int, path: Path, step: int, size: int = 100) -> int:
+    """A checkpoint row of ``size`` bytes (:func:`_publish`'s payload by default)."""
+    c = Checkpoint(
+        trial_id=trial_id,
+        step=step,
+        path=str(path),
+        size_bytes=size,
+        metric=0.5,
+        created_at=utcnow(),
+    )
     s.add(c)
     s.flush()
     return c.id

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dlhpc.protocol import TrialSpec, read_event_batches, work_dir
+from dlhpc.protocol import REQUEUE_REQUEST_FILE, TrialSpec, read_event_batches, work_dir
 
 
 def _trial(tmp_path: Path, entry: str, hparams: dict[str, object]) -> Path:
@@ -206,7 +206,10 @@ def test_term_makes_the_script_exit_for_requeue_with_its_metrics(tmp_path: Path)
     assert steps and steps == list(range(1, len(steps) + 1))  # flushed at the stop, no gap
 
 
-def test_usr2_requeues_the_array_task_through_scontrol(tmp_path: Path) -> None:
+def test_usr2_asks_the_job_script_to_requeue_the_array_task(tmp_path: Path) -> None:
+    """After the time-limit signal and exit 75, rank 0 leaves its request in the attempt
+    folder for the job script (which asks Slurm once the step has ended) and asks
+    nothing itself: a requeue from inside the step would kill it mid-exit."""
     import signal
 
     bin_dir = tmp_path / "bin"
@@ -218,12 +221,34 @@ def test_usr2_requeues_the_array_task_through_scontrol(tmp_path: Path) -> None:
         "SLURM_JOB_ID": "80",
         "SLURM_ARRAY_JOB_ID": "77",
         "SLURM_ARRAY_TASK_ID": "3",
+        "SLURM_RESTART_COUNT": "2",
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
     }
     assert _start_and_signal(tdir, signal.SIGUSR2, slurm) == 75
-    assert (tmp_path / "scontrol.args").read_text().split() == ["requeue", "77_3"]
-    records = [r for b in read_event_batches(tdir / "attempts" / "77_3.r0") for r in b.records]
+    assert not (tmp_path / "scontrol.args").exists()
+    attempt = tdir / "attempts" / "77_3.r2"
+    request = json.loads((attempt / REQUEUE_REQUEST_FILE).read_text())
+    assert (request["job_id"], request["restart"]) == ("77_3", 2)
+    records = [r for b in read_event_batches(attempt) for r in b.records]
     assert next(r for r in records if r["type"] == "exit")["signal"] == "USR2"
+
+
+def test_term_or_a_failure_asks_for_no_requeue(tmp_path: Path) -> None:
+    """A preemption (Slurm requeues the job itself) and a failure after USR2 leave no
+    request."""
+    import signal
+
+    slurm = {"SLURM_JOB_ID": "80", "SLURM_ARRAY_JOB_ID": "77", "SLURM_ARRAY_TASK_ID": "3"}
+    tdir = _trial(tmp_path / "term", STOPPABLE, {})
+    assert _start_and_signal(tdir, signal.SIGTERM, slurm) == 75
+    assert not (tdir / "attempts" / "77_3.r0" / REQUEUE_REQUEST_FILE).exists()
+    failing = STOPPABLE.replace(
+        "    ctx.step()", "    if ctx.should_stop():\n        raise SystemExit(3)"
+    )
+    assert failing != STOPPABLE
+    tdir = _trial(tmp_path / "fail", failing, {})
+    assert _start_and_signal(tdir, signal.SIGUSR2, slurm) == 3
+    assert not (tdir / "attempts" / "77_3.r0" / REQUEUE_REQUEST_FILE).exists()
 
 
 def test_searcher_stop_file_ends_the_trial_at_its_next_step(tmp_path: Path) -> None:

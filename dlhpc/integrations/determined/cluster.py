@@ -14,18 +14,25 @@ Here a container is a dlhpc task (one per node: ``dlhpc convert determined`` wri
   :data:`ENV_CONTAINER_RANK` / :data:`ENV_CONTAINER_ADDRS`, which win.
 * ``slot_ids``: ``0 .. N-1``, N from :data:`~dlhpc.integrations.determined.ENV_SLOTS`
   (the converted ``slots_per_trial`` per node), 1 when unset (Determined's default).
+* ``gpu_uuids``: the UUIDs of the GPUs the task may use (:func:`gpu_uuids`); empty on
+  a CPU node, as in Determined.
 
-Reading the info starts nothing: no trial context, no signal handlers (``core.init()``
-does that), so a launcher process that only reads it publishes nothing.
+Reading the info starts no trial context (``core.init()`` does that), so a launcher
+process that only reads it publishes nothing. It makes the process a launcher can be
+(:func:`get_cluster_info`): one that started child processes lives on at a stop signal.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import signal
 import socket
+import threading
 from collections.abc import Mapping
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from dlhpc.errors import DlhpcError
@@ -33,6 +40,7 @@ from dlhpc.harness.distributed import resolve_host
 from dlhpc.integrations.determined import ENV_NESTED, ENV_SLOTS, ENV_USER_DATA
 from dlhpc.integrations.determined.checkpoints import latest_storage_id
 from dlhpc.protocol import ATTEMPT_DIR_VAR, TRIAL_DIR_VAR, TrialSpec, trial_file
+from dlhpc.protocol.gpu import load_nvml
 from dlhpc.scheduler.plugins import BackendTable
 from dlhpc.scheduler.slurm.hostlist import expand_hostlist
 
@@ -43,6 +51,7 @@ __all__ = [
     "TrialInfo",
     "container_layout",
     "get_cluster_info",
+    "gpu_uuids",
     "nest",
     "slots_per_container",
 ]
@@ -50,6 +59,8 @@ __all__ = [
 # set by the stand-in's launch layers for their workers (whose RANK is the worker's)
 ENV_CONTAINER_RANK = "DLHPC_DETERMINED_CONTAINER_RANK"
 ENV_CONTAINER_ADDRS = "DLHPC_DETERMINED_CONTAINER_ADDRS"
+# the signals dlhpc.init() turns into a stop request: preemption, the time limit
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
 
 
 def nest(hparams: dict[str, Any], roots_json: str) -> dict[str, Any]:
@@ -116,6 +127,36 @@ def container_layout(environ: Mapping[str, str]) -> tuple[int, list[str]]:
     return rank, [resolve_host(h) for h in hosts for _ in range(per_node)]
 
 
+def gpu_uuids(environ: Mapping[str, str]) -> list[str]:
+    """The UUIDs of the GPUs ``environ``'s process may use, in CUDA's order: the entries
+    of ``CUDA_VISIBLE_DEVICES`` (a UUID as given, an index through NVML), or every GPU
+    NVML shows when it is unset; [] when it is set empty, or unset where NVML cannot
+    load (a CPU node). Raises DlhpcError for indices that NVML cannot resolve."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    items = [x.strip() for x in (visible or "").split(",") if x.strip()]
+    if visible is not None and all(not x.isdigit() for x in items):  # GPU-/MIG- UUIDs
+        return items
+    nvml, why = load_nvml()
+    if nvml is None:
+        if visible is None:
+            return []
+        raise DlhpcError(f"gpu_uuids: CUDA_VISIBLE_DEVICES={visible!r} needs NVML ({why})")
+    try:
+        if visible is None:
+            handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        else:
+            handles = [
+                nvml.nvmlDeviceGetHandleByIndex(int(x))
+                if x.isdigit()
+                else nvml.nvmlDeviceGetHandleByUUID(x)
+                for x in items
+            ]
+        uuids = [nvml.nvmlDeviceGetUUID(h) for h in handles]
+    except nvml.NVMLError as err:
+        raise DlhpcError(f"gpu_uuids: NVML: {err}") from None
+    return [u.decode() if isinstance(u, bytes) else str(u) for u in uuids]
+
+
 class TrialInfo:
     """``info.trial``: this trial's facts."""
 
@@ -146,6 +187,7 @@ class ClusterInfo:
         #: this container's slots (``0 .. N-1``)
         self.slot_ids: list[int] = list(range(slots_per_container(environ)))
         self._rank, self._addrs = container_layout(environ)
+        self._environ = dict(environ)
         self._trial = TrialInfo(spec, self.user_data)
         self._latest_checkpoint = latest_storage_id(Path(spec.checkpoint_dir))
 
@@ -168,15 +210,56 @@ class ClusterInfo:
         """This container's index in :attr:`container_addrs`."""
         return self._rank
 
+    @functools.cached_property
+    def gpu_uuids(self) -> list[str]:
+        """The UUIDs of this container's GPUs ([] on a CPU node; see :func:`gpu_uuids`)."""
+        return gpu_uuids(self._environ)
+
     @property
     def container_slot_counts(self) -> list[int]:
         """The slots of each container (all the same here)."""
         return [len(self.slot_ids)] * len(self._addrs)
 
 
+def _has_children() -> bool:
+    """Whether this process has child processes (none is reaped: WNOWAIT)."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def _stop_signal(signum: int, _frame: FrameType | None) -> None:
+    """A stop signal in a process that has not entered ``core.init()``: a launcher (it
+    has children) lives on, its workers (in its process group, or signalled by the
+    scheduler one by one) got the signal too, checkpoint and exit, and it exits with
+    their codes; any other process ends of the signal, as it would have without this."""
+    if _has_children():
+        return
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _launcher_handlers() -> None:
+    """Install :func:`_stop_signal` for the stop signals still at their default action
+    (main thread only). A caught signal is reset to its default in the processes this
+    one starts, and ``core.init()`` installs its own handlers over it."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in _STOP_SIGNALS:
+        if signal.getsignal(sig) == signal.SIG_DFL:
+            signal.signal(sig, _stop_signal)
+
+
 def get_cluster_info() -> ClusterInfo | None:
-    """This trial's :class:`ClusterInfo`; None outside a dlhpc job (as Determined off-cluster)."""
+    """This trial's :class:`ClusterInfo`; None outside a dlhpc job (as Determined
+    off-cluster). In a job, a launcher that reads it survives the stop signals that
+    reach its workers (see :func:`_stop_signal`): Determined stops workers through its
+    API, so its launchers, such as its tutorial's, let a TERM end them."""
     trial_dir = os.environ.get(TRIAL_DIR_VAR)
     if not trial_dir:
         return None
-    return ClusterInfo(TrialSpec.read(trial_file(Path(trial_dir))), os.environ)
+    info = ClusterInfo(TrialSpec.read(trial_file(Path(trial_dir))), os.environ)
+    _launcher_handlers()
+    return info

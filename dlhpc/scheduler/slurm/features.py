@@ -80,7 +80,7 @@ def _requeue(config: dict[str, str]) -> Check:
     plugins = config.get("JobSubmitPlugins", "")
     may_deny = (
         f" JobSubmitPlugins={plugins}: a site plugin may make jobs not requeueable; then "
-        "Slurm refuses the worker's `scontrol requeue` after the time-limit signal, the "
+        "Slurm refuses the job's `scontrol requeue` after the time-limit signal, the "
         "attempt's log says so, and the reconciler submits the trial again (no action "
         "needed; a preempted job is resubmitted the same way)."
         if plugins

@@ -40,6 +40,7 @@ from submitit.core.utils import JobPaths
 from submitit.helpers import DelayedSubmission
 
 from dlhpc.errors import SchedulerError
+from dlhpc.protocol import REQUEUE_REQUEST_FILE, attempts_dir
 from dlhpc.scheduler.base import JobRequest
 from dlhpc.scheduler.slurm.jobsetup import setup_section
 
@@ -54,6 +55,8 @@ __all__ = [
 
 #: submitit's in-job entry: ``python -u -m IN_JOB_MODULE FOLDER`` runs the task's pickle.
 IN_JOB_MODULE = "submitit.core._submit"
+#: the batch shell's requeue once the step has ended (see :mod:`.requeue`)
+REQUEUE_MODULE = "dlhpc.scheduler.slurm.requeue"
 # submitit's default: a task requeued after its time limit this many times is not again
 _MAX_NUM_TIMEOUT = 3
 _JOB_ID_RE = re.compile(r"job (?P<id>[0-9]+)")
@@ -161,10 +164,15 @@ def _flag(key: str, value: Any) -> str:
     return f"#SBATCH --{key}" if value is True else f"#SBATCH --{key}={shlex.quote(str(value))}"
 
 
-def _script(params: Mapping[str, Any], n_tasks: int, folder: Path, python: str) -> str:
+def _script(
+    params: Mapping[str, Any], trial_dirs: Sequence[Path], folder: Path, python: str
+) -> str:
     """The sbatch text for ``params`` (see :func:`sbatch_parameters`), in the format
     submitit's ``SlurmExecutor`` writes: sorted ``#SBATCH`` lines, the setup, then
-    submitit's in-job entry in an srun step. Logs: ``<folder>/%A_%a_<task>_log.*``."""
+    submitit's in-job entry in an srun step; then the requeue asked for by the trial
+    (:func:`_requeue_lines`), and the step's exit status as the script's.
+    Logs: ``<folder>/%A_%a_<task>_log.*``."""
+    n_tasks = len(trial_dirs)
     layout = JobPaths(folder)  # no job id: the %j and %t placeholders stay
     stdout, stderr = (str(p).replace("%j", "%A_%a") for p in (layout.stdout, layout.stderr))
     flags = {k: v for k, v in params.items() if k not in _NOT_FLAGS and v is not None}
@@ -179,8 +187,26 @@ def _script(params: Mapping[str, Any], n_tasks: int, folder: Path, python: str) 
     srun = ["srun", "--unbuffered", "--output", stdout, "--error", stderr]
     command = f"{python} -u -m {IN_JOB_MODULE} {shlex.quote(str(folder))}"
     srun_line = shlex.join([*srun, *params.get("srun_args", ())]) + " " + command
-    lines += ["", "# command", "export SUBMITIT_EXECUTOR=slurm", srun_line, ""]
+    lines += ["", "# command", "export SUBMITIT_EXECUTOR=slurm", srun_line, "_dlhpc_status=$?"]
+    lines += [*_requeue_lines(trial_dirs, python), 'exit "$_dlhpc_status"', ""]
     return "\n".join(lines)
+
+
+def _requeue_lines(trial_dirs: Sequence[Path], python: str) -> list[str]:
+    """After the step: the requeue the worker asked for at the time limit (its request
+    file in this run's attempt folder, named as :func:`dlhpc.protocol.attempt_key`
+    names it), asked by :mod:`dlhpc.scheduler.slurm.requeue` once the step has ended, so
+    that Slurm's kill of the requeued job meets no running step."""
+    folders = " ".join(shlex.quote(str(attempts_dir(Path(d)))) for d in trial_dirs)
+    task = '"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}.r${SLURM_RESTART_COUNT:-0}"'
+    return [
+        "# dlhpc: the requeue the trial asked for at the time limit, once its step has ended",
+        f"_dlhpc_attempts=({folders})",
+        f'_dlhpc_attempt="${{_dlhpc_attempts[$SLURM_ARRAY_TASK_ID]}}"/{task}',
+        f'if [ -e "$_dlhpc_attempt"/{shlex.quote(REQUEUE_REQUEST_FILE)} ]; then',
+        f'  {python} -m {REQUEUE_MODULE} "$_dlhpc_attempt"',
+        "fi",
+    ]
 
 
 @dataclass(frozen=True)
@@ -207,7 +233,7 @@ def build_submission(request: JobRequest, throttle: int) -> Submission:
     return Submission(
         name=request.name,
         folder=folder,
-        script=_script(params, n_tasks, folder, python),
+        script=_script(params, request.trial_dirs, folder, python),
         trial_dirs=tuple(request.trial_dirs),
         time_minutes=request.resources.time_minutes,
     )

@@ -3,8 +3,8 @@
 :class:`SlurmRules` implements :class:`dlhpc.config.ClusterRules` for ``dlhpc
 launch`` (and ``--dry-run``) and ``dlhpc doctor``:
 
-* partitions, the default one and the GPU types per partition come from one
-  ``sinfo --all --noheader --format=%P|%G`` (``%P`` marks the default partition
+* partitions, the default one, and the GPU types and counts per partition come
+  from one ``sinfo --all --noheader --format=%P|%G`` (``%P`` marks the default partition
   with ``*``; ``%G`` is the nodes' gres: ``gpu:2``, ``gpu:a100:2``,
   ``gpu:a100:2(S:0-1)`` where gres.conf binds cores (22.05 and later alike),
   several comma-separated, ``(null)`` for none). A failing sinfo raises
@@ -65,16 +65,19 @@ def associations_command(user: str) -> list[str]:
 
 @dataclass(frozen=True)
 class ClusterGres:
-    """sinfo's answer: partition -> GPU types on its nodes; the default partition."""
+    """sinfo's answer: partition -> GPU types on its nodes; the default partition;
+    partition -> the most GPUs one of its nodes has (all types together)."""
 
     gpu_types: dict[str, frozenset[str]] = field(default_factory=dict)
     default: str | None = None
+    gpu_counts: dict[str, int] = field(default_factory=dict)
 
 
 def parse_sinfo_gres(text: str) -> ClusterGres:
     """Parse ``sinfo --format=%P|%G`` lines (see the module doc). A line without ``|``
     is a partition name alone (no gres column)."""
     types: dict[str, set[str]] = {}
+    counts: dict[str, int] = {}
     default = None
     for line in text.splitlines():
         name, _, gres = line.strip().partition("|")
@@ -84,11 +87,16 @@ def parse_sinfo_gres(text: str) -> ClusterGres:
             name = name[:-1]
             default = name
         found = types.setdefault(name, set())
+        on_node = 0
         for item in _GRES_ITEMS.split(gres.strip()):
             parts = item.split("(", 1)[0].strip().split(":")
-            if parts[0] == "gpu" and len(parts) >= 2 and not parts[1].isdigit():
+            if parts[0] != "gpu":
+                continue
+            if len(parts) >= 2 and not parts[1].isdigit():
                 found.add(parts[1])
-    return ClusterGres({k: frozenset(v) for k, v in types.items()}, default)
+            on_node += int(parts[-1]) if len(parts) >= 2 and parts[-1].isdigit() else 1
+        counts[name] = max(counts.get(name, 0), on_node)
+    return ClusterGres({k: frozenset(v) for k, v in types.items()}, default, counts)
 
 
 def parse_associations(text: str) -> dict[str, frozenset[str]]:

@@ -1,11 +1,14 @@
-"""dlhpc's side of ``bench_search_lcbench.py``: a real searcher, ``launch`` and ``tick`` on
-the simulated cluster of ``dlhpc simulate`` (:mod:`dlhpc.simulate`), curves and epoch
-times from the LCBench surrogate.
+"""dlhpc's searchers for ``bench_search_lcbench.py``: a method's searcher as an experiment
+file makes it (:func:`make_method`, for the ask/tell driver ``_lcbench_driver.py``), and
+the product's own path to check the driver against (:func:`run_dlhpc`: a real ``launch``
+and ``tick`` on the simulated cluster of ``dlhpc simulate``, :mod:`dlhpc.simulate`; its
+decisions read back by :func:`store_decisions`), curves and epoch times from the LCBench
+surrogate.
 
 A method is a YAML ``searcher:`` mapping (exactly what an experiment file holds, e.g.
 ``{name: asha, proposer: tpe}``), so a searcher added to dlhpc runs here by its name and
-settings, without changes to this file. The experiment file is written to the run's
-scratch folder and read by :func:`dlhpc.config.load_experiment`, so the searcher's own
+settings, without changes to this file. The experiment file is written to a scratch
+folder and read by :func:`dlhpc.config.load_experiment`, so the searcher's own
 settings rules apply. Keys the mapping leaves out get the benchmark's values
 (:func:`searcher_section`; ``max_trials``: :func:`natural_trials`).
 
@@ -22,23 +25,25 @@ import dataclasses
 import math
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import yaml
 from _lcbench_measures import Trace
 from _lcbench_surrogate import MAX_LENGTH, SPACE, Curve, Surrogate
+from sqlalchemy import select
 
 from dlhpc.config import load_experiment
 from dlhpc.config.schema import ExperimentConfig
 from dlhpc.orchestrator import launch
 from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.scheduler.plugins import Backend, BackendTable
-from dlhpc.search import SearcherTable, make_searcher
-from dlhpc.simulate import ClusterSpec, SimCluster, VirtualClock, drive, sim_config
-from dlhpc.store import Store
+from dlhpc.search import BaseSearcher, SearcherTable, make_searcher
+from dlhpc.simulate import SIM_EPOCH, ClusterSpec, SimCluster, VirtualClock, drive, sim_config
+from dlhpc.store import Decision, Store, Trial
 
 
 @dataclass(frozen=True)
@@ -145,6 +150,15 @@ def method_config(
     return load_method({**section, "max_trials": natural_trials(first, budget, workers)}, folder)
 
 
+def make_method(section: Mapping[str, Any], budget: int, workers: int) -> BaseSearcher:
+    """A fresh searcher of ``section`` (complete) as :func:`run_dlhpc` runs it: read from
+    an experiment file (the loader's rules; :func:`method_config`) in a temporary
+    folder, removed at once."""
+    with tempfile.TemporaryDirectory(prefix="dlhpc-lcbench-") as folder:
+        cfg = method_config(section, Path(folder), budget, workers)
+    return make_searcher(cfg.hyperparameters, cfg.searcher)
+
+
 class _SimCurve:
     """A surrogate curve as the simulated cluster reads it; records every epoch it ends."""
 
@@ -192,13 +206,15 @@ def run_dlhpc(
     budget: int,
     knobs: SimKnobs,
     scratch: Path | None = None,
+    inspect: Callable[[Store, int], None] | None = None,
 ) -> tuple[Trace, dict[str, Any]]:
     """One run of the searcher ``section`` (complete, see :func:`searcher_section`);
     returns its trace and facts (trials, ticks, how it ended). The run's store, file
     protocol and simulated jobs live in a fresh folder under ``scratch`` (None: the
     system's temporary folder), removed at the end; a memory file system there (e.g.
     /dev/shm) saves the fsyncs and deletes of thousands of small files and changes
-    nothing that is measured (the clock is virtual)."""
+    nothing that is measured (the clock is virtual). ``inspect(store, experiment id)``,
+    when given, reads the store at the end, before it is removed."""
     root = Path(tempfile.mkdtemp(prefix="dlhpc-lcbench-", dir=scratch))
     trace = Trace(budget)
     try:
@@ -224,6 +240,8 @@ def run_dlhpc(
                 "starts": cluster.stats.starts,  # trial starts, a resumed trial again
                 "cluster_gpu_hours": cluster.stats.gpu_s / 3600,
             }
+            if inspect is not None:
+                inspect(store, exp_id)
         finally:
             store.close()
     finally:
@@ -252,3 +270,30 @@ def _drive(
         store, pool, cluster, clock, exp_id, knobs.tick_interval_s, stop=lambda: trace.full
     )
     return _ENDS[how], ticks
+
+
+def store_decisions(
+    store: Store, exp_id: int
+) -> tuple[list[tuple[float, str, int, Any]], dict[int, int]]:
+    """What the searcher of ``exp_id`` decided, from the store: (virtual seconds since the
+    start, kind, request id, x) per created trial (x: its hyperparameters as JSON), per
+    promotion and per stop (x: the length), ordered by time, kind and request id; and
+    the last length told per request id. ``launch`` creates the first trials before
+    the virtual clock starts (stamped with the real time): they count as created at 0."""
+    start = datetime.fromtimestamp(SIM_EPOCH, tz=timezone.utc).replace(tzinfo=None)
+
+    def at(when: datetime) -> float:
+        return max(0.0, round((when - start).total_seconds(), 6))
+
+    with store.read() as s:
+        trials = s.scalars(select(Trial).where(Trial.experiment_id == exp_id)).all()
+        rid = {t.id: t.request_id for t in trials}
+        out: list[tuple[float, str, int, Any]] = [
+            (at(t.created_at), "create", t.request_id, t.hparams_json) for t in trials
+        ]
+        out += [
+            (at(d.decided_at), d.kind, rid[d.trial_id], d.length)
+            for d in s.scalars(select(Decision).where(Decision.experiment_id == exp_id))
+        ]
+        told = {t.request_id: t.told_step for t in trials}
+    return sorted(out, key=lambda d: (d[0], d[1], d[2])), told

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import random
 from collections.abc import Mapping, Sequence
@@ -192,7 +193,9 @@ class TaskReference:
     metric of ``samples`` random configurations (seed ``"reference"``, no run uses it);
     ``target = best - points``; ``lo``/``hi`` are instance_target_statistics.csv's min and
     max of the metric (500,000 surrogate points), YAHPO's normalisation of regret;
-    ``share`` is the fraction of the samples whose final value reaches the target."""
+    ``share`` is the fraction of the samples whose final value reaches the target.
+    ``random_epochs`` and ``random_gpu_hours``: random search's exact expected compute
+    until a trial first reports a value >= the target (:func:`random_expectation`)."""
 
     task: str
     best: float
@@ -201,6 +204,8 @@ class TaskReference:
     hi: float
     share: float
     samples: int
+    random_epochs: float
+    random_gpu_hours: float
 
     def regret(self, value: float) -> float:
         """Normalised regret of ``value``: (hi - value) / (hi - lo)."""
@@ -223,8 +228,33 @@ def reference(
     surrogate: Surrogate, task: str, samples: int = 2000, points: float = 1.0
 ) -> TaskReference:
     """The :class:`TaskReference` of ``task`` (deterministic)."""
-    finals = [c.final for c in surrogate.curves(task, random_configs(samples, "reference"))]
-    best = max(finals)
+    curves = surrogate.curves(task, random_configs(samples, "reference"))
+    best = max(c.final for c in curves)
     lo, hi = statistics_range(surrogate.folder, task, surrogate.metric)
-    share = sum(f >= best - points for f in finals) / len(finals)
-    return TaskReference(task, best, best - points, lo, hi, share, samples)
+    share = sum(c.final >= best - points for c in curves) / len(curves)
+    epochs, gpu_s = random_expectation(curves, best - points)
+    return TaskReference(task, best, best - points, lo, hi, share, samples, epochs, gpu_s / 3600)
+
+
+def random_expectation(curves: Sequence[Curve], target: float) -> tuple[float, float]:
+    """Random search's expected (epochs, GPU-seconds) until a trial first reports a value
+    >= ``target``, drawing configurations from ``curves`` with replacement and training
+    each to :data:`MAX_LENGTH` one after the other (W = 1): with ``p`` the share of curves
+    that reach the target at some epoch, (1 - p) / p misses at their full cost, then a hit
+    at its mean cost up to its first epoch at the target. Exact, never censored;
+    ValueError when no curve reaches the target."""
+    hits: list[tuple[int, float]] = []  # (epochs, seconds) up to the first report >= target
+    miss_epochs = miss_s = 0.0
+    for c in curves:
+        first = next((i for i, v in enumerate(c.values) if v >= target), None)
+        if first is None:
+            miss_epochs += len(c.values)
+            miss_s += math.fsum(c.seconds)
+        else:
+            hits.append((first + 1, math.fsum(c.seconds[: first + 1])))
+    if not hits:
+        raise ValueError(f"no curve reaches the target {target}")
+    # (1 - p) / p misses of mean cost m = misses / (n - k) each: (n - k) / k * m = total / k
+    epochs = (miss_epochs + sum(e for e, _ in hits)) / len(hits)
+    seconds = (miss_s + math.fsum(s for _, s in hits)) / len(hits)
+    return epochs, seconds

@@ -1,19 +1,23 @@
 #!/usr/bin/env python3
 """Benchmark: hyperparameter search on the YAHPO Gym LCBench surrogate.
 
-Every method gets the same budget of trial-epochs on each task, seed and worker count W.
-dlhpc's searchers run through the ``dlhpc simulate`` machinery (a real ``launch`` and
-``tick`` loop on a simulated cluster of W GPUs and a virtual clock; ``_lcbench_dlhpc.py``);
-the peers (Optuna, Syne Tune, the one-epoch top-K baseline) run on a virtual-worker model
-with the same W and the same epoch times (``_lcbench_peers.py``). Curves and epoch times
-come from the surrogate (``_lcbench_surrogate.py``: budget epochs 1..50 are its epochs
-2..51). Measures (``_lcbench_measures.py``): epochs, GPU-hours and wall time until a trial
-reports the task's best - 1 point (best of 2,000 random configurations), and normalised
-regret at a log-spaced set of budgets. Protocol: docs/BENCHMARKS.md, "Search on LCBench".
+Every method gets the same budget of trial-epochs on each task, seed and worker count W,
+in one discrete-event simulation of W GPUs and a virtual clock. dlhpc's searchers run
+through their ask/tell API (``_lcbench_driver.py``: the orchestrator's tell/ask/act at
+each decision time; ``--tick-interval`` 60 gives the decisions of ``dlhpc simulate``'s
+real ``tick``, 0 lets them decide whenever an epoch ends); the peers (Optuna, Syne Tune,
+the one-epoch top-K baseline) on the same worker model (``_lcbench_peers.py``). Curves
+and epoch times come from the surrogate (``_lcbench_surrogate.py``: budget epochs 1..50
+are its epochs 2..51). Measures (``_lcbench_measures.py``): epochs, GPU-hours and wall
+time until a trial reports the task's best - 1 point (best of 2,000 random
+configurations), against random search's exact expectation over those configurations,
+and normalised regret at a log-spaced set of budgets. Protocol: docs/BENCHMARKS.md,
+"Search on LCBench".
 
     pip install -e '.[bench]'   # onnxruntime, optuna, syne-tune
+    python scripts/bench/lcbench/bench_search_lcbench.py --quick --json quick.json
     python scripts/bench/lcbench/bench_search_lcbench.py --tasks all --seeds 5 \\
-        --workers 1,4,16,64 --json results.json --svg-dir docs
+        --workers 4,16 --json results.json --svg-dir docs   # resumable: run it again
     python scripts/bench/lcbench/bench_search_lcbench.py --report results.json   # the tables again
     # on 2 cores: two processes with --shard 0/2 and --shard 1/2, then --report a.json,b.json
 
@@ -36,7 +40,8 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _lcbench_dlhpc import SimKnobs, run_dlhpc, searcher_section  # noqa: E402
+from _lcbench_dlhpc import make_method, searcher_section  # noqa: E402
+from _lcbench_driver import run_ask_tell  # noqa: E402
 from _lcbench_measures import Trace, checkpoints  # noqa: E402
 from _lcbench_peers import MISSING, PEERS, make_peer, run_workers  # noqa: E402
 from _lcbench_report import merge, write_report  # noqa: E402
@@ -46,7 +51,7 @@ from dlhpc.errors import DlhpcError  # noqa: E402
 
 DLHPC_METHODS = ("random", "grid", "sha", "asha", "hyperband", "bayes")
 DEFAULT_METHODS = ",".join((*DLHPC_METHODS, *PEERS))
-SHM = Path("/dev/shm")  # the default --scratch where it exists (a memory file system)
+QUICK_TASKS = "7593,167168,167200,168329,168331,168910,189905,189909"  # fewest reach the target
 
 
 def write_json(path: Path, result: dict[str, Any]) -> None:
@@ -89,10 +94,24 @@ def one_run(
     if section is None:
         method = make_peer(label, seed, args.budget)
         return run_workers(method, surrogate, task, workers, args.budget, args.time_scale)
-    knobs = SimKnobs(workers, args.tick_interval, 0.0, 0.0, args.time_scale)
     full = searcher_section({**section, "seed": seed}, args.budget, workers)
-    trace, facts = run_dlhpc(full, surrogate, task, 0, args.budget, knobs, args.scratch)
-    return trace, {**facts, "searcher": full}
+    searcher = make_method(full, args.budget, workers)
+    run = run_ask_tell(
+        searcher,
+        lambda hp: surrogate.curve(task, hp),
+        workers,
+        args.budget,
+        args.tick_interval,
+        args.time_scale,
+    )
+    facts = {
+        "end": run.end,
+        "max_trials": searcher.config.max_trials,
+        "trials": len(run.told),
+        "starts": run.starts,  # jobs started, a resumed trial again
+        "searcher": full,
+    }
+    return run.trace, facts
 
 
 def record(
@@ -216,7 +235,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-_NOT_COMPARED = {"json", "svg_dir", "stem", "scratch", "report", "partial_tasks", "resume"}
+_NOT_COMPARED = {"json", "svg_dir", "stem", "report", "partial_tasks", "resume", "quick"}
 
 
 def resumed(fresh: dict[str, Any], path: Path | None) -> dict[str, Any]:
@@ -264,24 +283,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--points", type=float, default=1.0, help="target = best - this")
     p.add_argument("--reference-samples", type=int, default=2000)
     p.add_argument("--metric", default="val_accuracy")
-    p.add_argument("--tick-interval", type=float, default=60.0, help="dlhpc tick, virtual s")
+    p.add_argument(
+        "--tick-interval",
+        type=float,
+        default=60.0,
+        help="dlhpc's searchers decide every this many virtual s (dlhpc's tick);"
+        " 0: whenever an epoch ends, as the peers",
+    )
     p.add_argument("--time-scale", type=float, default=1.0, help="x the surrogate's seconds")
     p.add_argument("--data", type=Path, default=None, help="the surrogate's folder")
     p.add_argument("--json", type=Path, default=None, help="write every run here")
     p.add_argument("--svg-dir", type=Path, default=None, help="write regret SVG + CSV here")
     p.add_argument("--stem", default="lcbench-regret", help="file name stem of the SVGs")
-    p.add_argument(
-        "--scratch",
-        type=Path,
-        default=SHM if SHM.is_dir() else None,
-        help="folder of the dlhpc runs' stores and files (default /dev/shm where it exists,"
-        " else the system's temporary folder)",
-    )
     p.add_argument("--shard", default="0/1", help="K/N: run every N-th task from the K-th")
     p.add_argument(
         "--resume",
         action="store_true",
         help="go on with the stopped run in --json (same settings): its runs are kept",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"the inner loop: tasks {QUICK_TASKS} at W = 4 (overrides --tasks, --workers)",
     )
     p.add_argument("--report", default=None, help="only the tables of these JSON files (shards)")
     p.add_argument(
@@ -293,8 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     k, _, n = args.shard.partition("/")
     if not (k.isdigit() and n.isdigit() and int(k) < int(n)):
         p.error(f"--shard: expected K/N with 0 <= K < N, got {args.shard!r}")
-    if args.scratch is not None and not args.scratch.is_dir():
-        p.error(f"--scratch: not a folder: {args.scratch}")
+    if args.quick:
+        args.tasks, args.workers = QUICK_TASKS, "4"
     if args.report is not None:
         result = merge([json.loads(Path(f).read_text()) for f in args.report.split(",")])
         result = done_tasks_only(result) if not args.partial_tasks else result

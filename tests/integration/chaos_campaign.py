@@ -1,0 +1,196 @@
+"""A chaos campaign: the digits example launched on the dev cluster, driven by
+:class:`~tests.integration.chaos_driver.ChaosDriver` while ``dlhpc tick`` runs, then
+checked (:func:`check_campaign`). As a script, a longer one::
+
+    python -m tests.integration.chaos_campaign --long [--seed N] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.integration._reference import (
+    DIGITS,
+    References,
+    seed_of,
+    start_references,
+)
+from tests.integration.chaos import (
+    DEFAULT_SEED,
+    STEPS_PER_EPOCH,
+)
+from tests.integration.chaos_checks import check_campaign, read_only_db
+from tests.integration.chaos_cluster import cluster_healthy, restore_cluster
+from tests.integration.chaos_driver import ChaosDriver
+from tests.integration.conftest import Cli
+
+__all__ = ["CampaignConfig", "CampaignResult", "run_campaign"]
+
+
+@dataclass(frozen=True)
+class CampaignConfig:
+    """A chaos run of the digits example. The defaults: about 80 s per trial
+    uninterrupted (8 epochs of 23 steps, 0.4 s each), one round of the six actions."""
+
+    seed: int = DEFAULT_SEED
+    trials: int = 3
+    epochs: int = 8
+    step_sleep: float = 0.4
+    rounds: int = 1
+    lead_time_s: int = 60
+    timeout_s: float = 300.0  # after the driver is done, for the trials to finish
+    echo: bool = False
+
+    @property
+    def total_steps(self) -> int:
+        return self.epochs * STEPS_PER_EPOCH
+
+
+@dataclass
+class CampaignResult:
+    exp_id: int
+    exp: dict[str, Any]
+    driver: ChaosDriver
+    seconds: float
+    workdir: Path
+    references: References
+    notes: list[str] = field(default_factory=list)
+
+
+def experiment_yaml(workdir: Path, cfg: CampaignConfig) -> Path:
+    lr = f"{{type: log, minval: -2, maxval: -1, count: {cfg.trials}}}"
+    exp = workdir / f"chaos-{cfg.seed}.yaml"
+    exp.write_text(
+        f"name: chaos-{cfg.seed}\nentrypoint: python train.py\nworkdir: {DIGITS}\n"
+        "resources: {cpus_per_task: 1, mem: 1G, time: '00:10:00'}\n"
+        "hyperparameters:\n"
+        f"  lr: {lr}\n"
+        "  hidden: 32\n  dropout: 0.2\n  batch_size: 64\n"
+        f"  step_sleep: {cfg.step_sleep}\n"
+        "searcher: {name: grid, metric: val_accuracy, smaller_is_better: false, "
+        f"max_length: {cfg.epochs}}}\n"
+        "reproducibility: {seed: 7, deterministic: true}\n"
+        f"preemption: {{lead_time: '{cfg.lead_time_s}s'}}\n"
+        "max_restarts: 2\n"
+    )
+    return exp
+
+
+def live_job_ids(db: Path, exp_id: int) -> dict[str, int]:
+    """Task id -> trial id of the experiment's unfinished trials (read-only, no CLI;
+    a tick's write lock is waited out)."""
+    con = read_only_db(db)
+    try:
+        rows = con.execute(
+            "SELECT a.job_id, t.id FROM attempts a JOIN trials t ON a.trial_id = t.id"
+            " WHERE t.experiment_id = ? AND t.state NOT IN"
+            " ('COMPLETED', 'STOPPED_EARLY', 'FAILED', 'KILLED')",
+            (exp_id,),
+        ).fetchall()
+    finally:
+        con.close()
+    return {str(j): int(t) for j, t in rows}
+
+
+def run_campaign(cli: Cli, workdir: Path, cfg: CampaignConfig) -> CampaignResult:
+    """Launch, drive the chaos while ticking, tick until the experiment ends.
+
+    Whatever happens, the hog jobs and the experiment's jobs are cancelled
+    afterwards if still queued, and the cluster is restored if a daemon is down.
+    """
+    t0 = time.monotonic()
+    exp_id = int(cli.json("launch", str(experiment_yaml(workdir, cfg)))["experiment_id"])
+    launched = cli.experiment(exp_id)
+    run_dir = Path(launched["run_dir"])
+    # the uninterrupted references train meanwhile, at a lower priority
+    seeds = {t["id"]: seed_of(cli, t["id"]) for t in launched["trials"]}
+    refs = start_references(workdir, launched["trials"], cfg.epochs, seeds, niceness=10)
+    db = cli.home / "dlhpc.db"
+
+    def tick() -> None:
+        cli("tick", "-q")
+
+    driver = ChaosDriver(
+        cfg.seed,
+        cli.env,
+        lambda: live_job_ids(db, exp_id),
+        run_dir=run_dir,
+        tick_fn=tick,
+        n_trials=cfg.trials,
+        rounds=cfg.rounds,
+        total_steps=cfg.total_steps,
+        lead_time_s=cfg.lead_time_s,
+        echo=cfg.echo,
+    )
+    try:
+        driver.run()
+        exp = cli.tick_until(
+            exp_id, lambda e: e["state"] not in ("ACTIVE", "PAUSED"), timeout=cfg.timeout_s
+        )
+    except Exception as err:
+        raise AssertionError(f"{err}\n{driver.format_log()}") from err
+    finally:
+        with contextlib.suppress(Exception):  # leave nothing of ours queued
+            left = list(live_job_ids(db, exp_id))
+            left += [r.target for r in driver.records if r.kind == "hog" and r.target != "-"]
+            subprocess.run(["scancel", *left], env=cli.env, capture_output=True, timeout=60)
+        if not cluster_healthy(cli.env):
+            driver.log("restore", "cluster", detail=restore_cluster(cli.env))
+    return CampaignResult(exp_id, exp, driver, time.monotonic() - t0, workdir, refs)
+
+
+@contextlib.contextmanager
+def _workdir(keep: bool) -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="dlhpc-chaos-"))
+    try:
+        yield path
+    finally:
+        if not keep:
+            from dlhpc._perms import remove_tree
+
+            remove_tree(path, ignore_errors=True)  # it holds read-only code snapshots
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tests.integration.chaos_campaign [--long] [--seed N] [--keep]``."""
+    from tests.integration.conftest import _slurm_env
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    ap.add_argument("--long", action="store_true", help="4 trials, 30 epochs, 3 rounds (~12 min)")
+    ap.add_argument("--keep", action="store_true", help="keep the temp folder (DLHPC_HOME)")
+    args = ap.parse_args(argv)
+    env = _slurm_env()
+    if env is None:
+        print("dev cluster not running (scripts/dev-cluster up)", file=sys.stderr)
+        return 2
+    cfg = CampaignConfig(seed=args.seed, echo=True)
+    if args.long:
+        cfg = CampaignConfig(
+            seed=args.seed, trials=4, epochs=30, rounds=3, timeout_s=900, echo=True
+        )
+    with _workdir(args.keep) as workdir:
+        cli = Cli(env, workdir / "home")
+        print(f"chaos campaign {cfg} in {workdir}", flush=True)
+        try:
+            result = run_campaign(cli, workdir, cfg)
+            check_campaign(cli, result, cfg)
+        except AssertionError as err:
+            print(f"FAILED: {err}", file=sys.stderr)
+            return 1
+        print("\n".join(result.notes))
+        print(f"PASSED in {result.seconds:.0f}s (seed {cfg.seed})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

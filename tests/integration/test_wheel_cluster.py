@@ -1,0 +1,235 @@
+"""dlhpc as a user installs it: the sdist built from the checkout, the wheel built from that
+sdist, installed into a fresh venv outside the checkout, and used with no checkout on
+``sys.path``.
+
+- As an unprivileged user (``nobody`` when the tests run as root): the local quick start
+  (``dlhpc example digits``, launch, follow, report), then one experiment on the dev
+  cluster. The venv reuses the test interpreter's installed dependencies (a ``.pth`` line
+  naming its site-packages, whose own ``.pth`` files, such as an editable dlhpc's, are not
+  read), so torch is not downloaded; dlhpc itself comes from the wheel alone.
+- On each other supported Python (:data:`PYTHONS`, from pyenv or ``$PATH``): the wheel
+  installed with its dependencies from the package index (no extras), ``dlhpc doctor`` and
+  a local experiment of a script without torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from dlhpc._version import __version__
+from tests.conftest import cluster_required
+from tests.integration.conftest import REPO, let_others_pass
+
+pytestmark = pytest.mark.cluster
+
+SOURCES = ("pyproject.toml", "README.md", "dlhpc", "site-configs", "templates")
+ONE_TRIAL = """\
+name: wheel-one
+entrypoint: python train.py
+resources: {cpus_per_task: 1, mem: 1G, time: "00:10:00"}
+hyperparameters: {lr: 0.1, hidden: 32, dropout: 0.1, batch_size: 64}
+searcher: {name: single, metric: val_accuracy, smaller_is_better: false, max_length: 2}
+"""
+# Supported Pythons other than the one the suite runs on (which the first test covers).
+PYTHONS = ("3.10", "3.11", "3.12", "3.13")
+TINY_SCRIPT = """\
+import dlhpc
+
+ctx = dlhpc.init()
+for epoch in range(1, ctx.max_length + 1):
+    ctx.report(epoch, {"loss": ctx.hparams["lr"] / epoch})
+ctx.close()
+"""
+TINY_EXPERIMENT = """\
+name: tiny
+entrypoint: python train.py
+resources: {cpus_per_task: 1, mem: 1G, time: "00:05:00"}
+hyperparameters: {lr: {type: categorical, vals: [0.1, 0.2]}}
+searcher: {name: grid, metric: loss, smaller_is_better: true, max_length: 2}
+"""
+
+
+def _run(
+    argv: Sequence[str | Path],
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    as_: pwd.struct_passwd | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``argv``, as user ``as_`` (no supplementary groups) when given; a failure is an
+    AssertionError with the output."""
+    proc = subprocess.run(
+        argv,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+        user=None if as_ is None else as_.pw_uid,
+        group=None if as_ is None else as_.pw_gid,
+        extra_groups=None if as_ is None else [],
+    )
+    cmd = " ".join(map(str, argv))
+    assert proc.returncode == 0, f"{cmd} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def _build_wheel(work: Path) -> Path:
+    """The sdist from a copy of the checkout's sources, then the wheel from that sdist."""
+    src = work / "src"
+    src.mkdir()
+    for name in SOURCES:
+        if (REPO / name).is_dir():  # the package's data folders are links: kept as links
+            shutil.copytree(REPO / name, src / name, symlinks=True)
+        else:
+            shutil.copy2(REPO / name, src / name)
+    for cache in src.rglob("__pycache__"):
+        shutil.rmtree(cache)
+    dist = work / "dist"
+    _run([sys.executable, "-m", "build", "-q", "--sdist", "--no-isolation", "-o", dist, src])
+    (sdist,) = dist.glob("dlhpc-*.tar.gz")
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    _run([*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", dist, sdist])
+    (wheel,) = dist.glob("dlhpc-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def wheel() -> Iterator[Path]:
+    """The wheel, built once for this module's tests."""
+    folder = Path(tempfile.mkdtemp(prefix="dlhpc-wheel-build-", dir="/tmp"))
+    folder.chmod(0o755)
+    yield _build_wheel(folder)
+    shutil.rmtree(folder)
+
+
+def _venv(work: Path, wheel: Path) -> Path:
+    """A venv at ``work/venv`` with the wheel installed and this interpreter's packages
+    reachable; returns its ``bin`` folder."""
+    venv = work / "venv"
+    _run([sys.executable, "-m", "venv", "--without-pip", venv])
+    python = venv / "bin" / "python"
+    site = _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
+    deps = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    for dep in (*deps, sys.base_prefix):  # the unprivileged user reads them
+        let_others_pass(Path(dep) / "x")
+    Path(site.stdout.strip(), "dev-deps.pth").write_text("".join(f"{d}\n" for d in deps))
+    pip: list[str | Path] = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    pip += ["--python", python]
+    _run([*pip, "install", "--no-deps", "--no-index", wheel])
+    return venv / "bin"
+
+
+@pytest.fixture
+def work() -> Iterator[Path]:
+    """A folder outside the checkout and outside root's private temporary folders, so that
+    the unprivileged user can use what is built there."""
+    folder = Path(tempfile.mkdtemp(prefix="dlhpc-wheel-", dir="/tmp"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder)
+
+
+class User:
+    """Runs commands as the unprivileged user: this one, or ``nobody`` under root."""
+
+    def __init__(self, env: dict[str, str], home: Path) -> None:
+        self.ids = None if os.geteuid() else pwd.getpwnam("nobody")
+        home.mkdir()
+        self.env = {**env, "HOME": str(home)}
+        if self.ids is not None:
+            os.chown(home, self.ids.pw_uid, self.ids.pw_gid)
+            self.env.update(USER=self.ids.pw_name, LOGNAME=self.ids.pw_name)
+
+    def __call__(self, *argv: str | Path, cwd: Path, **env: str) -> str:
+        """The command's stdout; a failure is an AssertionError with its output."""
+        return _run(list(argv), cwd=cwd, env={**self.env, **env}, as_=self.ids).stdout
+
+
+def test_the_wheel_works_outside_the_checkout_as_an_unprivileged_user(
+    slurm_env: dict[str, str], work: Path, wheel: Path
+) -> None:
+    bin_ = _venv(work, wheel)
+    home = work / "home"
+    env = {k: v for k, v in slurm_env.items() if not k.startswith(("PYTHON", "DLHPC_", "VIRTUAL"))}
+    env["PATH"] = f"{bin_}:{env['PATH']}"
+    user = User(env, home)
+
+    probe = "import dlhpc, json, sys; print(json.dumps([dlhpc.__file__, sys.path]))"
+    where, paths = json.loads(user(bin_ / "python", "-c", probe, cwd=home))
+    assert where.startswith(f"{work / 'venv'}/"), where  # the wheel's copy
+    # no checkout on sys.path (the dependencies' site-packages may lie in its .venv)
+    assert REPO not in [Path(p) for p in paths], paths
+    assert user("dlhpc", "--version", cwd=home) == f"dlhpc, version {__version__}\n"
+
+    # the README's laptop path (its grid is 4 trials of this script; one keeps the test
+    # cheap): the local site, no Slurm
+    user("dlhpc", "example", "digits", cwd=home)
+    (work / "one.yaml").write_text(ONE_TRIAL)
+    user("cp", work / "one.yaml", "digits/one.yaml", cwd=home)
+    follow = ("--follow", "--interval", "1")
+    me = pwd.getpwuid(os.geteuid()).pw_name if user.ids is None else user.ids.pw_name
+    for site, backend in (("local", "local"), ("dev-cluster", "slurm")):  # then the cluster
+        at = {"DLHPC_SITE": site, "DLHPC_HOME": str(home / site)}
+        user("dlhpc", "launch", "digits/one.yaml", *follow, cwd=home, **at)
+        status = json.loads(user("dlhpc", "status", "1", "--json", cwd=home, **at))
+        exp = status["experiments"][0]
+        assert (exp["state"], exp["backend"], exp["user"]) == ("COMPLETED", backend, me), exp
+    user("dlhpc", "report", "1", "-o", "digits.html", cwd=home, DLHPC_HOME=str(home / "local"))
+    assert "val_accuracy" in (home / "digits.html").read_text()
+
+
+def _interpreter(version: str) -> Path | None:
+    """Python ``version`` from pyenv (``$PYENV_ROOT``, else ``~/.pyenv``), else on $PATH."""
+    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    found = sorted(root.glob(f"{version}.*/bin/python{version}"))
+    on_path = shutil.which(f"python{version}")
+    return found[-1] if found else Path(on_path) if on_path else None
+
+
+@pytest.mark.parametrize(
+    "version", [v for v in PYTHONS if v != "{}.{}".format(*sys.version_info[:2])]
+)
+def test_the_wheel_on_each_supported_python(version: str, wheel: Path, tmp_path: Path) -> None:
+    python = _interpreter(version)
+    if python is None:
+        why = f"no Python {version} (pyenv or python{version} on $PATH)"
+        if cluster_required():
+            pytest.fail(why)
+        pytest.skip(why)
+    venv = tmp_path / "venv"
+    _run([python, "-m", "venv", "--without-pip", venv])  # this pip installs into it
+    pip: list[str | Path] = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    _run([*pip, "--python", venv / "bin" / "python", "install", wheel])
+    keep = ("PATH", "LANG", "LC_ALL", "TMPDIR")
+    env = {k: v for k, v in os.environ.items() if k in keep}
+    env.update(
+        PATH=f"{venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}",
+        HOME=str(tmp_path),
+        DLHPC_HOME=str(tmp_path / "home"),
+        DLHPC_SITE="local",
+    )
+    probe = (venv / "bin" / "python", "-c", "import dlhpc; print(dlhpc.__file__)")
+    where = _run(probe, cwd=tmp_path, env=env)  # not the checkout: -c puts the cwd first
+    assert where.stdout.startswith(f"{venv}/"), where.stdout
+    _run(["dlhpc", "doctor"], cwd=tmp_path, env=env)
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    (exp / "train.py").write_text(TINY_SCRIPT)
+    (exp / "exp.yaml").write_text(TINY_EXPERIMENT)
+    _run(
+        ["dlhpc", "launch", "exp/exp.yaml", "--follow", "--interval", "0.5"], cwd=tmp_path, env=env
+    )
+    status = json.loads(_run(["dlhpc", "status", "1", "--json"], cwd=tmp_path, env=env).stdout)
+    assert status["experiments"][0]["state"] == "COMPLETED", status
