@@ -48,7 +48,9 @@ def _run(tmp_path: Path, methods: str) -> dict:  # type: ignore[type-arg]
     out = tmp_path / "out.json"
     args = [*TINY, "--methods", methods, "--cache", str(tmp_path / "c.json"), "--json", str(out)]
     assert bench.main(args) == 0
-    return json.loads(out.read_text())  # type: ignore[no-any-return]
+    record = json.loads(out.read_text())
+    assert record["date_utc"] and record["machine"]["cpus"]  # scripts/bench/_result.py's record
+    return record["result"]  # type: ignore[no-any-return]
 
 
 def test_random_driver_spends_the_budget_and_reruns_identically(tmp_path: Path) -> None:

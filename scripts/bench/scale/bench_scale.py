@@ -41,6 +41,9 @@ from typing import Any
 
 from _bench_scale_state import JOBS_FILE, build, freshen, install_fake
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _result import write_result  # noqa: E402
+
 
 def _child(argv: list[str]) -> int:
     """A timed process: count SQL statements, fake Slurm, run the real CLI."""
@@ -253,11 +256,9 @@ def _summary(args: argparse.Namespace, trees: list[str], results: Results) -> di
                 per_tree[f"median_ratio_{key}"] = round(ratio, 3)
     loads = [r["load"] for runs in results.values() for r in runs]
     return {
-        "argv": sys.argv[1:],
         "trials": args.trials,
         "runs": args.runs,
         "trees": trees,
-        "cpus": os.cpu_count(),
         "load_1min": [min(loads), max(loads)],
         "commands": commands,
     }
@@ -312,7 +313,7 @@ def main() -> int:
                 results.setdefault((name, label), []).append(run)
     _print(list(trees), list(commands), results)
     if args.json is not None:
-        args.json.write_text(json.dumps(_summary(args, list(trees), results), indent=1) + "\n")
+        write_result(args.json, _summary(args, list(trees), results))
     return 0
 
 

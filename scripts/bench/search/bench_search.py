@@ -37,8 +37,10 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _bench_search_digits import CurveCache  # noqa: E402
 from _bench_search_optuna import optuna_study  # noqa: E402
+from _result import write_result  # noqa: E402
 
 from dlhpc.config.schema import HParam, SearcherConfig  # noqa: E402
 from dlhpc.search import make_searcher  # noqa: E402
@@ -384,17 +386,18 @@ def main(argv: list[str] | None = None) -> int:
         f"replay mismatches {cache.replay_mismatches}"
     )
     if args.json is not None:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "args": {**{k: str(v) for k, v in vars(args).items()}, "workers": workers},
-                    "calibration": calib,
-                    "runs": [r.public() for r in runs],
-                    "skipped": skipped,
-                    "runtime_s": elapsed,
-                },
-                indent=1,
-            )
+        write_result(
+            args.json,
+            {
+                "args": {**{k: str(v) for k, v in vars(args).items()}, "workers": workers},
+                "calibration": calib,
+                "runs": [r.public() for r in runs],
+                "median_epochs_to_target": {
+                    m: None if math.isinf(e) else e for m, e in med.items()
+                },  # None: beyond the budget
+                "skipped": skipped,
+                "runtime_s": round(elapsed, 1),
+            },
         )
     return 0
 
