@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,21 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     h = tmp_path / "dlhpc-home"
     monkeypatch.setenv("DLHPC_HOME", str(h))
     return h
+
+
+#: Signals the harness takes over in-process (a stop ignores them while it exits).
+_TRIAL_SIGNALS = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers() -> Iterator[None]:
+    """Each test leaves the stop signals' handlers as it found them: a handler or an
+    ignore left behind would be inherited by every process a later test starts."""
+    saved = {sig: signal.getsignal(sig) for sig in _TRIAL_SIGNALS}
+    yield
+    for sig, handler in saved.items():
+        if handler is not None and signal.getsignal(sig) is not handler:
+            signal.signal(sig, handler)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -293,8 +293,17 @@ def test_after_get_cluster_info_only_a_launcher_lives_on_at_term(
     tdir = _trial(tmp_path, "true", 1)
     env = {**os.environ, "DLHPC_TRIAL_DIR": str(tdir)}
     code = SELF_TERM.replace("CHILD", str(child))
-    got = subprocess.run([*SHIM, sys.executable, "-c", code], env=env, capture_output=True)
+    got = subprocess.run(
+        [*SHIM, sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        preexec_fn=_default_term,  # as a job's process starts, whatever this one inherited
+    )
     assert (got.returncode, got.stdout) == ((0, b"alive\n") if child else (-15, b"")), got
+
+
+def _default_term() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def test_sh_c_runs_one_simple_command_in_its_place_and_the_rest_through_sh(
