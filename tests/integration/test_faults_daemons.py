@@ -124,8 +124,8 @@ def test_slurmctld_stopped_for_two_ticks_then_started_with_jobs_running(
 def test_slurmdbd_stopped_while_jobs_end(cli: Cli, tmp_path: Path) -> None:
     """The jobs end while sacct fails: squeue and their exit files tell how; once
     slurmdbd is back, a tick changes nothing of it."""
-    epochs = 4
-    exp_id = _launch(cli, tmp_path, "dbd", epochs, pause=1.0)
+    epochs = 6  # 2 s an epoch: both trials train for a few ticks, even on a loaded machine
+    exp_id = _launch(cli, tmp_path, "dbd", epochs, pause=2.0)
     jobs = _job_ids(_wait(cli, exp_id, _trains))
     stop_daemon(cli.env, "slurmdbd", signal.SIGTERM)
     try:
@@ -147,8 +147,8 @@ def test_node_lost_with_its_jobs(cli: Cli, tmp_path: Path) -> None:
     end NODE_FAIL, the trials resume from their checkpoints (Slurm requeues them; on
     this cluster the node returns to service as soon as its slurmd registers again),
     and no restart counts as a crash."""
-    epochs = 6
-    exp_id = _launch(cli, tmp_path, "node", epochs, pause=1.0)
+    epochs = 6  # 2 s an epoch: the node goes down while both trials still train
+    exp_id = _launch(cli, tmp_path, "node", epochs, pause=2.0)
     exp = _wait(cli, exp_id, lambda e: all(t["steps_completed"] >= 2 for t in e["trials"]))
     nodes = {a["node_list"] for t in exp["trials"] for a in t["attempts"]}
     (node,) = nodes  # the dev cluster packs both tasks onto one node
