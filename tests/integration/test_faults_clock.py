@@ -12,14 +12,13 @@ import json
 import os
 import time
 from collections.abc import Collection
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from dlhpc.config import load_experiment
 from dlhpc.orchestrator import tick
-from dlhpc.orchestrator.clock import SYSTEM_CLOCK
 from dlhpc.orchestrator.launch import launch
 from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.protocol import HEARTBEAT_FILE
@@ -27,6 +26,7 @@ from dlhpc.scheduler import JobState, JobStatus
 from dlhpc.scheduler.plugins import Backend, BackendTable
 from dlhpc.search import SearcherTable
 from dlhpc.store import Store
+from tests._clock import SkewedClock
 from tests.unit.test_site_limits import Limited
 
 SKEW = timedelta(minutes=10)  # beyond the 180 s after which a heartbeat is stale
@@ -37,22 +37,6 @@ class _Running(Limited):
 
     def poll(self, job_ids: Collection[str]) -> dict[str, JobStatus]:
         return {j: JobStatus(j, JobState.RUNNING) for j in job_ids}
-
-
-class _Skewed:
-    """This machine's clock, ``by`` off; files keep the filesystem's stamps."""
-
-    def __init__(self, by: timedelta) -> None:
-        self.by = by
-
-    def time(self) -> float:
-        return SYSTEM_CLOCK.time() + self.by.total_seconds()
-
-    def now(self) -> datetime:
-        return SYSTEM_CLOCK.now() + self.by
-
-    def file_time(self, folder: Path) -> float:
-        return SYSTEM_CLOCK.file_time(folder)
 
 
 @pytest.mark.parametrize("skew", [SKEW, -SKEW, timedelta(0)], ids=["ahead", "behind", "right"])
@@ -79,7 +63,7 @@ def test_a_skewed_login_clock_judges_heartbeats_right(
     written = time.time() - beat_age_s  # by the compute node's (right) clock
     beat.write_text(json.dumps({"time": written, "pid": 1}))
     os.utime(beat, (written, written))
-    report = tick(store, pool, _Skewed(skew))
+    report = tick(store, pool, SkewedClock(skew))
     assert report.errors == [] and report.stalled is None
     stale = beat_age_s > 180
     assert backend.cancelled == (["40_0"] if stale else []), (skew, beat_age_s)

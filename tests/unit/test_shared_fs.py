@@ -7,7 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -17,11 +17,11 @@ from dlhpc import _perms
 from dlhpc.cli import _doctor
 from dlhpc.config.schema import SiteConfig
 from dlhpc.orchestrator import tick
-from dlhpc.orchestrator.clock import SYSTEM_CLOCK
 from dlhpc.protocol import EventWriter, read_event_batches
 from dlhpc.protocol.checkpoint import latest_verified, publish_checkpoint
 from dlhpc.store import IngestedFile, Metric, Store, Trial
 from dlhpc.store.ingest import SETTLE_WINDOW
+from tests._clock import SkewedClock
 from tests.stress._backend import StressBackend, launch_stress, stress_pool
 from tests.unit._cli import run
 
@@ -144,22 +144,6 @@ def test_reader_never_reads_temp_files(tmp_path: Path) -> None:
 # --- files that show up late ---------------------------------------------------
 
 
-class _Later:
-    """The system clock moved ``by`` ahead."""
-
-    def __init__(self, by: timedelta) -> None:
-        self.by = by
-
-    def time(self) -> float:
-        return SYSTEM_CLOCK.time() + self.by.total_seconds()
-
-    def now(self) -> datetime:
-        return SYSTEM_CLOCK.now() + self.by
-
-    def file_time(self, folder: Path) -> float:
-        return SYSTEM_CLOCK.file_time(folder)  # the files' clock is not this one
-
-
 def test_files_showing_up_after_the_trial_ended_are_ingested(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -195,7 +179,7 @@ def test_files_showing_up_after_the_trial_ended_are_ingested(
         with monkeypatch.context() as m:  # another user's tick leaves settling trials alone
             m.setattr(_perms, "current_user", lambda: "someone-else")
             assert tick(store, pool).ingested_files == 0
-        late = tick(store, pool, _Later(SETTLE_WINDOW + timedelta(seconds=5)))
+        late = tick(store, pool, SkewedClock(SETTLE_WINDOW + timedelta(seconds=5)))
         assert late.ingested_files == 0  # the window is bounded: ended trials are not listed
         with store.read() as s:
             assert len(s.scalars(select(IngestedFile.name)).all()) == 3
