@@ -98,7 +98,7 @@ def launch_stress(root: Path, trials: int) -> tuple[Path, list[TrialRun]]:
     cfg = load_experiment(write_experiment(root, trials), site="local", searchers=SearcherTable())
     cfg = dataclasses.replace(
         cfg,
-        backend="stress",  # type: ignore[arg-type]  # a backend only this test knows
+        backend="stress",  # a backend only this test knows
         checkpoint=dataclasses.replace(cfg.checkpoint, dir=root / "checkpoints"),
     )
     store = Store(home)
