@@ -188,7 +188,11 @@ class Cli:
         return self.json("status", str(exp_id))["experiments"][0]  # type: ignore[no-any-return]
 
     def tick_until(
-        self, exp_id: int, done: Callable[[dict[str, Any]], bool], timeout: float = 300
+        self,
+        exp_id: int,
+        done: Callable[[dict[str, Any]], bool],
+        timeout: float = 300,
+        poll_s: float = 2,
     ) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while True:
@@ -198,7 +202,31 @@ class Cli:
                 return exp
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out; last status: {json.dumps(exp, indent=1)}")
-            time.sleep(2)
+            time.sleep(poll_s)
+
+
+def launch_script_until(
+    cli: Cli, folder: Path, name: str, script: str, marker: Path, timeout: float
+) -> int:
+    """Launch ``script`` as one trial (no restarts) of experiment ``name`` from
+    ``folder/code``, and wait until it has written ``marker``; the experiment's id."""
+    code = folder / "code"
+    code.mkdir()
+    (code / "train.py").write_text(script)
+    exp = folder / f"{name}.yaml"
+    exp.write_text(
+        f"name: {name}\nentrypoint: python train.py\nworkdir: {code}\n"
+        "resources: {cpus_per_task: 1, mem: 1G, time: '00:10:00'}\n"
+        "hyperparameters:\n  x: 1\n"
+        "searcher: {name: grid, metric: loss, smaller_is_better: true, max_length: 1}\n"
+        "max_restarts: 0\n"
+    )
+    exp_id = int(cli.json("launch", str(exp))["experiment_id"])
+    deadline = time.monotonic() + timeout
+    while not marker.exists():
+        assert time.monotonic() < deadline, json.dumps(cli.experiment(exp_id), indent=1)
+        time.sleep(0.5)
+    return exp_id
 
 
 @pytest.fixture

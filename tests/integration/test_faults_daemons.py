@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -60,15 +59,8 @@ def _launch(cli: Cli, tmp_path: Path, name: str, epochs: int, pause: float) -> i
 
 
 def _wait(cli: Cli, exp_id: int, ok: Any, timeout: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        cli("tick", "-q")
-        exp = cli.experiment(exp_id)
-        if ok(exp):
-            return exp
-        if time.monotonic() > deadline:
-            raise AssertionError(json.dumps(exp, indent=1))
-        time.sleep(0.5)
+    """Tick until ``ok`` of the experiment's status, every half second."""
+    return cli.tick_until(exp_id, ok, timeout=timeout, poll_s=0.5)
 
 
 def _soft_ticks(cli: Cli, n: int, expect: str) -> None:

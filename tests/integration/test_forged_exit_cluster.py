@@ -5,14 +5,13 @@ still cancels that job."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Cli, squeue_ids
+from tests.integration.conftest import Cli, launch_script_until, squeue_ids
 
 pytestmark = pytest.mark.cluster
 
@@ -35,25 +34,11 @@ while True:  # trains on; its worker keeps the heartbeat fresh
 
 
 def test_a_forged_exit_leaves_the_trial_running_and_killable(cli: Cli, tmp_path: Path) -> None:
-    code = tmp_path / "code"
-    code.mkdir()
     marker = tmp_path / "forged.txt"
-    (code / "train.py").write_text(FORGER.replace("MARKER", repr(str(marker))))
-    exp = tmp_path / "forged.yaml"
-    exp.write_text(
-        f"name: forged-exit\nentrypoint: python train.py\nworkdir: {code}\n"
-        "resources: {cpus_per_task: 1, mem: 1G, time: '00:10:00'}\n"
-        "hyperparameters:\n  x: 1\n"
-        "searcher: {name: grid, metric: loss, smaller_is_better: true, max_length: 1}\n"
-        "max_restarts: 0\n"
-    )
-    exp_id = cli.json("launch", str(exp))["experiment_id"]
+    script = FORGER.replace("MARKER", repr(str(marker)))
+    exp_id = launch_script_until(cli, tmp_path, "forged-exit", script, marker, timeout=120)
     job = ""
     try:
-        deadline = time.monotonic() + 120
-        while not marker.exists():
-            assert time.monotonic() < deadline, json.dumps(cli.experiment(exp_id), indent=1)
-            time.sleep(0.5)
         (trial,) = cli.experiment(exp_id)["trials"]
         job = trial["slurm_job_ids"][-1]
         for _ in range(2):  # the forged exit is ingested, and then seen again

@@ -3,7 +3,6 @@ real dev cluster, instead of at Slurm's KillWait (30 s on the dev cluster)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dlhpc.protocol import read_event_batches
-from tests.integration.conftest import Cli, squeue_ids
+from tests.integration.conftest import Cli, launch_script_until, squeue_ids
 
 pytestmark = pytest.mark.cluster
 
@@ -30,25 +29,11 @@ while True:  # trains without ever calling ctx.step() or ctx.should_stop()
 
 
 def test_a_cancelled_trial_that_never_polls_ends_before_kill_wait(cli: Cli, tmp_path: Path) -> None:
-    code = tmp_path / "code"
-    code.mkdir()
     marker = tmp_path / "attempt.txt"
-    (code / "train.py").write_text(NON_POLLING.replace("MARKER", repr(str(marker))))
-    exp = tmp_path / "nopoll.yaml"
-    exp.write_text(
-        f"name: nopoll\nentrypoint: python train.py\nworkdir: {code}\n"
-        "resources: {cpus_per_task: 1, mem: 1G, time: '00:10:00'}\n"
-        "hyperparameters:\n  x: 1\n"
-        "searcher: {name: grid, metric: loss, smaller_is_better: true, max_length: 1}\n"
-        "max_restarts: 0\n"
-    )
-    exp_id = cli.json("launch", str(exp))["experiment_id"]
+    script = NON_POLLING.replace("MARKER", repr(str(marker)))
+    exp_id = launch_script_until(cli, tmp_path, "nopoll", script, marker, timeout=180)
     job = ""
     try:
-        deadline = time.monotonic() + 180
-        while not marker.exists():
-            assert time.monotonic() < deadline, json.dumps(cli.experiment(exp_id), indent=1)
-            time.sleep(0.5)
         job = cli.experiment(exp_id)["trials"][0]["slurm_job_ids"][-1]
         t0 = time.monotonic()
         subprocess.run(["scancel", job], env=cli.env, check=True)  # TERM, KILL after KillWait
