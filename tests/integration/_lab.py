@@ -1,5 +1,5 @@
-"""Two finished experiments on the dev cluster, shared by the lab tests (issue 18:
-tags, notes, the model registry, compare, TensorBoard, the lab index).
+"""Two finished experiments on the dev cluster, shared by the lab tests
+(tags, notes, the model registry, compare, TensorBoard, the lab index).
 
 Made once per test session by the ``finished_lab`` fixture (``conftest.py``), so the
 tests that read them do not each pay for a search. A test may add tags, notes, model

@@ -1,5 +1,5 @@
-"""Tags, notes and the lab index on two experiments finished on the dev cluster
-(issue 18), through the real ``dlhpc`` command: tag and note the experiments and a
+"""Tags, notes and the lab index on two experiments finished on the dev cluster,
+through the real ``dlhpc`` command: tag and note the experiments and a
 trial, filter ``dlhpc status --tag``, and find them all, with who ran each, on the
 ``report --all`` pages. Bad input exits 2 and changes nothing.
 

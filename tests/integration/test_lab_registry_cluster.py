@@ -1,4 +1,4 @@
-"""The model registry on the real dev Slurm cluster (issue 18).
+"""The model registry on the real dev Slurm cluster.
 
 * A one-trial digits run of its own (keep policy: the newest checkpoint only): its
   first checkpoint is registered while the trial runs; the ticks' keep policy and

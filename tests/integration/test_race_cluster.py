@@ -1,4 +1,4 @@
-"""Two reconcilers started at the same moment on the dev Slurm cluster (issue 8): one
+"""Two reconcilers started at the same moment on the dev Slurm cluster: one
 runs ``sbatch`` once, the other exits quietly (the local-backend version, with more
 rounds, is tests/stress/test_stress.py)."""
 

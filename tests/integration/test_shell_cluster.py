@@ -131,7 +131,7 @@ def _experiment(weird: dict[str, Any], out: Path) -> tuple[Path, dict[str, Any]]
     env["PROBE_OUT"] = str(out)
     env["PROBE_KEYS"] = json.dumps(sorted(f"V{i}" for i in range(len(values))))
     doc = {
-        # free text since issue 15: only its slug names folders and jobs; it reaches no shell
+        # free text: only its slug names folders and jobs; it reaches no shell
         "name": _hostile_name(weird["token"]),
         "description": "; ".join(values),
         "workdir": str(workdir),

@@ -1,4 +1,4 @@
-"""Strict and accounting-free dev clusters (issue 15): limits respected, no sacct needed.
+"""Strict and accounting-free dev clusters: limits respected, no sacct needed.
 
 ``scripts/dev-cluster up --profile strict`` gives the unprivileged ``dlhpc-user`` the
 QOS ``dlhpc-qos`` (MaxSubmitJobsPerUser=8, MaxJobsPerUser=4, MaxWall=02:00:00);

@@ -1,4 +1,4 @@
-"""Site rules on the real dev cluster (issue 15): partition, GPU type and account
+"""Site rules on the real dev cluster: partition, GPU type and account
 checked against Slurm itself at launch; typed GPU requests rendered and run.
 
 What the cluster offers depends on its profile (``$DLHPC_DEV_PROFILE``, absent =

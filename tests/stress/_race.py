@@ -1,4 +1,4 @@
-"""Two reconcilers started at the same moment (issue 8): one submits, one exits quietly.
+"""Two reconcilers started at the same moment: one submits, one exits quietly.
 
 A round launches an experiment on the real local backend whose trials wait to be
 submitted (the state a ``dlhpc launch`` leaves when it is killed after recording

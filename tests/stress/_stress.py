@@ -1,4 +1,4 @@
-"""The crash-and-concurrency stress run of issue 8 (used by test_stress.py).
+"""The crash-and-concurrency stress run (used by test_stress.py).
 
 Writers are forked processes, one per trial ("array tasks in spirit"), each with
 its own attempt folder, publishing through the real in-job code

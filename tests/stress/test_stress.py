@@ -1,8 +1,8 @@
-"""Concurrency and crashes (issue 8): writers and reconcilers SIGKILLed at random lose
+"""Concurrency and crashes: writers and reconcilers SIGKILLed at random lose
 nothing and ingest nothing twice; two reconcilers started together submit once.
 
 Bounded form in CI; ``pytest --long tests/stress`` (or DLHPC_LONG=1) runs the long
-form (docs/BENCHMARKS.md has both commands).
+form (docs/BENCHMARKS.md, "Concurrency stress", gives the commands).
 """
 
 from __future__ import annotations

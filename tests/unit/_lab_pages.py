@@ -1,4 +1,4 @@
-"""A small lab for the page tests (issue 18): experiments of two users with tags, notes
+"""A small lab for the page tests: experiments of two users with tags, notes
 and a model version, XSS canaries in every user-supplied string.
 
 The canaries that the commands refuse (a tag with ``<``, a model name with quotes, a

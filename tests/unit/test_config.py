@@ -576,7 +576,7 @@ def test_required_fields_and_name_rules(env: dict[str, str]) -> None:
         "exp.yaml: name: required field missing",
         "exp.yaml: entrypoint: required field missing",
     ]
-    # Names are free-form printable text up to 128 characters (issue 15).
+    # Names are free-form printable text up to 128 characters.
     assert errors(env, "name: '  '\nentrypoint: a\n") == ["exp.yaml:1: name: must not be empty"]
     assert errors(env, f"name: {'a' * 129}\nentrypoint: a\n") == [
         "exp.yaml:1: name: must be at most 128 characters, got 129"

@@ -1,4 +1,4 @@
-"""Metric rows (issue 16): the harness writes consecutive ``metric`` records as
+"""Metric rows: the harness writes consecutive ``metric`` records as
 ``metrics`` lines of packed columns; the reader gives back the same records as the
 old per-record lines, and files in either format ingest to the same metric rows."""
 
@@ -180,7 +180,7 @@ def test_rows_are_encoded_a_line_at_a_time() -> None:
 
 
 def test_a_metrics_line_is_the_text_json_dumps_gives_its_record() -> None:
-    """The ``metrics`` line is written out by hand (issue 16: cheaper than the JSON
+    """The ``metrics`` line is written out by hand (cheaper than the JSON
     encoder): it must be the very text of ``json.dumps(record, sort_keys=True)``,
     hostile metric names and non-finite values included, so that nothing reading the
     files can tell the two ways apart."""

@@ -1,4 +1,4 @@
-"""Run and checkpoint folders carry the experiment's slug (issue 15), and experiments
+"""Run and checkpoint folders carry the experiment's slug, and experiments
 launched before that (``exp-000007``) keep being found where they are."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``dlhpc tag`` and ``dlhpc note`` (issue 18), and what ``dlhpc status`` shows of them.
+"""``dlhpc tag`` and ``dlhpc note``, and what ``dlhpc status`` shows of them.
 
 A real Store (SQLite) under a private DLHPC_HOME, the commands through click's
 CliRunner. Bad input (tag syntax, unknown experiment or trial, a trial of another

@@ -1,4 +1,4 @@
-"""The lab pages (issue 18) in a real headless Chromium: the experiment page with its
+"""The lab pages in a real headless Chromium: the experiment page with its
 tags, notes and model versions, and the index with its per-user filter, each holding
 XSS canaries in every user string (tests/unit/_lab_pages.py). No canary may run or
 become an element, the pages make no network request and log no error, and the

@@ -1,4 +1,4 @@
-"""The lab view on the pages (issue 18): tags, notes and model versions on the
+"""The lab view on the pages: tags, notes and model versions on the
 experiment page, the index's user and tags columns and per-user filter, and
 ``dlhpc report --all --publish``, whose files' real modes on disk are checked in the
 private (default), group and published modes."""

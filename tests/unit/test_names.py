@@ -1,4 +1,4 @@
-"""Free-form experiment names (issue 15): any printable text up to 128 characters,
+"""Free-form experiment names: any printable text up to 128 characters,
 a deterministic ``[a-z0-9-]`` slug, and the name escaped wherever it is shown."""
 
 from __future__ import annotations

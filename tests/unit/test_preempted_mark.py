@@ -1,4 +1,4 @@
-"""A preemption told by the job itself (issue 15): Slurm 24.11 and 26.05 requeue a
+"""A preemption told by the job itself: Slurm 24.11 and 26.05 requeue a
 preempted task under its own id, and without accounting (no ``sacct -D``) only the
 worker, asking ``scontrol show job`` at the TERM, can say that the run was preempted.
 

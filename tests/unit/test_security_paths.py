@@ -39,7 +39,7 @@ def test_inside_is_the_one_check(tmp_path: Path) -> None:
 
 def test_names_that_could_escape_are_refused_at_load(tmp_path: Path, home: Path) -> None:
     (tmp_path / "train.py").write_text("")
-    # Experiment names are free text since issue 15: they never become a path (below).
+    # Experiment names are free text: they never become a path (below).
     cases = {
         "name: ok\nhyperparameters:\n  ../evil: 1\n": "exp.yaml:3: hyperparameters.../evil",
         "name: ok\nhyperparameters:\n  a/b: 1\n": "exp.yaml:3: hyperparameters.a/b",

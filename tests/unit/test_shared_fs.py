@@ -1,4 +1,4 @@
-"""Shared-filesystem behaviour of the state folder (issue 8): files that show up late,
+"""Shared-filesystem behaviour of the state folder: files that show up late,
 renames that report failure although they happened (NFS), temp files, and what
 ``dlhpc doctor`` says about where the DB lives."""
 

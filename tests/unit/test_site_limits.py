@@ -1,4 +1,4 @@
-"""Strict sites (issue 15): limits, no accounting, no requeue permission, 24.11 preemption.
+"""Strict sites: limits, no accounting, no requeue permission, 24.11 preemption.
 
 Slurm's side is faked: scripts first on PATH for the Slurm backend, an in-process
 backend for the orchestrator.

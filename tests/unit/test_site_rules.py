@@ -1,4 +1,4 @@
-"""Typed GPUs, GPU options in sbatch_args, and the Slurm cluster's rules (issue 15).
+"""Typed GPUs, GPU options in sbatch_args, and the Slurm cluster's rules.
 
 The cluster's answers are faked at the command boundary: sinfo's ``%P|%G`` and
 sacctmgr's ``account|qos`` lines as Slurm 22.05 and later print them.

@@ -26,6 +26,7 @@ import argparse
 import heapq
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -308,6 +309,12 @@ def verdict(value: float, ref: float, factor: float, budget: int) -> str:
     return "yes" if value <= factor * ref else "no"
 
 
+def _default_cache() -> Path:
+    """The curve cache in the user's cache folder (``$XDG_CACHE_HOME``, else ``~/.cache``)."""
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "dlhpc" / "bench-search-curves.json"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--methods", default=",".join(DLHPC_METHODS + OPTUNA_METHODS))
@@ -322,7 +329,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", type=float, default=None, help="skip the percentile rule")
     p.add_argument("--space", choices=sorted(SPACES), default="base")
     p.add_argument("--clock", choices=("epochs", "cpu"), default="epochs")
-    p.add_argument("--cache", type=Path, default=Path("/tmp/dlhpc-bench-search-cache.json"))
+    p.add_argument(
+        "--cache",
+        type=Path,
+        default=_default_cache(),
+        help="curves already trained, reused across runs (per user; not under /tmp)",
+    )
     p.add_argument("--json", type=Path, default=None, help="write every run here")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
