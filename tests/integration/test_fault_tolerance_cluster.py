@@ -185,7 +185,7 @@ def test_hung_job_is_found_by_its_stale_heartbeat_cancelled_and_resumed(
         stale = {"DLHPC_HEARTBEAT_STALE_S": "40"}
         deadline = time.monotonic() + 240
         while True:
-            cli("tick", "-q", **stale)
+            cli("tick", "-q", check=True, **stale)
             exp = cli.experiment(exp_id)
             if exp["state"] in TERMINAL:
                 break

@@ -102,7 +102,7 @@ def _launch(cli: Cli, tmp_path: Path, name: str, lines: list[str], **env: str) -
         "resources: {cpus_per_task: 1, mem: 500M, time: '00:05:00'}\n",
         encoding="utf-8",
     )
-    out = cli("launch", str(exp), "--site", str(site), "--json", **env)
+    out = cli("launch", str(exp), "--site", str(site), "--json", check=True, **env)
     return int(json.loads(out.stdout)["experiment_id"])
 
 

@@ -38,7 +38,7 @@ def _example(tmp_path: Path, searcher: str, step_sleep: float = 0.0) -> Path:
 
 
 def _done(exp: dict[str, Any]) -> bool:
-    return exp["state"] != "ACTIVE"
+    return bool(exp["state"] != "ACTIVE")
 
 
 @pytest.mark.smoke
