@@ -4,6 +4,9 @@ The caller supplies the write transaction; everything an event file implies
 (metrics, attempt facts, the ``ingested_files`` row that marks it done) lands
 in that one transaction, so a reconciler killed at any line either applied a
 file completely or not at all, and a second pass skips what the first applied.
+Each file is read once, through one descriptor, and applied as it is read; a line
+that fails (a job may rewrite its file meanwhile) undoes what the file implied and
+quarantines it whole.
 ``gpu`` records become ``gpu_samples`` rows (one per GPU per sample; a row already
 there is kept, and a GPU entry without a usable index is skipped). A ``checkpoint``
 record whose folder is not one of the trial's own
@@ -15,21 +18,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import NestedTransaction, insert, select
 from sqlalchemy.orm import Session
 
 from dlhpc._failpoints import failpoint
-from dlhpc.protocol import UnsafeFile, scan_event_files
+from dlhpc.protocol import UnsafeFile, event_file_names, iter_records
 from dlhpc.protocol.checkpoint_read import recorded_size_problem
 from dlhpc.repro import merge_env_record
 from dlhpc.states import TERMINAL_TRIAL_STATES, JobState
-from dlhpc.store._ingest_rows import Rows, table
+from dlhpc.store._ingest_rows import Mark, Rows, table
 from dlhpc.store._records import (
+    ATTEMPT_FACTS,
     apply_exit,
     apply_start,
     checkpoint_row,
@@ -230,39 +234,92 @@ def _read_folder(
 ) -> IngestResult:
     """Read one attempt folder's files not in ``done`` (then added to it): attempt
     facts onto ``attempt``, rows into ``out``, each file's ``ingested_files`` row
-    after its records'. Each file is checked whole first, then its records are
-    applied as they are read again (:func:`~dlhpc.protocol.scan_event_files`), the
-    rows written every :data:`_SPILL_ROWS`. A file the reader refused is
+    after its records' (:func:`_ingest_file`). A file the reader refused is
     quarantined: marked with no records (never read again), an event and the
     trial's ``error`` naming it; one it could not read for now (an I/O error) is
-    left for the next pass. A file its job rewrote between the check and the second
-    read is applied up to the line that no longer passes, with a warning."""
+    left for the next pass."""
     result = IngestResult()
     out.pending.setdefault(trial.id, [])
-    for f in scan_event_files(attempt_path, skip=done):
-        where = str(f.path)
-        if f.retry:
-            result.warnings.append(f"trial {trial.id}: {where} not read: {f.problem}")
+    for name in event_file_names(attempt_path, skip=done):
+        path = attempt_path / name
+        try:
+            applied = _ingest_file(session, trial, attempt, path, out, result, now)
+        except FileNotFoundError:  # gone since it was listed
             continue
-        if f.problem:
-            warning, event = quarantine(trial, where, f.problem, now)
+        except UnsafeFile as err:
+            if err.transient:
+                result.warnings.append(f"trial {trial.id}: {path} not read: {err.reason}")
+                continue
+            warning, event = quarantine(trial, str(path), err.reason, now)
             result.warnings.append(warning)
             out.events.append(event)
-        applied = 0
-        try:
-            for rec in [] if f.problem else f.records():
-                _apply(session, trial, attempt, rec, out, result, now)
-                applied += 1
-                if out.held() >= _SPILL_ROWS:
-                    out.write(session)
-        except (UnsafeFile, FileNotFoundError) as err:
-            result.warnings.append(f"trial {trial.id}: {where} changed while read: {err}")
+            applied = 0
         out.marks.append(
-            {"attempt_id": attempt.id, "name": f.name, "records": applied, "ingested_at": now}
+            {"attempt_id": attempt.id, "name": name, "records": applied, "ingested_at": now}
         )
-        done.add(f.name)
+        done.add(name)
         result.files += 1
     return result
+
+
+@dataclass(frozen=True)
+class _Undo:
+    """What applying one file changes before it is known to be whole: the rows held,
+    the attempt's facts and the counts; :meth:`restore` puts them back."""
+
+    mark: Mark
+    facts: dict[str, Any]
+    counts: tuple[int, int, bool]
+
+    @classmethod
+    def take(cls, attempt: Attempt, out: Rows, result: IngestResult) -> _Undo:
+        facts = {k: getattr(attempt, k) for k in ATTEMPT_FACTS}
+        return cls(out.mark(), facts, (result.metrics, result.gpu_samples, result.exited))
+
+    def restore(self, attempt: Attempt, out: Rows, result: IngestResult) -> None:
+        out.truncate(self.mark)
+        for key, value in self.facts.items():
+            setattr(attempt, key, value)
+        result.metrics, result.gpu_samples, result.exited = self.counts
+
+
+def _ingest_file(
+    session: Session,
+    trial: Trial,
+    attempt: Attempt,
+    path: Path,
+    out: Rows,
+    result: IngestResult,
+    now: datetime,
+) -> int:
+    """Apply one event file in one pass through one descriptor
+    (:func:`~dlhpc.protocol.iter_records`), whole or not at all; returns its record
+    count. Rows are written every :data:`_SPILL_ROWS`: once this file's own are, in a
+    savepoint. At the first line that fails (:class:`UnsafeFile`, raised; the job may
+    have rewritten the file while it was read) everything it implied is undone: the
+    rows held and written, the attempt's facts, ``result``'s counts."""
+    undo = _Undo.take(attempt, out, result)
+    savepoint: NestedTransaction | None = None
+    applied = 0
+    try:
+        for rec in iter_records(path):
+            _apply(session, trial, attempt, rec, out, result, now)
+            applied += 1
+            if out.held() >= _SPILL_ROWS:
+                if savepoint is None:  # the earlier files' rows, then this file's apart
+                    session.flush()
+                    out.write(session, upto=undo.mark)
+                    undo = replace(undo, mark=Mark((0,) * len(undo.mark.held), undo.mark.pending))
+                    savepoint = session.connection().begin_nested()
+                out.write(session)
+    except BaseException:
+        if savepoint is not None:
+            savepoint.rollback()
+        undo.restore(attempt, out, result)
+        raise
+    if savepoint is not None:
+        savepoint.commit()
+    return applied
 
 
 def _apply(
