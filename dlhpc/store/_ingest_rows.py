@@ -87,8 +87,9 @@ class Rows:
 
     def write(self, session: Session, upto: Mark | None = None) -> None:
         """Write the rows held but the marks, in file order, then let go of them (a
-        metric no longer pending is found in the table by :func:`_checkpoint_metric`);
-        ``upto``: only those held at that mark (the rest stay held, pending ones too)."""
+        metric no longer pending is found in the table by
+        :func:`~dlhpc.store._ingest_checkpoints.checkpoint_metric`); ``upto``: only
+        those held at that mark (the rest stay held, pending ones too)."""
         conn = session.connection()
         ends = upto.held if upto is not None else tuple(map(len, self._tables()))
         metrics, checkpoints, gpu, events = (

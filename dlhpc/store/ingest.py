@@ -11,7 +11,10 @@ quarantines it whole.
 there is kept, and a GPU entry without a usable index is skipped). A ``checkpoint``
 record whose folder is not one of the trial's own
 (:mod:`dlhpc.store.checkpoint_dirs`), or whose size does not fit that folder's
-manifest and files, is not stored: a warning event takes its place.
+manifest and files (read through descriptors from the configured root, no symlink
+followed), is not stored: a warning event takes its place. One whose files take far
+less space than its size says (sparse or compressed) is stored counting what they
+take on disk, with a warning event.
 """
 
 from __future__ import annotations
@@ -28,28 +31,27 @@ from sqlalchemy.orm import Session
 
 from dlhpc._failpoints import failpoint
 from dlhpc.protocol import UnsafeFile, event_file_names, iter_records
-from dlhpc.protocol.checkpoint_read import recorded_size_problem
 from dlhpc.repro import merge_env_record
 from dlhpc.states import TERMINAL_TRIAL_STATES, JobState
+from dlhpc.store._ingest_checkpoints import (
+    checkpoint_metric,
+    checkpoint_record,
+    checkpoint_row_of,
+)
 from dlhpc.store._ingest_rows import Mark, Rows, table
 from dlhpc.store._records import (
     ATTEMPT_FACTS,
     apply_exit,
     apply_start,
-    checkpoint_row,
-    finite,
-    finite_int,
     gpu_rows,
     log_row,
     metric_rows,
     quarantine,
 )
-from dlhpc.store.checkpoint_dirs import foreign_checkpoint, trial_checkpoint_dir
 from dlhpc.store.tables import (
     Attempt,
     Experiment,
     IngestedFile,
-    Metric,
     Trial,
 )
 
@@ -82,30 +84,6 @@ class IngestResult:
     gpu_samples: int = 0  # rows offered (a row already stored is kept, not counted apart)
     exited: bool = False
     warnings: list[str] = field(default_factory=list)  # files quarantined or not read yet
-
-
-def _checkpoint_metric(
-    session: Session, trial: Trial, rec: dict[str, Any], pending: list[dict[str, Any]]
-) -> float | None:
-    """A checkpoint's score for the keep-best policy, fixed at ingest.
-
-    The job's own ``metric`` (the searcher metric reported since its previous
-    checkpoint; null: none) when the record has the key. Older records lack it:
-    then the searcher metric reported at exactly the checkpoint's step, from this
-    file's rows not yet inserted (``pending``) or the table, else None (unknown).
-    """
-    if "metric" in rec:
-        return finite(rec["metric"])
-    step, name = finite_int(rec.get("step", 0)), trial.experiment.metric
-    for row in reversed(pending):
-        if row["step"] == step and row["name"] == name:
-            return finite(row["value"])
-    value = session.scalar(
-        select(Metric.value).where(
-            Metric.trial_id == trial.id, Metric.step == step, Metric.name == name
-        )
-    )
-    return finite(value)
 
 
 def new_attempt(
@@ -346,13 +324,14 @@ def _apply(
         apply_exit(attempt, rec)
         result.exited = True
     elif kind == "checkpoint":
-        refused = _foreign_checkpoint_record(trial, rec, now)
+        refused, found = checkpoint_record(trial, rec, now)
         if refused is not None:
             out.events.append(refused)
             return
-        row = checkpoint_row(trial.id, attempt.id, rec, now)
-        row["metric"] = _checkpoint_metric(session, trial, rec, out.pending[trial.id])
+        row, note = checkpoint_row_of(trial, attempt, rec, found.disk_bytes, now)
+        row["metric"] = checkpoint_metric(session, trial, rec, out.pending[trial.id])
         out.checkpoints.append(row)
+        out.events.extend([note] if note else [])
     elif kind == "gpu":
         rows = gpu_rows(attempt.id, rec)
         out.gpu.extend(rows)
@@ -361,26 +340,6 @@ def _apply(
         attempt.env_json = merge_env_record(attempt.env_json, rec)
     elif kind == "log":
         out.events.append(log_row(trial, rec, now))
-
-
-def _foreign_checkpoint_record(
-    trial: Trial, rec: dict[str, Any], now: datetime
-) -> dict[str, Any] | None:
-    """The warning ``events`` row that replaces a ``checkpoint`` record whose folder is
-    not one of the trial's own (:func:`~dlhpc.store.checkpoint_dirs.foreign_checkpoint`:
-    another trial's, elsewhere, or another step's) or whose size does not fit that
-    folder (:func:`~dlhpc.protocol.checkpoint_read.recorded_size_problem`), or None to
-    store it."""
-    step = finite_int(rec.get("step", 0))
-    own = trial_checkpoint_dir(trial.experiment, trial.id)
-    path = str(rec.get("path", ""))
-    why = "its step is not an integer" if step is None else foreign_checkpoint(own, path, step)
-    if why is None and step is not None:  # the trial's own folder: its size must fit it
-        why = recorded_size_problem(Path(path), step, int(rec.get("size") or 0))
-    if why is None:
-        return None
-    message = f"checkpoint record refused (not stored): {why}"
-    return log_row(trial, {"level": "warning", "message": message, "time": rec.get("time")}, now)
 
 
 def settling(session: Session, now: datetime, users: Collection[str]) -> list[tuple[int, int, str]]:
