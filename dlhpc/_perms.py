@@ -31,6 +31,7 @@ import pwd
 import shutil
 import stat
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -62,6 +63,7 @@ __all__ = [
 DB_SIDE_FILES = ("", "-wal", "-shm", "-journal")  # suffixes of SQLite's files for one DB
 MEMBERS_DIR = "users"  # group mode: <lab folder>/users/<user>/ is each member's state folder
 LAB_DIR_MODE = 0o3770  # the lab folder and users/: setgid, sticky, the group may add entries
+LAB_DIR_WAIT_S = 10.0  # how long a member waits for another's new lab folder to be shared
 
 
 def current_umask() -> int:
@@ -165,16 +167,31 @@ def share_dir(path: Path, policy: Permissions | None) -> None:
 
 def make_dirs(path: Path, policy: Permissions | None) -> Path:
     """``mkdir -p path``; in group mode every folder created here is shared (setgid, lab
-    group). Existing folders are left as they are. Returns ``path``."""
+    group). Existing folders, and folders another process creates meanwhile, are left
+    as they are. Returns ``path``."""
+    _make_missing(path, policy)
+    return path
+
+
+def _make_missing(path: Path, policy: Permissions | None) -> list[Path]:
+    """The folders of ``mkdir -p path`` this call created, each by its own ``mkdir``
+    (so one that another process made first is known to be theirs, never changed
+    here) and shared in group mode (:func:`share_dir`)."""
     missing: list[Path] = []
     p = path
-    while not p.exists() and p != p.parent:
+    while not os.path.lexists(p) and p != p.parent:
         missing.append(p)
         p = p.parent
-    path.mkdir(parents=True, exist_ok=True)
+    made = []
     for folder in reversed(missing):
+        try:
+            os.mkdir(folder)
+        except FileExistsError:
+            continue
         share_dir(folder, policy)
-    return path
+        made.append(folder)
+    path.mkdir(exist_ok=True)  # raises when it is not a folder
+    return made
 
 
 def member_home(lab: Path, policy: Permissions | None) -> Path:
@@ -190,15 +207,20 @@ def make_member_home(lab: Path, policy: Permissions | None) -> Path:
     ``users/`` folder, when this call creates them, are the lab group's, mode 3770
     (members add their own folder; the sticky bit keeps anyone from removing or renaming
     another's); the member's folder is shared for reading only (the umask's mode), and
-    one made by someone else is refused (:class:`~dlhpc.errors.StoreError`)."""
+    one made by someone else is refused (:class:`~dlhpc.errors.StoreError`). Members
+    may start at once: one whose ``mkdir`` of the lab folder (or ``users/``) finds it
+    made meanwhile waits, at most :data:`LAB_DIR_WAIT_S`, until its maker has given it
+    to the group (:func:`_await_lab_dir`), and changes nothing of it."""
     home = member_home(lab, policy)
     if home == lab:
         return make_dirs(lab, policy)
     for folder in (lab, lab / MEMBERS_DIR):
-        if folder.exists():
+        if os.path.lexists(folder):
             continue
-        make_dirs(folder, policy)
-        _open_to_group(folder)
+        if folder in _make_missing(folder, policy):
+            _open_to_group(folder)
+        else:  # another member made it first: theirs to share; ready once they have
+            _await_lab_dir(folder, policy)
     make_dirs(home, policy)
     owner = os.stat(home).st_uid
     if owner != os.geteuid():  # another member made it first: nothing of it may be trusted
@@ -207,6 +229,29 @@ def make_member_home(lab: Path, policy: Permissions | None) -> Path:
             " to remove it, or the lab's admin to give it to you"
         )
     return home
+
+
+def _await_lab_dir(folder: Path, policy: Permissions | None) -> None:
+    """Wait until ``folder``, which another process has just made, is a folder of the
+    lab's group with mode :data:`LAB_DIR_MODE`, at most :data:`LAB_DIR_WAIT_S`; else
+    :class:`~dlhpc.errors.StoreError` saying what it is."""
+    if policy is None or policy.group is None:
+        raise StoreError(f"{folder}: a lab folder needs the site's permissions.group")
+    gid = _group_id(policy.group)
+    deadline = time.monotonic() + LAB_DIR_WAIT_S
+    while True:
+        st = os.lstat(folder)
+        ready = stat.S_ISDIR(st.st_mode) and st.st_gid == gid
+        if ready and stat.S_IMODE(st.st_mode) == LAB_DIR_MODE:
+            return
+        if time.monotonic() >= deadline:
+            raise StoreError(
+                f"{folder}, made by {user_name(st.st_uid)} meanwhile, is not a folder of group"
+                f" {policy.group!r} with mode {LAB_DIR_MODE:04o} (it is"
+                f" {stat.S_IMODE(st.st_mode):04o}, group {st.st_gid}): ask them, or the lab's"
+                " admin, to fix it"
+            )
+        time.sleep(0.01)
 
 
 def _open_to_group(folder: Path) -> None:

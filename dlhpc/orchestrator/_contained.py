@@ -4,15 +4,17 @@ Jobs can write (and replace with a symlink) every folder below the configured
 ``checkpoint.dir``: the experiment's, the trial's, each ``ckpt-*`` one. So the
 login node never resolves those paths: it opens the configured root as the user
 configured it, then each folder below with ``O_NOFOLLOW`` relative to its
-parent's descriptor (:func:`open_trial_dir`), and acts on names relative to the
-trial folder's descriptor. A symlink anywhere below the root is refused
-(:class:`~dlhpc.errors.UnsafePathError`), and a swap after the check is not
-followed: the check and the act use the same descriptor.
+parent's descriptor (:func:`~dlhpc.store.checkpoint_dirs.open_trial_dir`), and
+acts on names relative to the trial folder's descriptor. A symlink anywhere below
+the root is refused (:class:`~dlhpc.errors.UnsafePathError`), and a swap after the
+check is not followed: the check and the act use the same descriptor.
 
 :func:`remove_own_checkpoint` (the GC's delete) renames the folder out of sight
 and removes it bottom-up through descriptors (``os.fwalk``, which follows no
-symlink), counting the bytes it frees itself (``stat`` of each file just before
-it unlinks it, not the size a job recorded).
+symlink), counting the bytes it frees itself: the blocks allocated to each file
+(``st_blocks`` x 512, as ``du`` counts them: a sparse file frees what it holds, not
+its apparent size), taken by ``stat`` just before it unlinks it, never the size a
+job recorded.
 :func:`checked_checkpoint` is the registry's and export's check: the trial's own
 folder, the recorded step and size, the manifest; :func:`newest_checkpoint` finds
 the trial's newest verified one the same way (``reproduce --from-checkpoint``).
@@ -21,7 +23,6 @@ the trial's newest verified one the same way (``reproduce --from-checkpoint``).
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import stat
 import uuid
@@ -35,37 +36,15 @@ from dlhpc.protocol.checkpoint import (
     list_checkpoints,
     verify_checkpoint,
 )
-from dlhpc.store.checkpoint_dirs import TrialCheckpointDir, foreign_checkpoint
+from dlhpc.protocol.checkpoint_read import counted_on_disk
+from dlhpc.store.checkpoint_dirs import (
+    TrialCheckpointDir,
+    foreign_checkpoint,
+    open_below,
+    open_trial_dir,
+)
 
-__all__ = ["checked_checkpoint", "newest_checkpoint", "open_trial_dir", "remove_own_checkpoint"]
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-
-
-def _open_below(parent_fd: int, name: str, where: Path) -> int:
-    """A descriptor of the folder ``name`` in ``parent_fd``; a symlink or a non-folder
-    there raises UnsafePathError, an absent one FileNotFoundError."""
-    try:
-        return os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent_fd)
-    except OSError as err:
-        if err.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise UnsafePathError(f"{where / name} is a symlink or not a folder") from err
-        raise
-
-
-def open_trial_dir(own: TrialCheckpointDir) -> int:
-    """A descriptor of the trial's checkpoint folder (the caller closes it): the
-    configured root as configured, then the experiment's and the trial's folders,
-    neither of which may be a symlink. FileNotFoundError when one is absent."""
-    root_fd = os.open(own.root, _DIR_FLAGS)
-    try:
-        exp_fd = _open_below(root_fd, own.experiment, own.root)
-    finally:
-        os.close(root_fd)
-    try:
-        return _open_below(exp_fd, own.trial, own.root / own.experiment)
-    finally:
-        os.close(exp_fd)
+__all__ = ["checked_checkpoint", "newest_checkpoint", "remove_own_checkpoint"]
 
 
 @contextlib.contextmanager
@@ -78,10 +57,10 @@ def _trial_fd(own: TrialCheckpointDir) -> Iterator[int]:
 
 
 def _freed_bytes(parent_fd: int, name: str, where: Path) -> int:
-    """The bytes removing the folder ``name`` (in ``parent_fd``) frees: the sizes of
-    the regular files below it whose every link is below it too. Symlinks are not
+    """The bytes removing the folder ``name`` (in ``parent_fd``) frees: the allocated
+    blocks of the regular files below it whose every link is below it too. Symlinks are not
     followed (the folder itself may not be one)."""
-    top = _open_below(parent_fd, name, where)
+    top = open_below(parent_fd, name, where)
     seen: dict[tuple[int, int], list[int]] = {}  # (dev, inode) -> [links seen, size, nlink]
     try:
         for _, _, files, dir_fd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
@@ -90,12 +69,17 @@ def _freed_bytes(parent_fd: int, name: str, where: Path) -> int:
                     st = os.stat(f, dir_fd=dir_fd, follow_symlinks=False)
                     if stat.S_ISREG(st.st_mode):
                         entry = seen.setdefault(
-                            (st.st_dev, st.st_ino), [0, st.st_size, st.st_nlink]
+                            (st.st_dev, st.st_ino), [0, _allocated(st), st.st_nlink]
                         )
                         entry[0] += 1
     finally:
         os.close(top)
     return sum(size for links, size, nlink in seen.values() if links >= nlink)
+
+
+def _allocated(st: os.stat_result) -> int:
+    """The bytes a file takes on disk: its allocated 512-byte blocks (``du``)."""
+    return st.st_blocks * 512
 
 
 def _raise(err: OSError) -> None:
@@ -105,9 +89,9 @@ def _raise(err: OSError) -> None:
 def _remove_tree(parent_fd: int, name: str, where: Path) -> int:
     """Remove the folder ``name`` (in ``parent_fd``; not a symlink) bottom-up through
     descriptors (``os.fwalk`` follows no symlink: a symlink below is unlinked, not
-    followed) and return the bytes freed: the size of each regular file whose last
-    link it removed, taken by ``stat`` just before the unlink."""
-    top = _open_below(parent_fd, name, where)
+    followed) and return the bytes freed: the allocated blocks of each regular file
+    whose last link it removed, taken by ``stat`` just before the unlink."""
+    top = open_below(parent_fd, name, where)
     freed = 0
     try:
         walk = os.fwalk(".", topdown=False, onerror=_raise, follow_symlinks=False, dir_fd=top)
@@ -116,7 +100,7 @@ def _remove_tree(parent_fd: int, name: str, where: Path) -> int:
                 st = os.stat(f, dir_fd=dir_fd, follow_symlinks=False)
                 os.unlink(f, dir_fd=dir_fd)
                 if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
-                    freed += st.st_size
+                    freed += _allocated(st)
             for d in dirs:  # a symlink to a folder is listed here, never entered
                 if stat.S_ISLNK(os.stat(d, dir_fd=dir_fd, follow_symlinks=False).st_mode):
                     os.unlink(d, dir_fd=dir_fd)
@@ -162,7 +146,9 @@ def checked_checkpoint(
     verify_hashes: bool = True,
 ) -> Path | None:
     """``path`` if it is a checkpoint folder of the trial whose folder is ``own``, at
-    ``step``, whose manifest says that step and totals ``size`` bytes (the row's), and
+    ``step``, whose manifest says that step and totals ``size`` bytes (the row's; or
+    more, for a row ingest counted at its files' allocated blocks:
+    :func:`~dlhpc.protocol.checkpoint_read.counted_on_disk`), and
     (``verify_hashes``: every file's sha256, else their sizes) matches it; None when
     it is gone. Anything else raises :class:`~dlhpc.errors.UsageError` saying why."""
     why = foreign_checkpoint(own, path, step)
@@ -181,8 +167,9 @@ def checked_checkpoint(
     if not found or found[0].step != step:
         raise UsageError(f"{path}: its MANIFEST.json is missing or does not say step {step}")
     why = verify_checkpoint(found[0], verify_hashes)
-    if why is None and found[0].size_bytes != size:
-        why = f"its recorded size {size} is not its manifest's total {found[0].size_bytes}"
+    total = found[0].size_bytes
+    if why is None and size != total and not (size < total and counted_on_disk(total, size)):
+        why = f"its recorded size {size} is not its manifest's total {total}"
     if why is not None:
         raise UsageError(f"{path}: {why}")
     return found[0].path

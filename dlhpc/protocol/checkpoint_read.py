@@ -13,6 +13,7 @@ same rules. Standard library only: cheap to import inside a job.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -39,13 +40,17 @@ __all__ = [
     "Entry",
     "FileRecord",
     "TornCheckpoint",
+    "SPARSE_RATIO",
+    "SPARSE_SLACK",
     "check_entry",
+    "counted_on_disk",
     "hash_file",
     "is_count",
     "latest_verified",
     "list_checkpoints",
     "parse_manifest",
-    "recorded_size_problem",
+    "RecordedSize",
+    "measure_recorded",
     "scan_folder",
     "verify_checkpoint",
 ]
@@ -57,6 +62,11 @@ CHECKPOINT_NAME_RE = re.compile(r"^ckpt-(?P<step>\d{10,})(?:-(?P<seq>[1-9]\d*))?
 TMP_NAME_RE = re.compile(r"^\.tmp-ckpt-(?P<step>\d+)-[0-9a-f]{32}$")
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 _CHUNK = 8 << 20
+# a checkpoint whose files take under 1/SPARSE_RATIO of the bytes its manifest claims,
+# and SPARSE_SLACK fewer or more, is counted at what its files take (counted_on_disk)
+SPARSE_RATIO = 8
+SPARSE_SLACK = 2**20
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -138,10 +148,16 @@ def hash_file(path: Path, sync: bool = False) -> tuple[int, str]:
     return size, h.hexdigest()
 
 
-def parse_manifest(folder: Path, step: int) -> Checkpoint | str:
+def parse_manifest(folder: Path, step: int, folder_fd: int | None = None) -> Checkpoint | str:
+    """The checkpoint ``folder``'s manifest for ``step``, or why it is none. Read
+    bounded and never through a symlink (a job wrote it); ``folder_fd``: the manifest
+    is opened relative to that descriptor of ``folder`` (named in messages only)."""
     path = folder / MANIFEST_NAME
-    try:  # bounded, never through a symlink (safe_read): a job wrote it
-        m = parse_json(read_bounded(path, MANIFEST_LIMIT), path)
+    try:
+        raw = read_bounded(
+            Path(MANIFEST_NAME) if folder_fd is not None else path, MANIFEST_LIMIT, folder_fd
+        )
+        m = parse_json(raw, path)
     except FileNotFoundError:
         return "no manifest"
     except UnsafeFile as e:
@@ -200,21 +216,80 @@ def verify_checkpoint(ckpt: Checkpoint, verify_hashes: bool = True) -> str | Non
     return None
 
 
-def recorded_size_problem(folder: Path, step: int, size: int) -> str | None:
-    """Why a ``checkpoint`` record's ``size`` does not fit its ``folder`` (at ``step``):
-    the folder is not a checkpoint, its manifest's total is not ``size``, or a file
-    is not the size its manifest says (sizes only: no hashing). None when it fits, or
+def counted_on_disk(claimed: int, disk: int) -> bool:
+    """Whether a checkpoint whose manifest claims ``claimed`` bytes but whose files take
+    ``disk`` bytes on disk (allocated blocks) is counted at ``disk``: far below the
+    claim (under 1/:data:`SPARSE_RATIO` of it, by :data:`SPARSE_SLACK` or more), its
+    files are sparse or compressed, and the claim is not what the space holds."""
+    return disk * SPARSE_RATIO < claimed and claimed - disk >= SPARSE_SLACK
+
+
+@dataclass(frozen=True)
+class RecordedSize:
+    """What a ``checkpoint`` record's folder says of its ``size``: why it does not fit
+    (``problem``), else the bytes its files take on disk (``disk_bytes``: allocated
+    blocks, as ``du`` counts them; None when the folder shows no manifest yet)."""
+
+    problem: str | None = None
+    disk_bytes: int | None = None
+
+
+def measure_recorded(
+    trial_fd: int, trial_path: Path, name: str, step: int, size: int
+) -> RecordedSize:
+    """Check a ``checkpoint`` record's ``size`` against its folder ``name`` in the
+    trial's checkpoint folder (the descriptor ``trial_fd`` of ``trial_path``, which
+    names it in messages), never following a symlink: the folder, its manifest, each
+    listed file (and each folder on the way to it) are opened relative to their
+    parent's descriptor. It fits when the folder is a checkpoint of ``step`` whose
+    manifest totals ``size`` and whose files are the sizes it says (no hashing); or
     when the folder shows no manifest (yet: a shared filesystem may show it late;
     whoever uses the checkpoint verifies it then)."""
-    ckpt = parse_manifest(folder, step)
-    if ckpt == "no manifest":
-        return None
-    if isinstance(ckpt, str):
-        return f"its folder is not a checkpoint ({ckpt})"
-    if ckpt.size_bytes != size:
-        return f"its size {size} is not its manifest's total {ckpt.size_bytes}"
-    why = verify_checkpoint(ckpt, verify_hashes=False)
-    return None if why is None else f"its folder does not match its manifest ({why})"
+    folder = trial_path / name
+    try:
+        folder_fd = os.open(name, _DIR_FLAGS, dir_fd=trial_fd)
+    except FileNotFoundError:
+        return RecordedSize()
+    except OSError as err:
+        return RecordedSize(f"its folder {folder} does not open ({err.strerror}: a symlink?)")
+    try:
+        ckpt = parse_manifest(folder, step, folder_fd)
+        if ckpt == "no manifest":
+            return RecordedSize()
+        if isinstance(ckpt, str):
+            return RecordedSize(f"its folder is not a checkpoint ({ckpt})")
+        if ckpt.size_bytes != size:
+            return RecordedSize(f"its size {size} is not its manifest's total {ckpt.size_bytes}")
+        disk = 0
+        for rel, rec in ckpt.files.items():
+            st = _stat_below(folder_fd, rel)
+            if isinstance(st, str) or st.st_size != rec.size:
+                why = st if isinstance(st, str) else f"size {st.st_size} != {rec.size}"
+                return RecordedSize(f"its folder does not match its manifest (file {rel}: {why})")
+            disk += st.st_blocks * 512
+        return RecordedSize(None, disk)
+    finally:
+        os.close(folder_fd)
+
+
+def _stat_below(folder_fd: int, rel: str) -> os.stat_result | str:
+    """``lstat`` of the regular file ``rel`` below the folder ``folder_fd``, each folder
+    on the way opened without following a symlink; else why not."""
+    *dirs, last = PurePosixPath(rel).parts
+    fd = folder_fd
+    try:
+        for d in dirs:
+            below = os.open(d, _DIR_FLAGS, dir_fd=fd)
+            if fd != folder_fd:
+                os.close(fd)
+            fd = below
+        st = os.stat(last, dir_fd=fd, follow_symlinks=False)
+    except OSError as err:
+        return "missing" if err.errno == errno.ENOENT else "not a regular file (or a symlink)"
+    finally:
+        if fd != folder_fd:
+            os.close(fd)
+    return st if stat.S_ISREG(st.st_mode) else "not a regular file (or a symlink)"
 
 
 def check_entry(entry: Entry, verify_hashes: bool) -> Checkpoint | str:

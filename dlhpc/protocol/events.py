@@ -64,15 +64,14 @@ __all__ = [
     "REQUEUE_EXIT_CODE",
     "LINE_LIMIT",
     "EventBatch",
-    "EventFile",
     "EventWriter",
     "MetricRow",
     "encode_record",
     "encode_records",
     "iter_attempt_dirs",
     "iter_records",
+    "event_file_names",
     "read_event_batches",
-    "scan_event_files",
 ]
 
 REQUEUE_EXIT_CODE = 75  # sysexits' EX_TEMPFAIL: "checkpointed, run me again"
@@ -174,28 +173,6 @@ class EventBatch:
     retry: bool = False
 
 
-@dataclass(frozen=True)
-class EventFile:
-    """One published event file, checked line by line but not held in memory
-    (:func:`scan_event_files`): ``count`` records, or why it is not read
-    (``problem``, ``retry``: as :class:`EventBatch`)."""
-
-    path: Path
-    count: int
-    problem: str = ""
-    retry: bool = False
-
-    @property
-    def name(self) -> str:
-        return self.path.name
-
-    def records(self) -> Iterator[dict[str, Any]]:
-        """Its records, read again one line at a time (:func:`iter_records`). A job
-        that rewrote the file since it was checked makes this raise
-        :class:`UnsafeFile` at the first line that no longer passes."""
-        return iter_records(self.path)
-
-
 def iter_attempt_dirs(trial_path: Path) -> Iterator[Path]:
     """The attempt folders of a trial; a symlink (a job pointing elsewhere) is never one."""
     attempts = attempts_dir(trial_path)
@@ -207,50 +184,45 @@ def iter_attempt_dirs(trial_path: Path) -> Iterator[Path]:
     yield from (attempts / name for name in names)
 
 
-def scan_event_files(attempt_path: Path, skip: Iterable[str] = ()) -> Iterator[EventFile]:
-    """The published event files of an attempt, except those named in ``skip``, in
-    name order, each read through once and checked (:func:`iter_records`) but not
-    held: a file that fails has its ``problem``; the others give their records again,
-    one line at a time, from :meth:`EventFile.records`. Temp files (dot-prefixed) are
-    never read, and a file gone since it was listed is left out. Memory stays bounded
-    by :data:`LINE_LIMIT` whatever the file's size."""
+def event_file_names(attempt_path: Path, skip: Iterable[str] = ()) -> list[str]:
+    """The names of the published event files of an attempt folder, except those in
+    ``skip``, in name order (the order they were published in, per stream). Temp files
+    (dot-prefixed) are never listed; nothing is opened."""
     done = set(skip)
     # names, not paths, sorted: the same order (one folder), without Path comparisons
-    for name in sorted(os.listdir(attempt_path)):
-        if name in done or not EVENT_FILE_RE.match(name):
-            continue
-        path = attempt_path / name
-        try:
-            count = sum(1 for _ in iter_records(path))
-        except FileNotFoundError:
-            continue
-        except UnsafeFile as err:
-            yield EventFile(path, 0, err.reason, err.transient)
-            continue
-        yield EventFile(path, count)
+    return [
+        name
+        for name in sorted(os.listdir(attempt_path))
+        if name not in done and EVENT_FILE_RE.match(name)
+    ]
 
 
 def read_event_batches(attempt_path: Path, skip: Iterable[str] = ()) -> list[EventBatch]:
-    """Every published event file of an attempt (but those in ``skip``) with its
-    records in memory (:func:`scan_event_files`, whose checks apply): for tools and
-    tests; ingest streams them instead. A file that fails is a batch without records
-    and with its ``problem``, never raised: one bad file stops no other."""
+    """Every published event file of an attempt (but those in ``skip``, see
+    :func:`event_file_names`) with its records in memory, each file read once
+    (:func:`iter_records`, whose checks apply): for tools and tests; ingest streams
+    them instead. A file that fails is a batch without records and with its
+    ``problem``, never raised: one bad file stops no other. A file gone since it was
+    listed is left out."""
     batches = []
-    for f in scan_event_files(attempt_path, skip):
+    for name in event_file_names(attempt_path, skip):
         try:
-            records = [] if f.problem else list(f.records())
+            records = list(iter_records(attempt_path / name))
         except FileNotFoundError:
             continue
         except UnsafeFile as err:
-            batches.append(EventBatch(f.name, [], err.reason, err.transient))
+            batches.append(EventBatch(name, [], err.reason, err.transient))
             continue
-        batches.append(EventBatch(f.name, records, f.problem, f.retry))
+        batches.append(EventBatch(name, records))
     return batches
 
 
 def iter_records(path: Path) -> Iterator[dict[str, Any]]:
-    """The records of one event file, one line at a time; raises :class:`UnsafeFile`
-    naming the first line that fails (see :func:`scan_event_files`).
+    """The records of one event file, one line at a time, all read through the one
+    descriptor opened first; raises :class:`UnsafeFile` naming the first line that
+    fails, :class:`FileNotFoundError` when the file is absent. A caller that applies
+    records as they come undoes them all when it raises (a job may rewrite its file
+    while it is read): what a file implies is taken whole or not at all.
 
     The file is opened by :func:`~dlhpc.protocol.safe_read.open_regular` (no symlink,
     no FIFO, a regular file of at most :data:`EVENT_FILE_LIMIT` bytes); each line is

@@ -65,14 +65,15 @@ class UnsafeFile(ValueError):
         self.transient = transient
 
 
-def open_regular(path: Path) -> tuple[int, int]:
-    """``(fd, size)`` of the regular file ``path``, opened read-only without following
-    a symlink or blocking on a FIFO; the caller closes ``fd``.
+def open_regular(path: Path, dir_fd: int | None = None) -> tuple[int, int]:
+    """``(fd, size)`` of the regular file ``path`` (a name relative to the folder
+    ``dir_fd`` when given), opened read-only without following a symlink or blocking
+    on a FIFO; the caller closes ``fd``.
 
     Raises :class:`FileNotFoundError` when it is absent and :class:`UnsafeFile` when
     it is a symlink, not a regular file or does not open."""
     try:
-        fd = os.open(path, _FLAGS)
+        fd = os.open(path, _FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
         raise
     except OSError as err:
@@ -89,14 +90,15 @@ def open_regular(path: Path) -> tuple[int, int]:
     return fd, info.st_size
 
 
-def read_bounded(path: Path, limit: int) -> bytes:
-    """The bytes of the regular file ``path``, at most ``limit`` of them.
+def read_bounded(path: Path, limit: int, dir_fd: int | None = None) -> bytes:
+    """The bytes of the regular file ``path`` (relative to ``dir_fd`` when given, as
+    :func:`open_regular`), at most ``limit`` of them.
 
     Raises :class:`FileNotFoundError` when it is absent and :class:`UnsafeFile` when
     it is a symlink, not a regular file, larger than ``limit`` or does not read.
     One ``open``, ``fstat`` and ``read`` for a file that is all right.
     """
-    fd, size = open_regular(path)
+    fd, size = open_regular(path, dir_fd)
     try:
         if size > limit:
             raise UnsafeFile(path, f"{size} bytes, over the limit of {limit}")

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from dlhpc.states import CheckpointState
 from dlhpc.store.tables import Base, Checkpoint, Event, GpuSample, Metric
 
-__all__ = ["Rows", "table"]
+__all__ = ["Mark", "Rows", "table"]
 
 # what a re-published checkpoint (a folder name whose row the GC deleted) takes anew
 _REPUBLISHED = ("attempt_id", "step", "size_bytes", "state", "created_at", "metric")
@@ -68,22 +68,51 @@ class Rows:
     marks: list[dict[str, Any]] = field(default_factory=list)  # ingested_files rows
     pending: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # trial -> metrics
 
-    def held(self) -> int:
-        return len(self.metrics) + len(self.checkpoints) + len(self.gpu) + len(self.events)
+    def _tables(self) -> tuple[list[dict[str, Any]], ...]:
+        return (self.metrics, self.checkpoints, self.gpu, self.events)
 
-    def write(self, session: Session) -> None:
+    def held(self) -> int:
+        return sum(map(len, self._tables()))
+
+    def mark(self) -> Mark:
+        """Where the rows held end now: :meth:`truncate` goes back to it."""
+        return Mark(tuple(map(len, self._tables())), {k: len(v) for k, v in self.pending.items()})
+
+    def truncate(self, mark: Mark) -> None:
+        """Let go of the rows added since ``mark`` (not written yet)."""
+        for rows, n in zip(self._tables(), mark.held, strict=True):
+            del rows[n:]
+        for trial_id, rows in self.pending.items():
+            del rows[mark.pending.get(trial_id, 0) :]
+
+    def write(self, session: Session, upto: Mark | None = None) -> None:
         """Write the rows held but the marks, in file order, then let go of them (a
-        metric no longer pending is found in the table by :func:`_checkpoint_metric`)."""
+        metric no longer pending is found in the table by
+        :func:`~dlhpc.store._ingest_checkpoints.checkpoint_metric`); ``upto``: only
+        those held at that mark (the rest stay held, pending ones too)."""
         conn = session.connection()
-        if self.metrics:  # a later row of a key wins (executemany runs them in order)
-            conn.execute(_METRIC_UPSERT, self.metrics)
-        if self.checkpoints:
-            conn.execute(_CHECKPOINT_UPSERT, self.checkpoints)
-        if self.gpu:  # executemany: no limit on bound parameters however long the file
-            conn.execute(_GPU_INSERT, self.gpu)
-        if self.events:
-            conn.execute(insert(table(Event)), self.events)
-        for rows in (self.metrics, self.checkpoints, self.gpu, self.events):
-            rows.clear()
-        for rows in self.pending.values():
-            rows.clear()
+        ends = upto.held if upto is not None else tuple(map(len, self._tables()))
+        metrics, checkpoints, gpu, events = (
+            rows[:n] for rows, n in zip(self._tables(), ends, strict=True)
+        )
+        if metrics:  # a later row of a key wins (executemany runs them in order)
+            conn.execute(_METRIC_UPSERT, metrics)
+        if checkpoints:
+            conn.execute(_CHECKPOINT_UPSERT, checkpoints)
+        if gpu:  # executemany: no limit on bound parameters however long the file
+            conn.execute(_GPU_INSERT, gpu)
+        if events:
+            conn.execute(insert(table(Event)), events)
+        for rows, n in zip(self._tables(), ends, strict=True):
+            del rows[:n]
+        if upto is None:
+            for pending in self.pending.values():
+                pending.clear()
+
+
+@dataclass(frozen=True)
+class Mark:
+    """How many rows :class:`Rows` held, by table and by trial (pending metrics)."""
+
+    held: tuple[int, ...]
+    pending: dict[int, int]

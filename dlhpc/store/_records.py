@@ -17,6 +17,7 @@ from dlhpc.states import CheckpointState
 from dlhpc.store.tables import EXIT_PREEMPTED, Attempt, Trial
 
 __all__ = [
+    "ATTEMPT_FACTS",
     "apply_exit",
     "apply_start",
     "checkpoint_row",
@@ -72,6 +73,19 @@ def metric_rows(trial_id: int, attempt_id: int, rec: dict[str, Any]) -> list[dic
             }
         )
     return rows
+
+
+# the attempt's columns that apply_start, apply_exit and an env record set
+ATTEMPT_FACTS = (
+    "started_at",
+    "host",
+    "node_list",
+    "exit_code",
+    "exit_reason",
+    "ended_at",
+    "lost_steps",
+    "env_json",
+)
 
 
 def apply_start(attempt: Attempt, rec: dict[str, Any]) -> None:

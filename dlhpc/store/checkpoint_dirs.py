@@ -7,15 +7,20 @@ from a path a job wrote. A checkpoint a trial records is one of its own only if
 its path is exactly ``<that folder>/ckpt-<step>[-n]`` with the record's step:
 :func:`foreign_checkpoint` says why not. Ingest refuses any other record, and
 GC, the model registry and export check it again before they touch a folder.
+Jobs can replace any folder below the configured root with a symlink, so the login
+node reaches a trial's folder through descriptors (:func:`open_trial_dir`).
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dlhpc.errors import UnsafePathError
 from dlhpc.protocol import experiment_dir_name, recorded_slug
 from dlhpc.protocol.checkpoint import CHECKPOINT_NAME_RE
 from dlhpc.store.tables import Experiment
@@ -25,6 +30,8 @@ __all__ = [
     "checkpoint_config",
     "experiment_checkpoint_dir",
     "foreign_checkpoint",
+    "open_below",
+    "open_trial_dir",
     "trial_checkpoint_dir",
 ]
 
@@ -95,3 +102,32 @@ def foreign_checkpoint(own: TrialCheckpointDir | None, path: str, step: int) -> 
     if int(m["step"]) != step:
         return f"{path} is the folder of step {int(m['step'])}, not of step {step}"
     return None
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def open_below(parent_fd: int, name: str, where: Path) -> int:
+    """A descriptor of the folder ``name`` in ``parent_fd``; a symlink or a non-folder
+    there raises UnsafePathError, an absent one FileNotFoundError."""
+    try:
+        return os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent_fd)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafePathError(f"{where / name} is a symlink or not a folder") from err
+        raise
+
+
+def open_trial_dir(own: TrialCheckpointDir) -> int:
+    """A descriptor of the trial's checkpoint folder (the caller closes it): the
+    configured root as configured, then the experiment's and the trial's folders,
+    neither of which may be a symlink. FileNotFoundError when one is absent."""
+    root_fd = os.open(own.root, _DIR_FLAGS)
+    try:
+        exp_fd = open_below(root_fd, own.experiment, own.root)
+    finally:
+        os.close(root_fd)
+    try:
+        return open_below(exp_fd, own.trial, own.root / own.experiment)
+    finally:
+        os.close(exp_fd)

@@ -4,48 +4,54 @@ The caller supplies the write transaction; everything an event file implies
 (metrics, attempt facts, the ``ingested_files`` row that marks it done) lands
 in that one transaction, so a reconciler killed at any line either applied a
 file completely or not at all, and a second pass skips what the first applied.
+Each file is read once, through one descriptor, and applied as it is read; a line
+that fails (a job may rewrite its file meanwhile) undoes what the file implied and
+quarantines it whole.
 ``gpu`` records become ``gpu_samples`` rows (one per GPU per sample; a row already
 there is kept, and a GPU entry without a usable index is skipped). A ``checkpoint``
 record whose folder is not one of the trial's own
 (:mod:`dlhpc.store.checkpoint_dirs`), or whose size does not fit that folder's
-manifest and files, is not stored: a warning event takes its place.
+manifest and files (read through descriptors from the configured root, no symlink
+followed), is not stored: a warning event takes its place. One whose files take far
+less space than its size says (sparse or compressed) is stored counting what they
+take on disk, with a warning event.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import NestedTransaction, insert, select
 from sqlalchemy.orm import Session
 
 from dlhpc._failpoints import failpoint
-from dlhpc.protocol import UnsafeFile, scan_event_files
-from dlhpc.protocol.checkpoint_read import recorded_size_problem
+from dlhpc.protocol import UnsafeFile, event_file_names, iter_records
 from dlhpc.repro import merge_env_record
 from dlhpc.states import TERMINAL_TRIAL_STATES, JobState
-from dlhpc.store._ingest_rows import Rows, table
+from dlhpc.store._ingest_checkpoints import (
+    checkpoint_metric,
+    checkpoint_record,
+    checkpoint_row_of,
+)
+from dlhpc.store._ingest_rows import Mark, Rows, table
 from dlhpc.store._records import (
+    ATTEMPT_FACTS,
     apply_exit,
     apply_start,
-    checkpoint_row,
-    finite,
-    finite_int,
     gpu_rows,
     log_row,
     metric_rows,
     quarantine,
 )
-from dlhpc.store.checkpoint_dirs import foreign_checkpoint, trial_checkpoint_dir
 from dlhpc.store.tables import (
     Attempt,
     Experiment,
     IngestedFile,
-    Metric,
     Trial,
 )
 
@@ -78,30 +84,6 @@ class IngestResult:
     gpu_samples: int = 0  # rows offered (a row already stored is kept, not counted apart)
     exited: bool = False
     warnings: list[str] = field(default_factory=list)  # files quarantined or not read yet
-
-
-def _checkpoint_metric(
-    session: Session, trial: Trial, rec: dict[str, Any], pending: list[dict[str, Any]]
-) -> float | None:
-    """A checkpoint's score for the keep-best policy, fixed at ingest.
-
-    The job's own ``metric`` (the searcher metric reported since its previous
-    checkpoint; null: none) when the record has the key. Older records lack it:
-    then the searcher metric reported at exactly the checkpoint's step, from this
-    file's rows not yet inserted (``pending``) or the table, else None (unknown).
-    """
-    if "metric" in rec:
-        return finite(rec["metric"])
-    step, name = finite_int(rec.get("step", 0)), trial.experiment.metric
-    for row in reversed(pending):
-        if row["step"] == step and row["name"] == name:
-            return finite(row["value"])
-    value = session.scalar(
-        select(Metric.value).where(
-            Metric.trial_id == trial.id, Metric.step == step, Metric.name == name
-        )
-    )
-    return finite(value)
 
 
 def new_attempt(
@@ -230,39 +212,92 @@ def _read_folder(
 ) -> IngestResult:
     """Read one attempt folder's files not in ``done`` (then added to it): attempt
     facts onto ``attempt``, rows into ``out``, each file's ``ingested_files`` row
-    after its records'. Each file is checked whole first, then its records are
-    applied as they are read again (:func:`~dlhpc.protocol.scan_event_files`), the
-    rows written every :data:`_SPILL_ROWS`. A file the reader refused is
+    after its records' (:func:`_ingest_file`). A file the reader refused is
     quarantined: marked with no records (never read again), an event and the
     trial's ``error`` naming it; one it could not read for now (an I/O error) is
-    left for the next pass. A file its job rewrote between the check and the second
-    read is applied up to the line that no longer passes, with a warning."""
+    left for the next pass."""
     result = IngestResult()
     out.pending.setdefault(trial.id, [])
-    for f in scan_event_files(attempt_path, skip=done):
-        where = str(f.path)
-        if f.retry:
-            result.warnings.append(f"trial {trial.id}: {where} not read: {f.problem}")
+    for name in event_file_names(attempt_path, skip=done):
+        path = attempt_path / name
+        try:
+            applied = _ingest_file(session, trial, attempt, path, out, result, now)
+        except FileNotFoundError:  # gone since it was listed
             continue
-        if f.problem:
-            warning, event = quarantine(trial, where, f.problem, now)
+        except UnsafeFile as err:
+            if err.transient:
+                result.warnings.append(f"trial {trial.id}: {path} not read: {err.reason}")
+                continue
+            warning, event = quarantine(trial, str(path), err.reason, now)
             result.warnings.append(warning)
             out.events.append(event)
-        applied = 0
-        try:
-            for rec in [] if f.problem else f.records():
-                _apply(session, trial, attempt, rec, out, result, now)
-                applied += 1
-                if out.held() >= _SPILL_ROWS:
-                    out.write(session)
-        except (UnsafeFile, FileNotFoundError) as err:
-            result.warnings.append(f"trial {trial.id}: {where} changed while read: {err}")
+            applied = 0
         out.marks.append(
-            {"attempt_id": attempt.id, "name": f.name, "records": applied, "ingested_at": now}
+            {"attempt_id": attempt.id, "name": name, "records": applied, "ingested_at": now}
         )
-        done.add(f.name)
+        done.add(name)
         result.files += 1
     return result
+
+
+@dataclass(frozen=True)
+class _Undo:
+    """What applying one file changes before it is known to be whole: the rows held,
+    the attempt's facts and the counts; :meth:`restore` puts them back."""
+
+    mark: Mark
+    facts: dict[str, Any]
+    counts: tuple[int, int, bool]
+
+    @classmethod
+    def take(cls, attempt: Attempt, out: Rows, result: IngestResult) -> _Undo:
+        facts = {k: getattr(attempt, k) for k in ATTEMPT_FACTS}
+        return cls(out.mark(), facts, (result.metrics, result.gpu_samples, result.exited))
+
+    def restore(self, attempt: Attempt, out: Rows, result: IngestResult) -> None:
+        out.truncate(self.mark)
+        for key, value in self.facts.items():
+            setattr(attempt, key, value)
+        result.metrics, result.gpu_samples, result.exited = self.counts
+
+
+def _ingest_file(
+    session: Session,
+    trial: Trial,
+    attempt: Attempt,
+    path: Path,
+    out: Rows,
+    result: IngestResult,
+    now: datetime,
+) -> int:
+    """Apply one event file in one pass through one descriptor
+    (:func:`~dlhpc.protocol.iter_records`), whole or not at all; returns its record
+    count. Rows are written every :data:`_SPILL_ROWS`: once this file's own are, in a
+    savepoint. At the first line that fails (:class:`UnsafeFile`, raised; the job may
+    have rewritten the file while it was read) everything it implied is undone: the
+    rows held and written, the attempt's facts, ``result``'s counts."""
+    undo = _Undo.take(attempt, out, result)
+    savepoint: NestedTransaction | None = None
+    applied = 0
+    try:
+        for rec in iter_records(path):
+            _apply(session, trial, attempt, rec, out, result, now)
+            applied += 1
+            if out.held() >= _SPILL_ROWS:
+                if savepoint is None:  # the earlier files' rows, then this file's apart
+                    session.flush()
+                    out.write(session, upto=undo.mark)
+                    undo = replace(undo, mark=Mark((0,) * len(undo.mark.held), undo.mark.pending))
+                    savepoint = session.connection().begin_nested()
+                out.write(session)
+    except BaseException:
+        if savepoint is not None:
+            savepoint.rollback()
+        undo.restore(attempt, out, result)
+        raise
+    if savepoint is not None:
+        savepoint.commit()
+    return applied
 
 
 def _apply(
@@ -289,13 +324,14 @@ def _apply(
         apply_exit(attempt, rec)
         result.exited = True
     elif kind == "checkpoint":
-        refused = _foreign_checkpoint_record(trial, rec, now)
+        refused, found = checkpoint_record(trial, rec, now)
         if refused is not None:
             out.events.append(refused)
             return
-        row = checkpoint_row(trial.id, attempt.id, rec, now)
-        row["metric"] = _checkpoint_metric(session, trial, rec, out.pending[trial.id])
+        row, note = checkpoint_row_of(trial, attempt, rec, found.disk_bytes, now)
+        row["metric"] = checkpoint_metric(session, trial, rec, out.pending[trial.id])
         out.checkpoints.append(row)
+        out.events.extend([note] if note else [])
     elif kind == "gpu":
         rows = gpu_rows(attempt.id, rec)
         out.gpu.extend(rows)
@@ -304,26 +340,6 @@ def _apply(
         attempt.env_json = merge_env_record(attempt.env_json, rec)
     elif kind == "log":
         out.events.append(log_row(trial, rec, now))
-
-
-def _foreign_checkpoint_record(
-    trial: Trial, rec: dict[str, Any], now: datetime
-) -> dict[str, Any] | None:
-    """The warning ``events`` row that replaces a ``checkpoint`` record whose folder is
-    not one of the trial's own (:func:`~dlhpc.store.checkpoint_dirs.foreign_checkpoint`:
-    another trial's, elsewhere, or another step's) or whose size does not fit that
-    folder (:func:`~dlhpc.protocol.checkpoint_read.recorded_size_problem`), or None to
-    store it."""
-    step = finite_int(rec.get("step", 0))
-    own = trial_checkpoint_dir(trial.experiment, trial.id)
-    path = str(rec.get("path", ""))
-    why = "its step is not an integer" if step is None else foreign_checkpoint(own, path, step)
-    if why is None and step is not None:  # the trial's own folder: its size must fit it
-        why = recorded_size_problem(Path(path), step, int(rec.get("size") or 0))
-    if why is None:
-        return None
-    message = f"checkpoint record refused (not stored): {why}"
-    return log_row(trial, {"level": "warning", "message": message, "time": rec.get("time")}, now)
 
 
 def settling(session: Session, now: datetime, users: Collection[str]) -> list[tuple[int, int, str]]:

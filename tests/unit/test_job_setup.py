@@ -32,7 +32,7 @@ from dlhpc.orchestrator.runfiles import (
 )
 from dlhpc.protocol import launch_env_file, read_event_batches
 from dlhpc.scheduler import JobRequest, JobState, JobStatus
-from dlhpc.scheduler.slurm.sbatch import parse_sbatch_args
+from dlhpc.scheduler.slurm.sbatch import build_submission, parse_sbatch_args, trial_list_text
 from dlhpc.scheduler.slurm.scheduler import SlurmScheduler
 from dlhpc.states import TrialState
 from dlhpc.store import Attempt, Store, Trial, utcnow
@@ -76,9 +76,13 @@ def request(
 
 
 def render(req: JobRequest) -> str:
+    """The script submit would write, and its trial list written as submit writes it."""
     sched = SlurmScheduler(fn=lambda d: None)
     sched._cluster_max_array = 100  # no scontrol
     (text,) = sched.render(req)
+    listed = build_submission(req, 0).trial_list
+    listed.parent.mkdir(parents=True, exist_ok=True)
+    listed.write_text(trial_list_text(req.trial_dirs), encoding="utf-8")
     return text
 
 

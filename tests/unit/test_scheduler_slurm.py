@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import logging
 import os
 import pickle
@@ -30,7 +32,7 @@ from dlhpc.scheduler.slurm.parse import (
     parse_squeue,
     parse_time,
 )
-from dlhpc.scheduler.slurm.sbatch import parse_sbatch_args
+from dlhpc.scheduler.slurm.sbatch import build_submission, parse_sbatch_args, trial_list_text
 
 
 def stand_in(trial_dir: str) -> None:
@@ -432,8 +434,13 @@ def test_submit_single_task_is_an_array(fake: FakeSlurm, tmp_path: Path) -> None
 def test_script_format(fake: FakeSlurm, tmp_path: Path) -> None:
     """The whole text: submitit's SlurmExecutor format, the worker in an srun step, then
     the requeue the trial asked for, and the step's status as the script's."""
-    (text,) = SlurmScheduler(fn=stand_in).render(make_request(tmp_path, 2))
+    request = make_request(tmp_path, 2)
+    (text,) = SlurmScheduler(fn=stand_in).render(request)
     logs, trials = f"{tmp_path}/slurm/%A_%a", f"{tmp_path}/trials"
+    lines = f"{trials}/trial-000000\n{trials}/trial-000001\n"
+    assert trial_list_text(request.trial_dirs) == lines
+    digest = hashlib.sha256(lines.encode()).hexdigest()[:16]
+    listed = f"{tmp_path}/slurm/trial-folders-{digest}.txt"
     python = shlex.quote(sys.executable)
     assert text == "\n".join(
         [
@@ -455,14 +462,21 @@ def test_script_format(fake: FakeSlurm, tmp_path: Path) -> None:
             "#SBATCH --signal=USR2@120",
             "#SBATCH --time=30",
             "",
+            "# dlhpc: this task's trial folder, line SLURM_ARRAY_TASK_ID (from 0) of the"
+            " chunk's list",
+            f'mapfile -t -s "${{SLURM_ARRAY_TASK_ID:-0}}" -n 1 _dlhpc_line < {listed}',
+            '_dlhpc_trial="${_dlhpc_line[0]-}"',
+            'if [ -z "$_dlhpc_trial" ]; then',
+            f'  echo "dlhpc: no line ${{SLURM_ARRAY_TASK_ID:-0}} in "{listed} >&2',
+            "fi",
+            "",
             "# command",
             "export SUBMITIT_EXECUTOR=slurm",
             f"srun --unbuffered --output {logs}_%t_log.out --error {logs}_%t_log.err "
             f"{python} -u -m submitit.core._submit {tmp_path}/slurm",
             "_dlhpc_status=$?",
             "# dlhpc: the requeue the trial asked for at the time limit, once its step has ended",
-            f"_dlhpc_attempts=({trials}/trial-000000/attempts {trials}/trial-000001/attempts)",
-            '_dlhpc_attempt="${_dlhpc_attempts[$SLURM_ARRAY_TASK_ID]}"/'
+            '_dlhpc_attempt="$_dlhpc_trial"/attempts/'
             '"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}.r${SLURM_RESTART_COUNT:-0}"',
             'if [ -e "$_dlhpc_attempt"/requeue.json ]; then',
             f'  {python} -m dlhpc.scheduler.slurm.requeue "$_dlhpc_attempt"',
@@ -634,9 +648,11 @@ def test_failed_chunk_reports_earlier_chunks(
     err = info.value
     assert [t.job_id for t in err.submitted] == ["100_0", "100_1"]
     assert "Invalid partition name specified" in str(err) and "\n" not in str(err)
-    # the failed chunk left no pickles or scripts behind
-    leftovers = sorted(p.name for p in req.folder.iterdir())
+    # the failed chunk left no pickles, script or trial list behind
+    leftovers = sorted(p.name for p in req.folder.iterdir() if not p.name.startswith("trial-"))
     assert leftovers == sorted(["100_0_submitted.pkl", "100_1_submitted.pkl", "100_submission.sh"])
+    listed = build_submission(dataclasses.replace(req, trial_dirs=req.trial_dirs[:2]), 2)
+    assert [p.name for p in req.folder.glob("trial-*")] == [listed.trial_list.name]
 
 
 def test_sbatch_args_and_env_validation(fake: FakeSlurm, tmp_path: Path) -> None:

@@ -40,7 +40,8 @@ def _publish(folder: Path, step: int, payload: bytes = b"w" * 100) -> Path:
 
 
 def _disk_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    """The blocks allocated to the files below ``folder`` (as ``du`` counts them)."""
+    return sum(p.lstat().st_blocks * 512 for p in folder.rglob("*") if p.is_file())
 
 
 def _record(store: Store, trial_id: int, key: str, *records: dict[str, Any]) -> None:
@@ -196,7 +197,7 @@ def test_gc_reports_the_bytes_it_removed_not_the_recorded_size(
     shared = tmp_path / "elsewhere.bin"  # a hard link into the folder: removing frees nothing
     shared.write_bytes(b"s" * 7000)
     os.link(shared, old / "linked.bin")
-    real = _disk_bytes(old) - 7000
+    real = _disk_bytes(old) - shared.stat().st_blocks * 512
     (tmp_path / "dir").mkdir()
     (tmp_path / "dir" / "kept.bin").write_bytes(b"k" * 3000)
     (old / "sub").mkdir()

@@ -21,9 +21,10 @@ What the section does, in order (see :func:`setup_section`):
 5. marks the setup done (``DLHPC_JOB_SETUP=done``) so that ``entry.sh`` does not run
    it again.
 
-The attempt folder is found from the array task index (a list of the chunk's trial
-folders in the script) and ``SLURM_ARRAY_JOB_ID``/``SLURM_RESTART_COUNT``, as the
-worker names it (:func:`dlhpc.protocol.attempt_key`). The texts of the messages are
+The attempt folder is found from the task's trial folder (``_dlhpc_trial``, which the
+script read from the chunk's list by the array task index: see
+:mod:`dlhpc.scheduler.slurm.sbatch`) and ``SLURM_ARRAY_JOB_ID``/``SLURM_RESTART_COUNT``,
+as the worker names it (:func:`dlhpc.protocol.attempt_key`). The texts of the messages are
 JSON-escaped here, so the shell only pastes them.
 """
 
@@ -34,7 +35,6 @@ import os
 import re
 import shlex
 from collections.abc import Sequence
-from pathlib import Path
 
 from dlhpc.protocol.layout import ATTEMPTS_DIR, SETUP_DONE_VAR, SETUP_STREAM
 
@@ -77,7 +77,7 @@ _FAILED_FN = r"""_dlhpc_setup_failed() {
     _dlhpc_msg="setup failed (exit $code); the job's log has the output"
   fi
   echo "dlhpc: $_dlhpc_msg" >&2
-  dir="$_dlhpc_root/${_dlhpc_trials[${SLURM_ARRAY_TASK_ID:-0}]}/@ATTEMPTS@"
+  dir="$_dlhpc_trial/@ATTEMPTS@"
   dir="$dir/${SLURM_ARRAY_JOB_ID:-${SLURM_JOB_ID:-0}}_${SLURM_ARRAY_TASK_ID:-0}"
   dir="$dir.r${SLURM_RESTART_COUNT:-0}"
   tmp="$dir/.@STREAM@-$$.tmp"
@@ -94,24 +94,11 @@ def _json_text(text: str) -> str:
     return json.dumps(text)[1:-1]
 
 
-def _trial_lines(trial_dirs: Sequence[Path]) -> list[str]:
-    """``_dlhpc_root`` and ``_dlhpc_trials`` (array index -> folder under the root)."""
-    parents = {Path(d).parent for d in trial_dirs}
-    root = parents.pop() if len(parents) == 1 else Path("/")
-    names = [str(Path(d).relative_to(root)) for d in trial_dirs]
-    return [
-        f"_dlhpc_root={shlex.quote(str(root))}",
-        "_dlhpc_trials=(" + " ".join(shlex.quote(n) for n in names) + ")",
-    ]
-
-
-def setup_section(
-    sections: Sequence[tuple[str, Sequence[str]]], trial_dirs: Sequence[Path], python: str
-) -> list[str]:
+def setup_section(sections: Sequence[tuple[str, Sequence[str]]], python: str) -> list[str]:
     """The job script's lines before the worker starts (see the module docstring), for
-    one chunk of ``trial_dirs`` (array index order) whose worker runs ``python`` (a
-    shell word as the command line will hold it: already quoted). [] when there are no
-    setup lines (the script then is what it was before the section existed)."""
+    a task whose trial folder the script has in ``_dlhpc_trial`` and whose worker runs
+    ``python`` (a shell word as the command line will hold it: already quoted). []
+    when there are no setup lines."""
     if not any(lines for _, lines in sections):
         return []
     run: list[str] = []
@@ -126,7 +113,6 @@ def setup_section(
     head = [
         "# dlhpc: the job's environment, set up before the worker's Python starts; a failing",
         "# line fails the attempt (set -e), its reason written to the attempt's folder",
-        *_trial_lines(trial_dirs),
         "_dlhpc_lines=(" + " ".join(shlex.quote(d) for d in described) + ")",
         *_FAILED_FN.splitlines(),
     ]

@@ -27,6 +27,7 @@ through its public API:
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
 import sys
@@ -40,7 +41,8 @@ from submitit.core.utils import JobPaths
 from submitit.helpers import DelayedSubmission
 
 from dlhpc.errors import SchedulerError
-from dlhpc.protocol import REQUEUE_REQUEST_FILE, attempts_dir
+from dlhpc.protocol import REQUEUE_REQUEST_FILE, atomic_write_text
+from dlhpc.protocol.layout import ATTEMPTS_DIR
 from dlhpc.scheduler.base import JobRequest
 from dlhpc.scheduler.slurm.jobsetup import setup_section
 
@@ -51,6 +53,7 @@ __all__ = [
     "submit_array",
     "sbatch_parameters",
     "parse_sbatch_args",
+    "trial_list_text",
 ]
 
 #: submitit's in-job entry: ``python -u -m IN_JOB_MODULE FOLDER`` runs the task's pickle.
@@ -150,7 +153,7 @@ def sbatch_parameters(request: JobRequest, n_tasks: int, throttle: int) -> dict[
         "additional_parameters": additional,
     }
     python = shlex.quote(request.python or sys.executable)
-    setup = setup_section(request.setup, request.trial_dirs, python) + _setup_lines(request.env)
+    setup = setup_section(request.setup, python) + _setup_lines(request.env)
     if setup:
         params["setup"] = setup
     if res.cpus_per_task > 1:
@@ -165,14 +168,14 @@ def _flag(key: str, value: Any) -> str:
 
 
 def _script(
-    params: Mapping[str, Any], trial_dirs: Sequence[Path], folder: Path, python: str
+    params: Mapping[str, Any], n_tasks: int, trial_list: Path, folder: Path, python: str
 ) -> str:
     """The sbatch text for ``params`` (see :func:`sbatch_parameters`), in the format
-    submitit's ``SlurmExecutor`` writes: sorted ``#SBATCH`` lines, the setup, then
+    submitit's ``SlurmExecutor`` writes: sorted ``#SBATCH`` lines, the task's trial
+    folder read from ``trial_list`` (:func:`_trial_lines`), the setup, then
     submitit's in-job entry in an srun step; then the requeue asked for by the trial
     (:func:`_requeue_lines`), and the step's exit status as the script's.
     Logs: ``<folder>/%A_%a_<task>_log.*``."""
-    n_tasks = len(trial_dirs)
     layout = JobPaths(folder)  # no job id: the %j and %t placeholders stay
     stdout, stderr = (str(p).replace("%j", "%A_%a") for p in (layout.stdout, layout.stderr))
     flags = {k: v for k, v in params.items() if k not in _NOT_FLAGS and v is not None}
@@ -182,27 +185,52 @@ def _script(
     flags["open-mode"] = "append"
     flags.update(params["additional_parameters"])
     lines = ["#!/bin/bash", "", "# Parameters", *(_flag(k, flags[k]) for k in sorted(flags))]
+    lines += ["", *_trial_lines(trial_list)]
     if params.get("setup"):
         lines += ["", "# setup", *params["setup"]]
     srun = ["srun", "--unbuffered", "--output", stdout, "--error", stderr]
     command = f"{python} -u -m {IN_JOB_MODULE} {shlex.quote(str(folder))}"
     srun_line = shlex.join([*srun, *params.get("srun_args", ())]) + " " + command
     lines += ["", "# command", "export SUBMITIT_EXECUTOR=slurm", srun_line, "_dlhpc_status=$?"]
-    lines += [*_requeue_lines(trial_dirs, python), 'exit "$_dlhpc_status"', ""]
+    lines += [*_requeue_lines(python), 'exit "$_dlhpc_status"', ""]
     return "\n".join(lines)
 
 
-def _requeue_lines(trial_dirs: Sequence[Path], python: str) -> list[str]:
+def trial_list_text(trial_dirs: Sequence[Path]) -> str:
+    """The chunk's list of trial folders, one a line in array index order, as the
+    script reads it (:func:`_trial_lines`); SchedulerError for a folder whose path
+    holds a newline (no line could name it)."""
+    bad = [str(d) for d in trial_dirs if "\n" in str(d)]
+    if bad:
+        raise SchedulerError(f"a trial folder's path holds a newline: {bad[0]!r}")
+    return "".join(f"{d}\n" for d in trial_dirs)
+
+
+def _trial_lines(trial_list: Path) -> list[str]:
+    """``_dlhpc_trial``: the task's trial folder, line ``SLURM_ARRAY_TASK_ID`` (from 0)
+    of ``trial_list``, read by bash itself (``mapfile``: no command, no eval), so the
+    script's length does not grow with the array's (Slurm caps a batch script at 4 MB)."""
+    quoted = shlex.quote(str(trial_list))
+    return [
+        "# dlhpc: this task's trial folder, line SLURM_ARRAY_TASK_ID (from 0) of the chunk's list",
+        f'mapfile -t -s "${{SLURM_ARRAY_TASK_ID:-0}}" -n 1 _dlhpc_line < {quoted}',
+        '_dlhpc_trial="${_dlhpc_line[0]-}"',
+        'if [ -z "$_dlhpc_trial" ]; then',
+        f'  echo "dlhpc: no line ${{SLURM_ARRAY_TASK_ID:-0}} in "{quoted} >&2',
+        "fi",
+    ]
+
+
+def _requeue_lines(python: str) -> list[str]:
     """After the step: the requeue the worker asked for at the time limit (its request
     file in this run's attempt folder, named as :func:`dlhpc.protocol.attempt_key`
     names it), asked by :mod:`dlhpc.scheduler.slurm.requeue` once the step has ended, so
     that Slurm's kill of the requeued job meets no running step."""
-    folders = " ".join(shlex.quote(str(attempts_dir(Path(d)))) for d in trial_dirs)
+    attempts = shlex.quote(ATTEMPTS_DIR)
     task = '"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}.r${SLURM_RESTART_COUNT:-0}"'
     return [
         "# dlhpc: the requeue the trial asked for at the time limit, once its step has ended",
-        f"_dlhpc_attempts=({folders})",
-        f'_dlhpc_attempt="${{_dlhpc_attempts[$SLURM_ARRAY_TASK_ID]}}"/{task}',
+        f'_dlhpc_attempt="$_dlhpc_trial"/{attempts}/{task}',
         f'if [ -e "$_dlhpc_attempt"/{shlex.quote(REQUEUE_REQUEST_FILE)} ]; then',
         f'  {python} -m {REQUEUE_MODULE} "$_dlhpc_attempt"',
         "fi",
@@ -212,30 +240,36 @@ def _requeue_lines(trial_dirs: Sequence[Path], python: str) -> list[str]:
 @dataclass(frozen=True)
 class Submission:
     """One chunk's sbatch array: ``script`` is the text sbatch gets; task ``i`` of the
-    array runs the in-job callable on ``trial_dirs[i]``."""
+    array runs the in-job callable on ``trial_dirs[i]``, which the script reads from
+    ``trial_list`` (written before sbatch runs: :func:`submit_array`)."""
 
     name: str
-    folder: Path  # absolute: scripts, pickles and logs
+    folder: Path  # absolute: scripts, pickles, logs and the trial list
     script: str
     trial_dirs: tuple[Path, ...]
     time_minutes: int
+    trial_list: Path
 
 
 def build_submission(request: JobRequest, throttle: int) -> Submission:
     """The submission of ``request`` (one chunk: all its trial folders) run at most
-    ``throttle`` tasks at a time (0 = no limit); creates no files."""
+    ``throttle`` tasks at a time (0 = no limit); creates no files. The trial list's
+    name is its content's hash: the same chunk always names the same list."""
     n_tasks = len(request.trial_dirs)
     if n_tasks < 1:
         raise ValueError("a chunk needs at least one task")
     params = sbatch_parameters(request, n_tasks, throttle)
     folder = Path(request.folder).expanduser().absolute()
     python = shlex.quote(request.python or sys.executable)
+    digest = hashlib.sha256(trial_list_text(request.trial_dirs).encode()).hexdigest()[:16]
+    trial_list = folder / f"trial-folders-{digest}.txt"
     return Submission(
         name=request.name,
         folder=folder,
-        script=_script(params, request.trial_dirs, folder, python),
+        script=_script(params, n_tasks, trial_list, folder, python),
         trial_dirs=tuple(request.trial_dirs),
         time_minutes=request.resources.time_minutes,
+        trial_list=trial_list,
     )
 
 
@@ -245,9 +279,12 @@ def submit_array(
     """Submit ``submission`` (its tasks call ``fn(str(trial_dir))``); returns the task
     ids ``<array id>_<index>``. The script ends up as ``<array id>_submission.sh``,
     task ``i``'s pickle as ``<array id>_<i>_submitted.pkl``, both in its folder; on
-    any failure neither is left behind."""
+    any failure neither is left behind. The trial list is written (atomically) before
+    sbatch runs; on failure it is removed unless it was there already (the same
+    chunk submitted before names the same file)."""
     folder = submission.folder
     folder.mkdir(parents=True, exist_ok=True)
+    listed = submission.trial_list.exists()
     uid = uuid.uuid4().hex
     script = folder / f".submission_file_{uid}.sh"
     pickles = [folder / f".{uid}_{i}.pkl" for i in range(len(submission.trial_dirs))]
@@ -257,6 +294,8 @@ def submit_array(
             task.set_timeout(submission.time_minutes, _MAX_NUM_TIMEOUT)
             task.dump(path)
         script.write_text(submission.script, encoding="utf-8")
+        # before sbatch: a task may start at once
+        atomic_write_text(submission.trial_list, trial_list_text(submission.trial_dirs))
         output = run_sbatch(script)
         found = _JOB_ID_RE.search(output)
         if found is None:
@@ -265,7 +304,7 @@ def submit_array(
                 f"(job name {submission.name!r})"
             )
     except BaseException:
-        for path in (script, *pickles):
+        for path in (script, *pickles, *([] if listed else [submission.trial_list])):
             path.unlink(missing_ok=True)
         raise
     array_id = found["id"]
