@@ -40,3 +40,30 @@ def test_a_script_outside_the_repository_keeps_its_absolute_path(
     assert json.loads((tmp_path / "r.json").read_text())["command"] == (
         f"python {tmp_path / 'x.py'} 'a b'"
     )
+
+
+def _summary_rows() -> list[tuple[str, list[str]]]:
+    """(code cell, JSON paths) of each row of docs/BENCHMARKS.md's summary that names a JSON."""
+    text = (BENCH.parents[1] / "docs" / "BENCHMARKS.md").read_text()
+    table = text[text.index("## Summary") :].split("\n## ", 1)[0]
+    rows = []
+    for line in table.splitlines()[4:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 4 and cells[3]:
+            rows.append((cells[1], [p.strip(" `") for p in cells[3].split(",")]))
+    return rows
+
+
+def test_every_json_of_the_benchmarks_summary_exists_and_names_its_command() -> None:
+    rows = _summary_rows()
+    assert len(rows) >= 10
+    for code, paths in rows:
+        script = code.split("`")[1].split()[0]
+        for path in paths:
+            full = BENCH.parents[1] / path if path.startswith("scripts/") else BENCH / path
+            found = sorted(full.parent.glob(full.name))
+            assert found, f"{path} (row {code}) does not exist"
+            for f in found:
+                record = json.loads(f.read_text())
+                if isinstance(record, dict) and "command" in record:
+                    assert script in record["command"], (f, record["command"])

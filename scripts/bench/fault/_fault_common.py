@@ -3,6 +3,7 @@ that pass None through, a fake trial folder, and the code version a result recor
 
 from __future__ import annotations
 
+import shutil
 import statistics
 import subprocess
 from pathlib import Path
@@ -48,7 +49,10 @@ def fake_trial(root: Path, hparams: dict[str, Any], max_length: int, seed: int =
 
 
 def _code_version() -> dict[str, Any]:
-    """The commit measured, and which dlhpc/ files differed from it (shared working trees)."""
+    """The commit measured, and which dlhpc/ files differed from it (shared working trees);
+    ``None`` for both, and why, where git is not on PATH (a dev cluster's chroot)."""
+    if shutil.which("git") is None:
+        return {"head": None, "dlhpc_changed": None, "why": "git is not on PATH"}
 
     def git(*a: str) -> str:
         p = subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True, check=False)

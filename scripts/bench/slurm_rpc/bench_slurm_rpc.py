@@ -19,10 +19,10 @@ includes any concurrent activity. The shim also logs every command it runs, whic
 the number of Slurm processes per tick. sacct talks to slurmdbd, not slurmctld: it does
 not appear in sdiag and is counted from the shim's log.
 
-    eval "$(scripts/dev-cluster env)"; . .venv/bin/activate
-    useradd -m dlhpcbench   # once; any unprivileged user that can run squeue
-    python scripts/bench/slurm_rpc/bench_slurm_rpc.py --sizes 10,300 --ticks 5 --launch 1000 \\
-        --max-array 100 --as-user dlhpcbench
+    # dlhpc-user: the unprivileged user `scripts/dev-cluster up` creates in a chroot cluster
+    scripts/dev-cluster exec --slurm 24.11 --profile default -- .venv/bin/python \\
+        scripts/bench/slurm_rpc/bench_slurm_rpc.py --sizes 10,300 --ticks 5 --launch 1000 \\
+        --max-array 100 --as-user dlhpc-user
 """
 
 from __future__ import annotations
