@@ -34,12 +34,13 @@ def tick_line(r: TickReport) -> str:
 def tick(site: str | None, as_json: bool, quiet: bool, loop_s: float | None) -> None:
     """One idempotent reconciliation pass over all active experiments (what cron runs).
 
-    Exits 1 with one line when the state database cannot commit (its disk full)."""
+    Exits 1 with one line when the state database cannot commit (its disk full).
+    With ``--loop``, each pass gets new schedulers, as a cron tick would: a Slurm
+    command that failed in one pass (sacct while slurmdbd is down) is tried again."""
     store = open_store(site)
-    pool = pool_for(store)
     while True:
         since = _attention.utcnow()
-        report = do_tick(store, pool)
+        report = do_tick(store, pool_for(store))
         if as_json:
             echo_json(report.__dict__)
         elif report.stalled is not None:
