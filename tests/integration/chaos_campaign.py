@@ -33,7 +33,7 @@ from tests.integration.chaos_cluster import cluster_healthy, restore_cluster
 from tests.integration.chaos_driver import ChaosDriver
 from tests.integration.conftest import Cli
 
-__all__ = ["CampaignConfig", "CampaignResult", "run_campaign"]
+__all__ = ["CampaignConfig", "CampaignResult", "live_job_ids", "run_campaign", "temp_workdir"]
 
 
 @dataclass(frozen=True)
@@ -149,7 +149,7 @@ def run_campaign(cli: Cli, workdir: Path, cfg: CampaignConfig) -> CampaignResult
 
 
 @contextlib.contextmanager
-def _workdir(keep: bool) -> Iterator[Path]:
+def temp_workdir(keep: bool) -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="dlhpc-chaos-"))
     try:
         yield path
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = CampaignConfig(
             seed=args.seed, trials=4, epochs=30, rounds=3, timeout_s=900, echo=True
         )
-    with _workdir(args.keep) as workdir:
+    with temp_workdir(args.keep) as workdir:
         cli = Cli(env, workdir / "home")
         print(f"chaos campaign {cfg} in {workdir}", flush=True)
         try:
