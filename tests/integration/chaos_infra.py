@@ -5,7 +5,8 @@ seeded plan of them, and the driver that applies it while the login nodes' loops
 ``ctld_outage``
     ``slurmctld`` stopped (SIGTERM, through its pid file) until the login nodes
     have finished three reconciling passes that started after the stop (each waits
-    out squeue's retries), and at least the planned hold; then ``scripts/dev-cluster up``.
+    out squeue's retries), and at least the planned hold; then started again
+    (:func:`~tests.integration.chaos_cluster.restore_cluster`).
 ``ctld_restart``
     ``slurmctld`` stopped and started again at once, while jobs train.
 ``dbd_outage``
@@ -14,8 +15,7 @@ seeded plan of them, and the driver that applies it while the login nodes' loops
     judges it), and at least the planned hold; then started again.
 ``node_lost``
     ``scontrol update State=DOWN`` of a node with training tasks on it (Slurm ends
-    them NODE_FAIL and requeues them); after the hold, ``State=RESUME`` and
-    ``scripts/dev-cluster up``.
+    them NODE_FAIL and requeues them); after the hold, ``State=RESUME``.
 
 Whatever a fault stopped is restarted in a ``finally``. Each fault lands in the log
 (:class:`~tests.integration.chaos.Record`), and each attempt a node loss ended in a
@@ -118,13 +118,11 @@ class InfraDriver(ChaosDriver):
 
     def _restore(self, what: str, since: float) -> None:
         t0 = time.monotonic()
-        tail = restore_cluster(self.env)
-        last = tail.splitlines()[-1] if tail else ""
+        did = restore_cluster(self.env)
         self.log(
             f"{what}-started",
             what,
-            detail=f"after {t0 - since:.1f}s down; dev-cluster up took "
-            f"{time.monotonic() - t0:.1f}s: {last}",
+            detail=f"after {t0 - since:.1f}s down; took {time.monotonic() - t0:.1f}s: {did}",
         )
 
     def _ctld(self, fault: Fault) -> None:
