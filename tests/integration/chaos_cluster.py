@@ -3,14 +3,15 @@ and started again with ``scripts/dev-cluster up``'s command lines (see docs/CHAO
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
-__all__ = ["cluster_healthy", "kill_slurmd", "restore_cluster", "stop_daemon"]
+__all__ = ["cluster_healthy", "kill_node", "kill_slurmd", "restore_cluster", "stop_daemon"]
 
 
 # -- the dev cluster -------------------------------------------------------------
@@ -54,6 +55,30 @@ def stop_daemon(env: Mapping[str, str], pidfile_name: str, sig: int = signal.SIG
 def kill_slurmd(env: Mapping[str, str], node: str) -> int:
     """SIGKILL the ``slurmd`` of ``node`` (found through its pid file); its pid."""
     return stop_daemon(env, f"slurmd-{node}")
+
+
+def kill_node(env: Mapping[str, str], node: str, raw_job_ids: Collection[str]) -> list[int]:
+    """A node lost with its jobs: SIGKILL its ``slurmd``, then every process of the
+    jobs (Slurm's raw job ids): their ``slurmstepd`` and what they started (found by
+    ``SLURM_JOB_ID`` in their environment). The pids killed, slurmd's first."""
+    killed = [kill_slurmd(env, node)]
+    steps = [f"[{j}.".encode() for j in raw_job_ids]
+    envs = {f"SLURM_JOB_ID={j}".encode() for j in raw_job_ids}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            environ = set((proc / "environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue  # gone, or a kernel thread
+        if (cmdline.startswith(b"slurmstepd") and any(s in cmdline for s in steps)) or (
+            envs & environ
+        ):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(proc.name), signal.SIGKILL)
+                killed.append(int(proc.name))
+    return killed
 
 
 def _daemons(env: Mapping[str, str]) -> list[str]:

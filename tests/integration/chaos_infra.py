@@ -14,8 +14,9 @@ seeded plan of them, and the driver that applies it while the login nodes' loops
     and a login node has reconciled since (sacct fails: the no-accounting path
     judges it), and at least the planned hold; then started again.
 ``node_lost``
-    ``scontrol update State=DOWN`` of a node with training tasks on it (Slurm ends
-    them NODE_FAIL and requeues them); after the hold, ``State=RESUME``.
+    a node with training tasks on it lost with them: its ``slurmd`` and the tasks'
+    processes SIGKILLed, then ``scontrol update State=DOWN`` (Slurm ends the tasks
+    NODE_FAIL and requeues them); after the hold, slurmd started, ``State=RESUME``.
 
 Whatever a fault stopped is restarted in a ``finally``. Each fault lands in the log
 (:class:`~tests.integration.chaos.Record`), and each attempt a node loss ended in a
@@ -31,8 +32,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlhpc.protocol import read_event_batches
 from tests.integration.chaos import Record, Task
-from tests.integration.chaos_cluster import restore_cluster, stop_daemon
+from tests.integration.chaos_cluster import kill_node, restore_cluster, stop_daemon
 from tests.integration.chaos_driver import ChaosDriver
 from tests.integration.chaos_ticker import Pass
 
@@ -114,7 +116,14 @@ class InfraDriver(ChaosDriver):
         return tasks
 
     def _trains(self, tasks: list[Task]) -> list[Task]:
-        return [t for t in tasks if self.training(t)]
+        """The tasks whose current run stepped and has not exited (a run that ended
+        while slurmctld was down shows RUNNING until its node reports it)."""
+        return [t for t in tasks if self.training(t) and not self._exited(t)]
+
+    def _exited(self, t: Task) -> bool:
+        adir = self.run_dir / "trials" / f"trial-{t.trial_id:06d}" / "attempts"
+        records = read_event_batches(adir / (t.attempt_key or ""))
+        return any(r.get("type") == "exit" for b in records for r in b.records)
 
     def _restore(self, what: str, since: float) -> None:
         t0 = time.monotonic()
@@ -172,18 +181,22 @@ class InfraDriver(ChaosDriver):
         node = nodes[int(fault.pick * len(nodes))]
         time.sleep(fault.delay_s)
         on = [t for t in self.tasks() if t.node == node]
-        down = ["scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=chaos"]
+        _, out = self._cmd("squeue", "-h", "-r", "-w", node, "-o", "%i|%A")
+        ours = {t.job_id for t in on}
+        raw = [r for i, _, r in (line.partition("|") for line in out.split()) if i in ours]
         stopped = time.monotonic()
-        rc, out = self._cmd(*down)
         try:
-            self.log("node-down", node, detail=f"{' '.join(down)} -> rc {rc} {out}".strip())
-            for t in on:
+            pids = kill_node(self.env, node, raw)
+            down = ["scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=chaos"]
+            rc, out = self._cmd(*down)
+            self.log("node-down", node, detail=f"killed {pids}; {' '.join(down)} -> rc {rc} {out}")
+            for t in on:  # a run that had ended keeps its cause
+                kind = "node-lost-ended" if self._exited(t) else "node_lost"
                 self.hit.add(t.attempt_key or "")
-                self.log("node_lost", t.job_id, t.trial_id, attempt_key=t.attempt_key)
+                self.log(kind, t.job_id, t.trial_id, attempt_key=t.attempt_key)
             time.sleep(fault.hold_s)
         finally:
-            self._cmd("scontrol", "update", f"NodeName={node}", "State=RESUME")
-            self._restore(node, stopped)
+            self._restore(node, stopped)  # starts slurmd, resumes the node
 
     def run(self) -> list[Record]:
         """Apply every fault of the plan, one after another."""

@@ -144,8 +144,10 @@ def run_infra_campaign(cli: Cli, workdir: Path, cfg: InfraConfig) -> InfraResult
         except Exception as err:
             raise AssertionError(f"{err}\n{driver.format_log()}") from err
         finally:
-            with contextlib.suppress(Exception):  # leave nothing of ours queued
-                left = list(live_job_ids(db, exp_id))
+            with contextlib.suppress(Exception):  # leave nothing of ours queued, held ones too
+                left = [
+                    a["job_id"] for t in cli.experiment(exp_id)["trials"] for a in t["attempts"]
+                ]
                 subprocess.run(["scancel", *left], env=cli.env, capture_output=True, timeout=60)
             if not cluster_healthy(cli.env):
                 driver.log("restore", "cluster", detail=restore_cluster(cli.env))
