@@ -4,8 +4,8 @@ seeded plan of them, and the driver that applies it while the login nodes' loops
 
 ``ctld_outage``
     ``slurmctld`` stopped (SIGTERM, through its pid file) until the login nodes
-    have finished three reconciling passes that started after the stop (each waits
-    out squeue's retries), and at least the planned hold; then started again
+    have finished two reconciling passes that started after the stop (each waits
+    out squeue's retries, about 10 s), and at least the planned hold; then started again
     (:func:`~tests.integration.chaos_cluster.restore_cluster`).
 ``ctld_restart``
     ``slurmctld`` stopped and started again at once, while jobs train.
@@ -144,8 +144,8 @@ class InfraDriver(ChaosDriver):
             self.log(fault.kind, "slurmctld", detail=f"SIGTERM pid {pid}; training: {on}")
             if fault.kind == "ctld_outage":
                 self._until(
-                    "three passes without slurmctld",
-                    lambda: len(self._passes_since(wall)) >= 3,
+                    "two passes without slurmctld",
+                    lambda: len(self._passes_since(wall)) >= 2,
                     fault.hold_s,
                 )
         finally:

@@ -35,18 +35,18 @@ __all__ = ["InfraConfig", "InfraResult", "main", "run_infra_campaign"]
 
 @dataclass(frozen=True)
 class InfraConfig:
-    """An ASHA search of the digits example (rungs of 2, 4, 8 epochs of 23 steps,
+    """An ASHA search of the digits example (rungs of 2 and 6 epochs of 23 steps,
     ``step_sleep`` s each; two trials at a time) under one round of the four faults.
     ``skew_s``: how far the first login node's clock is off (the seed picks the sign);
     ``io_delay_s``: the second's sleep per file operation."""
 
     seed: int = DEFAULT_SEED
-    trials: int = 6
-    max_length: int = 8
-    divisor: int = 2
-    rungs: int = 3
+    trials: int = 4
+    max_length: int = 6
+    divisor: int = 3
+    rungs: int = 2
     concurrent: int = 2
-    step_sleep: float = 0.2
+    step_sleep: float = 0.25
     rounds: int = 1
     skew_s: float = 600.0
     io_delay_s: float = 0.02
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = InfraConfig(seed=args.seed, echo=True)
     if args.long:
         cfg = InfraConfig(
-            seed=args.seed, trials=12, max_length=16, rungs=4, concurrent=3, rounds=3,
+            seed=args.seed, trials=12, max_length=16, divisor=2, rungs=4, concurrent=3, rounds=3,
             timeout_s=900, echo=True,
         )  # fmt: skip
     with temp_workdir(args.keep) as workdir:

@@ -2,9 +2,9 @@
 and a node fail while two login nodes reconcile at once, and nothing is lost.
 
 :mod:`tests.integration.chaos_infra_campaign` launches the digits example searched
-by ``asha`` (trials pause at rungs of 2 and 4 epochs and are promoted to 8), starts two
+by ``asha`` (trials pause at a rung of 2 epochs; the best are promoted to 6), starts two
 login nodes' reconciler loops (one on a clock 10 minutes off, one on a slow
-filesystem), and applies a seeded plan of four faults: slurmctld stopped for three
+filesystem), and applies a seeded plan of four faults: slurmctld stopped for two
 passes, slurmctld restarted with jobs running, slurmdbd stopped while a task ends, a
 node set DOWN with its tasks. :func:`~tests.integration.chaos_infra_checks.
 check_infra_campaign` then asserts what docs/CHAOS.md lists.
