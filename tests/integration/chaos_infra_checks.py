@@ -58,7 +58,7 @@ def check_infra_campaign(cli: Cli, result: InfraResult, cfg: InfraConfig) -> Non
         by_steps[t["steps_completed"]].append(t)
     refs = [
         start_references(
-            result.workdir, ts, steps, {t["id"]: seed_of(cli, t["id"]) for t in ts}, niceness=10
+            result.workdir, ts, steps, {t["id"]: seed_of(cli, t["id"]) for t in ts}
         )
         for steps, ts in by_steps.items()
         if steps > 0
