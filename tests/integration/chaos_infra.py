@@ -56,14 +56,16 @@ class Fault:
     hold_s: float
 
 
-def make_fault_plan(seed: int, rounds: int = 1) -> list[Fault]:
-    """Every fault once per round, in a seeded order; a pure function of the arguments."""
+def make_fault_plan(seed: int, rounds: int = 1, accounting: bool = True) -> list[Fault]:
+    """Every fault once per round (``dbd_outage`` only with ``accounting``), in a seeded
+    order; a pure function of the arguments."""
     if rounds < 1:
         raise ValueError("need at least one round")
     rng = random.Random(seed)
+    kinds = [k for k in FAULTS if accounting or k != "dbd_outage"]
     plan = []
     for _ in range(rounds):
-        for kind in rng.sample(FAULTS, len(FAULTS)):
+        for kind in rng.sample(kinds, len(kinds)):
             hold = rng.uniform(3.0, 6.0) if kind != "ctld_restart" else 0.0
             plan.append(Fault(kind, rng.random(), rng.uniform(0.5, 2.0), round(hold, 1)))
     return plan
@@ -75,7 +77,8 @@ class InfraDriver(ChaosDriver):
     fault began and ended (restored included), by the real clock.
 
     The login nodes' loops reconcile meanwhile (nothing ticks here); ``passes_fn``
-    returns the passes they logged so far. The other arguments are
+    returns the passes they logged so far; without ``accounting`` (no slurmdbd)
+    the plan has no ``dbd_outage``. The other arguments are
     :class:`~tests.integration.chaos_driver.ChaosDriver`'s.
     """
 
@@ -88,10 +91,11 @@ class InfraDriver(ChaosDriver):
         run_dir: Path,
         passes_fn: Callable[[], list[Pass]],
         rounds: int = 1,
+        accounting: bool = True,
         echo: bool = False,
     ) -> None:
         super().__init__(seed, env, job_ids_fn, run_dir=run_dir, echo=echo, min_steps_left=0)
-        self.faults = make_fault_plan(seed, rounds)
+        self.faults = make_fault_plan(seed, rounds, accounting)
         self.passes_fn = passes_fn
         self.windows: list[tuple[str, float, float]] = []  # (fault, wall start, wall end)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import random
 import subprocess
 import sys
@@ -51,6 +52,7 @@ class InfraConfig:
     skew_s: float = 600.0
     io_delay_s: float = 0.02
     tick_every_s: float = 2.0
+    accounting: bool = True  # False: no slurmdbd (the noacct profile), no dbd_outage
     timeout_s: float = 300.0  # after the driver is done, for the search to end
     echo: bool = False
 
@@ -132,6 +134,7 @@ def run_infra_campaign(cli: Cli, workdir: Path, cfg: InfraConfig) -> InfraResult
             run_dir=run_dir,
             passes_fn=passes,
             rounds=cfg.rounds,
+            accounting=cfg.accounting,
             echo=cfg.echo,
         )
         try:
@@ -157,7 +160,7 @@ def run_infra_campaign(cli: Cli, workdir: Path, cfg: InfraConfig) -> InfraResult
 def main(argv: list[str] | None = None) -> int:
     """``python -m tests.integration.chaos_infra_campaign [--long] [--seed N] [--keep]``."""
     from tests.integration.chaos_infra_checks import check_infra_campaign
-    from tests.integration.conftest import _slurm_env
+    from tests.integration.conftest import _slurm_env, current_cluster
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
@@ -168,11 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     if env is None:
         print("dev cluster not running (scripts/dev-cluster up)", file=sys.stderr)
         return 2
-    cfg = InfraConfig(seed=args.seed, echo=True)
+    cfg = InfraConfig(seed=args.seed, accounting=current_cluster().accounting, echo=True)
     if args.long:
-        cfg = InfraConfig(
-            seed=args.seed, trials=12, max_length=16, divisor=2, rungs=4, concurrent=3, rounds=3,
-            timeout_s=900, echo=True,
+        cfg = dataclasses.replace(
+            cfg, trials=12, max_length=16, divisor=2, rungs=4, concurrent=3, rounds=3,
+            timeout_s=900,
         )  # fmt: skip
     with temp_workdir(args.keep) as workdir:
         cli = Cli(env, workdir / "home")

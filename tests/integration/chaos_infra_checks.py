@@ -36,8 +36,9 @@ AFTERMATH_S = 15.0
 def check_infra_campaign(cli: Cli, result: InfraResult, cfg: InfraConfig) -> None:
     """Assert what must hold after the campaign (AssertionErrors carry its log):
 
-    * every fault hit at least once per round, a node loss ended a training
-      attempt, a task ended while accounting was down, and ASHA promoted a trial;
+    * every fault hit at least once per round (``dbd_outage`` only with
+      accounting), a node loss ended a training attempt, a task ended while
+      accounting was down, and ASHA promoted a trial;
     * :func:`~tests.integration.chaos_checks.check_outcome` (COMPLETED, or
       STOPPED_EARLY at a rung; no crash; no overlap; metrics exactly once;
       integrity);
@@ -57,16 +58,16 @@ def check_infra_campaign(cli: Cli, result: InfraResult, cfg: InfraConfig) -> Non
     for t in trials.values():  # the references train while the rest is checked
         by_steps[t["steps_completed"]].append(t)
     refs = [
-        start_references(
-            result.workdir, ts, steps, {t["id"]: seed_of(cli, t["id"]) for t in ts}
-        )
+        start_references(result.workdir, ts, steps, {t["id"]: seed_of(cli, t["id"]) for t in ts})
         for steps, ts in by_steps.items()
         if steps > 0
     ]
     counts: dict[str, int] = defaultdict(int)
     for r in result.driver.records:
         counts[r.kind] += 1
-    for kind in (*FAULTS, "node-down", "dbd-ended"):
+    kinds = [k for k in FAULTS if cfg.accounting or k != "dbd_outage"]  # node_lost: per attempt
+    kinds += ["node-down", "dbd-ended"] if cfg.accounting else ["node-down"]
+    for kind in kinds:
         need(counts[kind] >= cfg.rounds, f"{kind} logged {counts[kind]} time(s)")
     check_outcome(cli, exp, cfg.max_length, need, early_stops=True)
     promoted = [t["id"] for t in trials.values() if any_promotion(t["attempts"])]

@@ -35,6 +35,8 @@ def test_fault_plan_is_a_function_of_the_seed_and_covers_every_fault() -> None:
     assert [f.kind for f in make_fault_plan(1)] != [f.kind for f in make_fault_plan(2)]
     long = make_fault_plan(5, rounds=3)
     assert all(sorted(f.kind for f in long[i : i + 4]) == sorted(FAULTS) for i in (0, 4, 8))
+    noacct = make_fault_plan(5, accounting=False)
+    assert sorted(f.kind for f in noacct) == sorted(set(FAULTS) - {"dbd_outage"})
 
 
 @pytest.mark.cluster
