@@ -12,7 +12,6 @@ longer one::
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import random
@@ -25,7 +24,7 @@ from typing import Any
 
 from tests.integration._reference import DIGITS
 from tests.integration.chaos import DEFAULT_SEED
-from tests.integration.chaos_campaign import live_job_ids, temp_workdir
+from tests.integration.chaos_campaign import campaign_script, live_job_ids
 from tests.integration.chaos_cluster import cluster_healthy, restore_cluster
 from tests.integration.chaos_infra import InfraDriver
 from tests.integration.chaos_ticker import Pass, read_passes
@@ -160,35 +159,24 @@ def run_infra_campaign(cli: Cli, workdir: Path, cfg: InfraConfig) -> InfraResult
 def main(argv: list[str] | None = None) -> int:
     """``python -m tests.integration.chaos_infra_campaign [--long] [--seed N] [--keep]``."""
     from tests.integration.chaos_infra_checks import check_infra_campaign
-    from tests.integration.conftest import _slurm_env, current_cluster
+    from tests.integration.conftest import current_cluster
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    ap.add_argument("--long", action="store_true", help="12 trials to 16 epochs, 3 rounds")
-    ap.add_argument("--keep", action="store_true", help="keep the temp folder (DLHPC_HOME)")
-    args = ap.parse_args(argv)
-    env = _slurm_env()
-    if env is None:
-        print("dev cluster not running (scripts/dev-cluster up)", file=sys.stderr)
-        return 2
-    cfg = InfraConfig(seed=args.seed, accounting=current_cluster().accounting, echo=True)
-    if args.long:
-        cfg = dataclasses.replace(
-            cfg, trials=12, max_length=16, divisor=2, rungs=4, concurrent=3, rounds=3,
-            timeout_s=900,
-        )  # fmt: skip
-    with temp_workdir(args.keep) as workdir:
-        cli = Cli(env, workdir / "home")
-        print(f"infrastructure chaos campaign {cfg} in {workdir}", flush=True)
-        try:
-            result = run_infra_campaign(cli, workdir, cfg)
-            check_infra_campaign(cli, result, cfg)
-        except AssertionError as err:
-            print(f"FAILED: {err}", file=sys.stderr)
-            return 1
-        print("\n".join(result.notes))
-        print(f"PASSED in {result.seconds:.0f}s (seed {cfg.seed})")
-    return 0
+    def config(seed: int, long: bool) -> InfraConfig:
+        cfg = InfraConfig(seed=seed, accounting=current_cluster().accounting, echo=True)
+        if long:
+            return dataclasses.replace(
+                cfg, trials=12, max_length=16, divisor=2, rungs=4, concurrent=3, rounds=3,
+                timeout_s=900,
+            )  # fmt: skip
+        return cfg
+
+    def run_and_check(cli: Cli, workdir: Path, cfg: InfraConfig) -> InfraResult:
+        result = run_infra_campaign(cli, workdir, cfg)
+        check_infra_campaign(cli, result, cfg)
+        return result
+
+    long_help = "12 trials to 16 epochs, 3 rounds"
+    return campaign_script(argv, __doc__.split("\n\n")[0], long_help, config, run_and_check)
 
 
 if __name__ == "__main__":
