@@ -59,11 +59,14 @@ def kill_slurmd(env: Mapping[str, str], node: str) -> int:
 
 def kill_node(env: Mapping[str, str], node: str, raw_job_ids: Collection[str]) -> list[int]:
     """A node lost with its jobs: SIGKILL its ``slurmd``, then every process of the
-    jobs (Slurm's raw job ids): their ``slurmstepd`` and what they started (found by
-    ``SLURM_JOB_ID`` in their environment). The pids killed, slurmd's first."""
+    jobs (Slurm's raw job ids): their ``slurmstepd`` (``[ID.`` in its command line;
+    each dev cluster numbers its jobs from its own first id) and what they started
+    (``SLURM_JOB_ID`` and this cluster's ``SLURM_CONF`` in their environment). The
+    pids killed, slurmd's first."""
     killed = [kill_slurmd(env, node)]
     steps = [f"[{j}.".encode() for j in raw_job_ids]
-    envs = {f"SLURM_JOB_ID={j}".encode() for j in raw_job_ids}
+    conf = f"SLURM_CONF={env.get('SLURM_CONF', '')}".encode()
+    jobs = {f"SLURM_JOB_ID={j}".encode() for j in raw_job_ids}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
@@ -72,9 +75,8 @@ def kill_node(env: Mapping[str, str], node: str, raw_job_ids: Collection[str]) -
             environ = set((proc / "environ").read_bytes().split(b"\0"))
         except OSError:
             continue  # gone, or a kernel thread
-        if (cmdline.startswith(b"slurmstepd") and any(s in cmdline for s in steps)) or (
-            envs & environ
-        ):
+        stepd = cmdline.startswith(b"slurmstepd") and any(s in cmdline for s in steps)
+        if stepd or (conf in environ and jobs & environ):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(proc.name), signal.SIGKILL)
                 killed.append(int(proc.name))

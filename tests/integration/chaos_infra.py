@@ -38,11 +38,20 @@ from tests.integration.chaos_cluster import kill_node, restore_cluster, stop_dae
 from tests.integration.chaos_driver import ChaosDriver
 from tests.integration.chaos_ticker import Pass
 
-__all__ = ["FAULTS", "FAULT_CAUSES", "Fault", "InfraDriver", "make_fault_plan"]
+__all__ = [
+    "FAULTS",
+    "FAULT_CAUSES",
+    "FAULT_CAUSES_NOACCT",
+    "Fault",
+    "InfraDriver",
+    "make_fault_plan",
+]
 
 FAULTS = ("ctld_outage", "ctld_restart", "dbd_outage", "node_lost")
 #: The causes dlhpc may record on an attempt a fault ended (status JSON).
 FAULT_CAUSES: dict[str, set[str]] = {"node_lost": {"node_fail"}}
+#: Without accounting: squeue shows the task requeued, not why.
+FAULT_CAUSES_NOACCT: dict[str, set[str]] = {"node_lost": {"node_fail", "requeued"}}
 
 
 @dataclass(frozen=True)
