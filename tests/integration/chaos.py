@@ -17,7 +17,7 @@ from a seed alone. The actions:
     ``scontrol requeue`` of one task: Slurm stops it and queues it again.
 ``kill_slurmd``
     SIGKILL of one node's ``slurmd`` (through its pid file), and after a few
-    seconds ``scripts/dev-cluster up``, which restarts it (always, in a
+    seconds it is started again (``slurmd -N NODE``; always, in a
     ``finally``). Running jobs survive: their ``slurmstepd`` lives on.
 ``walltime``
     ``scontrol update JobId=<task> EndTime=<now + lead_time + 25 s>``, which

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,14 @@ from tests.integration.chaos_cluster import cluster_healthy, restore_cluster
 from tests.integration.chaos_driver import ChaosDriver
 from tests.integration.conftest import Cli
 
-__all__ = ["CampaignConfig", "CampaignResult", "run_campaign"]
+__all__ = [
+    "CampaignConfig",
+    "CampaignResult",
+    "campaign_script",
+    "live_job_ids",
+    "run_campaign",
+    "temp_workdir",
+]
 
 
 @dataclass(frozen=True)
@@ -149,7 +156,7 @@ def run_campaign(cli: Cli, workdir: Path, cfg: CampaignConfig) -> CampaignResult
 
 
 @contextlib.contextmanager
-def _workdir(keep: bool) -> Iterator[Path]:
+def temp_workdir(keep: bool) -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="dlhpc-chaos-"))
     try:
         yield path
@@ -160,36 +167,59 @@ def _workdir(keep: bool) -> Iterator[Path]:
             remove_tree(path, ignore_errors=True)  # it holds read-only code snapshots
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m tests.integration.chaos_campaign [--long] [--seed N] [--keep]``."""
+def campaign_script(
+    argv: list[str] | None,
+    description: str,
+    long_help: str,
+    make_config: Callable[[int, bool], Any],
+    run_and_check: Callable[[Cli, Path, Any], Any],
+) -> int:
+    """A campaign as a script: ``[--long] [--seed N] [--keep]``. ``make_config(seed,
+    long)`` gives its config; ``run_and_check(cli, workdir, config)`` runs and checks
+    it and returns its result (``notes``, ``seconds``). 0 when it passed, 1 when a
+    check failed, 2 without a dev cluster."""
     from tests.integration.conftest import _slurm_env
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    ap.add_argument("--long", action="store_true", help="4 trials, 30 epochs, 3 rounds (~12 min)")
+    ap.add_argument("--long", action="store_true", help=long_help)
     ap.add_argument("--keep", action="store_true", help="keep the temp folder (DLHPC_HOME)")
     args = ap.parse_args(argv)
     env = _slurm_env()
     if env is None:
         print("dev cluster not running (scripts/dev-cluster up)", file=sys.stderr)
         return 2
-    cfg = CampaignConfig(seed=args.seed, echo=True)
-    if args.long:
-        cfg = CampaignConfig(
-            seed=args.seed, trials=4, epochs=30, rounds=3, timeout_s=900, echo=True
-        )
-    with _workdir(args.keep) as workdir:
+    cfg = make_config(args.seed, args.long)
+    with temp_workdir(args.keep) as workdir:
         cli = Cli(env, workdir / "home")
-        print(f"chaos campaign {cfg} in {workdir}", flush=True)
+        print(f"{cfg} in {workdir}", flush=True)
         try:
-            result = run_campaign(cli, workdir, cfg)
-            check_campaign(cli, result, cfg)
+            result = run_and_check(cli, workdir, cfg)
         except AssertionError as err:
             print(f"FAILED: {err}", file=sys.stderr)
             return 1
         print("\n".join(result.notes))
         print(f"PASSED in {result.seconds:.0f}s (seed {cfg.seed})")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tests.integration.chaos_campaign [--long] [--seed N] [--keep]``."""
+
+    def config(seed: int, long: bool) -> CampaignConfig:
+        if long:
+            return CampaignConfig(
+                seed=seed, trials=4, epochs=30, rounds=3, timeout_s=900, echo=True
+            )
+        return CampaignConfig(seed=seed, echo=True)
+
+    def run_and_check(cli: Cli, workdir: Path, cfg: CampaignConfig) -> CampaignResult:
+        result = run_campaign(cli, workdir, cfg)
+        check_campaign(cli, result, cfg)
+        return result
+
+    long_help = "4 trials, 30 epochs, 3 rounds (~12 min)"
+    return campaign_script(argv, __doc__.split("\n\n")[0], long_help, config, run_and_check)
 
 
 if __name__ == "__main__":

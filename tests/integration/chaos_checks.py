@@ -7,7 +7,7 @@ import json
 import sqlite3
 import subprocess
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,13 +21,23 @@ from tests.integration.chaos import (
     ACTIONS,
     EXPECTED_CAUSES,
     METRIC_NAMES,
+    Record,
 )
 from tests.integration.conftest import Cli
 
 if TYPE_CHECKING:
     from tests.integration.chaos_campaign import CampaignConfig, CampaignResult
 
-__all__ = ["check_campaign", "read_only_db"]
+__all__ = [
+    "Need",
+    "check_campaign",
+    "check_hit",
+    "check_logs",
+    "check_outcome",
+    "check_weights",
+    "needer",
+    "read_only_db",
+]
 
 
 def read_only_db(db: Path) -> sqlite3.Connection:
@@ -55,26 +65,11 @@ def _sacct_states(env: Mapping[str, str], job_id: str) -> list[str]:
     return [line.split("|")[1].split()[0] for line in proc.stdout.splitlines() if "|" in line]
 
 
-def check_campaign(cli: Cli, result: CampaignResult, cfg: CampaignConfig) -> None:
-    """Assert what must hold after a chaos run (AssertionErrors carry the chaos log).
+Need = Callable[[object, str], None]
 
-    * every action type hit at least once per round, the hog preempted at least
-      one running trial, and the walltime signal came before the trial's end;
-    * the experiment and every trial are COMPLETED, with ``steps_completed`` ==
-      ``max_length`` and ``crashes == 0`` (chaos is never the trial's fault);
-    * each attempt an action hit ended with a cause in :data:`EXPECTED_CAUSES`
-      and a later attempt of that trial exists (restarts are recorded); the
-      walltime target's attempt exited on USR2 and sacct shows its task TIMEOUT
-      or REQUEUED;
-    * no two attempts of a trial ran at the same time (from the workers' start
-      and exit records, heartbeats and progress files);
-    * the final weights equal those of an uninterrupted plain-process run;
-    * metrics exactly once: ``trials x epochs x 3`` rows, steps 1..E per trial,
-      and any epoch an attempt reported twice has identical values;
-    * ``PRAGMA integrity_check`` is ok.
-    """
-    log = result.driver.format_log()
-    exp = result.exp
+
+def needer(log: str, exp: Mapping[str, Any]) -> Need:
+    """``need(ok, what)``: an AssertionError carrying the chaos log and the status."""
 
     def need(ok: object, what: str) -> None:
         if not ok:
@@ -82,64 +77,60 @@ def check_campaign(cli: Cli, result: CampaignResult, cfg: CampaignConfig) -> Non
                 f"{what}\n--- chaos log ---\n{log}\n--- status ---\n{json.dumps(exp, indent=1)}"
             )
 
-    records = result.driver.records
-    counts: dict[str, int] = defaultdict(int)
-    for r in records:
-        counts[r.kind] += 1
-    for kind in ACTIONS:
-        need(counts[kind] >= cfg.rounds, f"action {kind} hit {counts[kind]} time(s)")
-    need(counts["hog"] >= cfg.rounds, "no hog was submitted")
-    need(counts["walltime-fired"] >= cfg.rounds, "the walltime signal never hit")
-    need(exp["state"] == "COMPLETED", f"experiment {exp['state']}")
-    trials = {t["id"]: t for t in exp["trials"]}
-    need(len(trials) == cfg.trials, f"{len(trials)} trials, expected {cfg.trials}")
-    for t in trials.values():
-        need(t["state"] == "COMPLETED", f"trial {t['id']} {t['state']}")
-        need(t["steps_completed"] == cfg.epochs, f"trial {t['id']} steps {t['steps_completed']}")
-        need(t["crashes"] == 0, f"trial {t['id']} counted {t['crashes']} crash(es)")
-        need(t["restarts"] == len(t["attempts"]) - 1, f"trial {t['id']} restarts mismatch")
+    return need
 
-    # causes of the attempts the actions hit
+
+def check_outcome(
+    cli: Cli, exp: Mapping[str, Any], max_length: int, need: Need, *, early_stops: bool = False
+) -> dict[int, int]:
+    """What any campaign must leave; the steps each trial trained, by trial id.
+
+    * the experiment COMPLETED; every trial COMPLETED with ``max_length`` steps (with
+      ``early_stops``, a trial may also end STOPPED_EARLY with fewer), ``crashes == 0``
+      (chaos is never the trial's fault) and a restart counted for each attempt but
+      the last that did not pause (an ASHA rung's end is no restart);
+    * no two attempts of a trial ran at the same time (from the workers' start and
+      exit records, heartbeats and progress files), and any epoch an attempt
+      reported twice has identical values;
+    * metrics exactly once: ``3 x steps`` rows per trial, steps 1..steps, no gap;
+    * ``PRAGMA integrity_check`` is ok.
+    """
+    need(exp["state"] == "COMPLETED", f"experiment {exp['state']}")
+    trials = {int(t["id"]): t for t in exp["trials"]}
+    steps: dict[int, int] = {}
+    for t in trials.values():
+        done = t["steps_completed"]
+        full = t["state"] == "COMPLETED" and done == max_length
+        early = early_stops and t["state"] == "STOPPED_EARLY" and 0 < done < max_length
+        need(full or early, f"trial {t['id']} {t['state']} at step {done}")
+        need(t["crashes"] == 0, f"trial {t['id']} counted {t['crashes']} crash(es)")
+        restarts = sum(a["cause"] != "paused" for a in t["attempts"][:-1])
+        need(t["restarts"] == restarts, f"trial {t['id']} restarts {t['restarts']} != {restarts}")
+        steps[int(t["id"])] = done
+    _check_spans(Path(exp["run_dir"]), trials, need)
     con = read_only_db(cli.home / "dlhpc.db")
     try:
-        exit_reason = dict(
-            con.execute(
-                "SELECT trial_id || ':' || attempt_key, exit_reason FROM attempts"
-            ).fetchall()
-        )
         rows = con.execute(
             "SELECT m.trial_id, m.step, m.name FROM metrics m JOIN trials t ON m.trial_id = t.id"
             " WHERE t.experiment_id = ?",
-            (result.exp_id,),
+            (exp["id"],),
         ).fetchall()
         integrity = con.execute("PRAGMA integrity_check").fetchone()
     finally:
         con.close()
-    for r in records:
-        if r.kind not in EXPECTED_CAUSES or r.trial_id is None:
-            continue
-        t = trials[r.trial_id]
-        keys = [a["key"] for a in t["attempts"]]
-        need(r.attempt_key in keys, f"{r.kind}: attempt {r.attempt_key} unknown to dlhpc")
-        i = keys.index(r.attempt_key)
-        cause = t["attempts"][i]["cause"]
-        need(
-            cause in EXPECTED_CAUSES[r.kind],
-            f"{r.kind} of {r.attempt_key}: cause {cause!r}, expected {EXPECTED_CAUSES[r.kind]}",
-        )
-        need(i < len(keys) - 1, f"{r.kind} of {r.attempt_key}: no later attempt")
-        if r.kind == "walltime":
-            reason = exit_reason.get(f"{r.trial_id}:{r.attempt_key}") or ""
-            need("USR2" in reason, f"walltime of {r.attempt_key}: exit reason {reason!r}")
-            states = _sacct_states(cli.env, r.target)
-            need(
-                {"TIMEOUT", "REQUEUED"} & set(states),
-                f"walltime of {r.target}: sacct shows {states}",
-            )
-            result.notes.append(f"walltime {r.target}: sacct {states}, exit {reason}")
+    expected = 3 * sum(steps.values())
+    need(len(rows) == len(set(rows)) == expected, f"{len(rows)} metric rows, expected {expected}")
+    for trial_id, done in steps.items():
+        got = {s for tid, s, _n in rows if tid == trial_id}
+        names = {n for tid, _s, n in rows if tid == trial_id}
+        need(got == set(range(1, done + 1)), f"trial {trial_id}: metric steps {got}")
+        need(names == METRIC_NAMES, f"trial {trial_id}: metric names {names}")
+    need(integrity == ("ok",), f"integrity_check: {integrity}")
+    return steps
 
-    # one run of a trial at a time; re-reported epochs agree
-    run_dir = Path(exp["run_dir"])
+
+def _check_spans(run_dir: Path, trials: Mapping[int, Any], need: Need) -> None:
+    """One run of a trial at a time; re-reported epochs agree."""
     for trial_id in trials:
         spans = []
         values: dict[tuple[int, str], set[float | None]] = defaultdict(set)
@@ -161,29 +152,90 @@ def check_campaign(cli: Cli, result: CampaignResult, cfg: CampaignConfig) -> Non
         twice = {k: v for k, v in values.items() if len(v) > 1}
         need(not twice, f"trial {trial_id}: an epoch re-reported with other values: {twice}")
 
-    # exactly once, no gap
-    need(len(rows) == len(set(rows)) == cfg.trials * cfg.epochs * 3, f"{len(rows)} metric rows")
-    for trial_id in trials:
-        steps = {s for tid, s, _n in rows if tid == trial_id}
-        names = {n for tid, _s, n in rows if tid == trial_id}
-        need(steps == set(range(1, cfg.epochs + 1)), f"trial {trial_id}: metric steps {steps}")
-        need(names == METRIC_NAMES, f"trial {trial_id}: metric names {names}")
-    need(integrity == ("ok",), f"integrity_check: {integrity}")
 
-    _check_logs(cli, result, trials, need)
-
-    # bitwise equal to the uninterrupted runs
-    refs = result.references.wait()
-    for tid in trials:
-        got = final_sha(cli, result.exp_id, tid)
-        need(got == refs[tid], f"trial {tid}: final weights {got} != reference {refs[tid]}")
+def check_hit(
+    trials: Mapping[int, Mapping[str, Any]], r: Record, causes: set[str], need: Need
+) -> int:
+    """The attempt ``r`` hit is known to dlhpc, ended with one of ``causes`` and was
+    followed by another attempt of its trial; its index among the trial's attempts."""
+    assert r.trial_id is not None
+    keys = [a["key"] for a in trials[r.trial_id]["attempts"]]
+    need(r.attempt_key in keys, f"{r.kind}: attempt {r.attempt_key} unknown to dlhpc")
+    i = keys.index(r.attempt_key)
+    cause = trials[r.trial_id]["attempts"][i]["cause"]
+    need(cause in causes, f"{r.kind} of {r.attempt_key}: cause {cause!r}, expected {causes}")
+    need(i < len(keys) - 1, f"{r.kind} of {r.attempt_key}: no later attempt")
+    return i
 
 
-def _check_logs(
+def check_weights(cli: Cli, exp_id: int, refs: Mapping[int, str], need: Need) -> None:
+    """Each trial's final weights bitwise equal its uninterrupted reference's."""
+    for tid, ref in refs.items():
+        got = final_sha(cli, exp_id, tid)
+        need(got == ref, f"trial {tid}: final weights {got} != reference {ref}")
+
+
+def check_campaign(cli: Cli, result: CampaignResult, cfg: CampaignConfig) -> None:
+    """Assert what must hold after a chaos run (AssertionErrors carry the chaos log).
+
+    * every action type hit at least once per round, the hog preempted at least
+      one running trial, and the walltime signal came before the trial's end;
+    * :func:`check_outcome`, every trial trained to ``max_length``;
+    * each attempt an action hit ended with a cause in :data:`EXPECTED_CAUSES`
+      and a later attempt of that trial exists (restarts are recorded); the
+      walltime target's attempt exited on USR2 and sacct shows its task TIMEOUT
+      or REQUEUED;
+    * the logs (:func:`check_logs`);
+    * the final weights equal those of an uninterrupted plain-process run.
+    """
+    exp = result.exp
+    need = needer(result.driver.format_log(), exp)
+    records = result.driver.records
+    counts: dict[str, int] = defaultdict(int)
+    for r in records:
+        counts[r.kind] += 1
+    for kind in ACTIONS:
+        need(counts[kind] >= cfg.rounds, f"action {kind} hit {counts[kind]} time(s)")
+    need(counts["hog"] >= cfg.rounds, "no hog was submitted")
+    need(counts["walltime-fired"] >= cfg.rounds, "the walltime signal never hit")
+    trials = {t["id"]: t for t in exp["trials"]}
+    need(len(trials) == cfg.trials, f"{len(trials)} trials, expected {cfg.trials}")
+    check_outcome(cli, exp, cfg.epochs, need)
+
+    con = read_only_db(cli.home / "dlhpc.db")
+    try:
+        exit_reason = dict(
+            con.execute(
+                "SELECT trial_id || ':' || attempt_key, exit_reason FROM attempts"
+            ).fetchall()
+        )
+    finally:
+        con.close()
+    for r in records:
+        if r.kind not in EXPECTED_CAUSES or r.trial_id is None:
+            continue
+        check_hit(trials, r, EXPECTED_CAUSES[r.kind], need)
+        if r.kind == "walltime":
+            reason = exit_reason.get(f"{r.trial_id}:{r.attempt_key}") or ""
+            need("USR2" in reason, f"walltime of {r.attempt_key}: exit reason {reason!r}")
+            states = _sacct_states(cli.env, r.target)
+            need(
+                {"TIMEOUT", "REQUEUED"} & set(states),
+                f"walltime of {r.target}: sacct shows {states}",
+            )
+            result.notes.append(f"walltime {r.target}: sacct {states}, exit {reason}")
+
+    check_logs(cli, result.driver.records, trials, result.exp_id, need)
+    check_weights(cli, result.exp_id, result.references.wait(), need)
+
+
+def check_logs(
     cli: Cli,
-    result: CampaignResult,
-    trials: Mapping[int, dict[str, Any]],
-    need: Callable[[object, str], None],
+    records: Iterable[Record],
+    trials: Mapping[int, Mapping[str, Any]],
+    exp_id: int,
+    need: Need,
+    causes: Mapping[str, set[str]] = EXPECTED_CAUSES,
 ) -> None:
     """``dlhpc logs`` after each action: an attempt after the one it hit prints the
     script's resume (Slurm's requeue under the same id: the same log as the hit run; a
@@ -192,8 +244,8 @@ def _check_logs(
     itself at its time limit included); and each trial's latest log ends with its final
     weights. Every problem is listed, not just the first."""
     problems = []
-    for r in result.driver.records:
-        if r.kind not in EXPECTED_CAUSES or r.trial_id is None or r.attempt_key is None:
+    for r in records:
+        if r.kind not in causes or r.trial_id is None or r.attempt_key is None:
             continue
         attempts = trials[r.trial_id]["attempts"]
         i = [a["key"] for a in attempts].index(r.attempt_key)
@@ -210,7 +262,7 @@ def _check_logs(
                 problems.append(f"{r.kind}: the log of {r.attempt_key} shows {noise}:\n{err}")
     for tid in trials:
         out, _ = _logs_or_error(cli, tid)
-        sha = final_sha(cli, result.exp_id, tid)
+        sha = final_sha(cli, exp_id, tid)
         if f"weights_sha256={sha}" not in out:
             problems.append(f"trial {tid}: dlhpc logs lacks its final weights:\n{out}")
     need(not problems, "\n".join(problems))

@@ -350,8 +350,7 @@ class ChaosDriver:
             self.log(
                 "slurmd-restored",
                 node,
-                detail=f"dev-cluster up after {step.hold_s}s down, took "
-                f"{time.monotonic() - t0:.1f}s: {tail.splitlines()[-1] if tail else ''}",
+                detail=f"after {step.hold_s}s down, took {time.monotonic() - t0:.1f}s: {tail}",
             )
 
     def run(self) -> list[Record]:
