@@ -20,7 +20,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _command() -> str:
-    """The command line as it was run, the script's path relative to the repository."""
+    """The command line as it was run, the script's path relative to the repository
+    (``python -m NAME`` for a module run as one)."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    if spec is not None and spec.name != "__main__":
+        return shlex.join(["python", "-m", spec.name, *sys.argv[1:]])
     script = Path(sys.argv[0]).resolve()
     shown = script.relative_to(REPO) if script.is_relative_to(REPO) else script
     return shlex.join(["python", str(shown), *sys.argv[1:]])

@@ -2,13 +2,19 @@
 :class:`~tests.integration.chaos_driver.ChaosDriver` while ``dlhpc tick`` runs, then
 checked (:func:`check_campaign`). As a script, a longer one::
 
-    python -m tests.integration.chaos_campaign --long [--seed N] [--keep]
+    python -m tests.integration.chaos_campaign --long [--seed N] [--keep] [--json PATH]
+
+``--json PATH`` writes the figures of a passing run (:func:`campaign_figures`) in
+the envelope of ``scripts/bench/_result.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import importlib.util
+import os
 import subprocess
 import sys
 import tempfile
@@ -31,11 +37,12 @@ from tests.integration.chaos import (
 from tests.integration.chaos_checks import check_campaign, read_only_db
 from tests.integration.chaos_cluster import cluster_healthy, restore_cluster
 from tests.integration.chaos_driver import ChaosDriver
-from tests.integration.conftest import Cli
+from tests.integration.conftest import REPO, Cli
 
 __all__ = [
     "CampaignConfig",
     "CampaignResult",
+    "campaign_figures",
     "campaign_script",
     "live_job_ids",
     "run_campaign",
@@ -71,6 +78,7 @@ class CampaignResult:
     workdir: Path
     references: References
     notes: list[str] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)  # filled by the checks
 
 
 def experiment_yaml(workdir: Path, cfg: CampaignConfig) -> Path:
@@ -167,6 +175,51 @@ def temp_workdir(keep: bool) -> Iterator[Path]:
             remove_tree(path, ignore_errors=True)  # it holds read-only code snapshots
 
 
+def slurm_version(env: dict[str, str]) -> str:
+    """What ``scontrol --version`` says (``slurm 24.11.1``)."""
+    proc = subprocess.run(
+        ["scontrol", "--version"], env=env, capture_output=True, text=True, timeout=60, check=True
+    )
+    return proc.stdout.strip()
+
+
+def campaign_figures(
+    args: argparse.Namespace,
+    env: dict[str, str],
+    cfg: Any,
+    result: Any,
+    total_s: float,
+    load_at_start: list[float],
+) -> dict[str, Any]:
+    """A passing run's figures: how it was run (seed, ``--long``, the Slurm version, the
+    config), what its checks counted (``result.figures``: faults survived by kind,
+    trials, attempts, metric rows, rows lost, ...) and how long it took (the campaign,
+    and ``total_s`` with the checks and the references) and the load average at its
+    start (the envelope has it at the end)."""
+    return {
+        "seed": args.seed,
+        "long": args.long,
+        "slurm": slurm_version(env),
+        "config": dataclasses.asdict(cfg),
+        **result.figures,
+        "campaign_s": round(result.seconds, 1),
+        "total_s": round(total_s, 1),
+        "loadavg_1_5_15_min_at_start": load_at_start,
+    }
+
+
+def write_json(path: Path, figures: dict[str, Any]) -> None:
+    """``figures`` written by ``scripts/bench/_result.py``'s ``write_result``."""
+    spec = importlib.util.spec_from_file_location(
+        "_result", REPO / "scripts" / "bench" / "_result.py"
+    )
+    if spec is None or spec.loader is None:
+        raise ImportError("scripts/bench/_result.py not found")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.write_result(path, figures)
+
+
 def campaign_script(
     argv: list[str] | None,
     description: str,
@@ -174,9 +227,10 @@ def campaign_script(
     make_config: Callable[[int, bool], Any],
     run_and_check: Callable[[Cli, Path, Any], Any],
 ) -> int:
-    """A campaign as a script: ``[--long] [--seed N] [--keep]``. ``make_config(seed,
-    long)`` gives its config; ``run_and_check(cli, workdir, config)`` runs and checks
-    it and returns its result (``notes``, ``seconds``). 0 when it passed, 1 when a
+    """A campaign as a script: ``[--long] [--seed N] [--keep] [--json PATH]``.
+    ``make_config(seed, long)`` gives its config; ``run_and_check(cli, workdir,
+    config)`` runs and checks it and returns its result (``notes``, ``seconds``,
+    ``figures``). 0 when it passed (then the figures are written to PATH), 1 when a
     check failed, 2 without a dev cluster."""
     from tests.integration.conftest import _slurm_env
 
@@ -184,12 +238,15 @@ def campaign_script(
     ap.add_argument("--seed", type=int, default=DEFAULT_SEED)
     ap.add_argument("--long", action="store_true", help=long_help)
     ap.add_argument("--keep", action="store_true", help="keep the temp folder (DLHPC_HOME)")
+    ap.add_argument("--json", type=Path, metavar="PATH", help="write a passing run's figures there")
     args = ap.parse_args(argv)
+    load_at_start = [round(x, 2) for x in os.getloadavg()]
     env = _slurm_env()
     if env is None:
         print("dev cluster not running (scripts/dev-cluster up)", file=sys.stderr)
         return 2
     cfg = make_config(args.seed, args.long)
+    t0 = time.monotonic()
     with temp_workdir(args.keep) as workdir:
         cli = Cli(env, workdir / "home")
         print(f"{cfg} in {workdir}", flush=True)
@@ -200,11 +257,16 @@ def campaign_script(
             return 1
         print("\n".join(result.notes))
         print(f"PASSED in {result.seconds:.0f}s (seed {cfg.seed})")
+    if args.json is not None:
+        total_s = time.monotonic() - t0
+        write_json(args.json, campaign_figures(args, env, cfg, result, total_s, load_at_start))
+        print(f"figures written to {args.json}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tests.integration.chaos_campaign [--long] [--seed N] [--keep]``."""
+    """``python -m tests.integration.chaos_campaign [--long] [--seed N] [--keep]
+    [--json PATH]``."""
 
     def config(seed: int, long: bool) -> CampaignConfig:
         if long:

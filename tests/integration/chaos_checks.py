@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Need",
+    "Outcome",
     "check_campaign",
     "check_hit",
     "check_logs",
@@ -68,6 +70,28 @@ def _sacct_states(env: Mapping[str, str], job_id: str) -> list[str]:
 Need = Callable[[object, str], None]
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What :func:`check_outcome` counted: the steps each trial trained (by trial id),
+    the experiment's attempts, and its metric rows expected and found."""
+
+    steps: dict[int, int]
+    attempts: int
+    rows_expected: int
+    rows_found: int
+
+    def figures(self, faults: Mapping[str, int]) -> dict[str, Any]:
+        """The campaign's figures, ``faults`` the times each kind of fault hit."""
+        return {
+            "faults_survived": dict(faults),
+            "trials": len(self.steps),
+            "attempts": self.attempts,
+            "metric_rows": self.rows_found,
+            "metric_rows_expected": self.rows_expected,
+            "rows_lost": self.rows_expected - self.rows_found,
+        }
+
+
 def needer(log: str, exp: Mapping[str, Any]) -> Need:
     """``need(ok, what)``: an AssertionError carrying the chaos log and the status."""
 
@@ -82,8 +106,8 @@ def needer(log: str, exp: Mapping[str, Any]) -> Need:
 
 def check_outcome(
     cli: Cli, exp: Mapping[str, Any], max_length: int, need: Need, *, early_stops: bool = False
-) -> dict[int, int]:
-    """What any campaign must leave; the steps each trial trained, by trial id.
+) -> Outcome:
+    """What any campaign must leave; what it counted (:class:`Outcome`).
 
     * the experiment COMPLETED; every trial COMPLETED with ``max_length`` steps (with
       ``early_stops``, a trial may also end STOPPED_EARLY with fewer), ``crashes == 0``
@@ -126,7 +150,8 @@ def check_outcome(
         need(got == set(range(1, done + 1)), f"trial {trial_id}: metric steps {got}")
         need(names == METRIC_NAMES, f"trial {trial_id}: metric names {names}")
     need(integrity == ("ok",), f"integrity_check: {integrity}")
-    return steps
+    attempts = sum(len(t["attempts"]) for t in trials.values())
+    return Outcome(steps, attempts, expected, len(rows))
 
 
 def _check_spans(run_dir: Path, trials: Mapping[int, Any], need: Need) -> None:
@@ -200,7 +225,8 @@ def check_campaign(cli: Cli, result: CampaignResult, cfg: CampaignConfig) -> Non
     need(counts["walltime-fired"] >= cfg.rounds, "the walltime signal never hit")
     trials = {t["id"]: t for t in exp["trials"]}
     need(len(trials) == cfg.trials, f"{len(trials)} trials, expected {cfg.trials}")
-    check_outcome(cli, exp, cfg.epochs, need)
+    outcome = check_outcome(cli, exp, cfg.epochs, need)
+    result.figures.update(outcome.figures({kind: counts[kind] for kind in ACTIONS}))
 
     con = read_only_db(cli.home / "dlhpc.db")
     try:

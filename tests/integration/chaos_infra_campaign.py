@@ -7,7 +7,7 @@ controller, the accounting daemon and a node; then
 :func:`~tests.integration.chaos_infra_checks.check_infra_campaign`. As a script, a
 longer one::
 
-    python -m tests.integration.chaos_infra_campaign --long [--seed N] [--keep]
+    python -m tests.integration.chaos_infra_campaign --long [--seed N] [--keep] [--json PATH]
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ class InfraResult:
     seconds: float
     workdir: Path
     notes: list[str] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)  # filled by the checks
 
 
 def experiment_yaml(workdir: Path, cfg: InfraConfig) -> Path:
@@ -157,7 +158,8 @@ def run_infra_campaign(cli: Cli, workdir: Path, cfg: InfraConfig) -> InfraResult
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tests.integration.chaos_infra_campaign [--long] [--seed N] [--keep]``."""
+    """``python -m tests.integration.chaos_infra_campaign [--long] [--seed N] [--keep]
+    [--json PATH]``."""
     from tests.integration.chaos_infra_checks import check_infra_campaign
     from tests.integration.conftest import current_cluster
 

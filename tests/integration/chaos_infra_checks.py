@@ -70,9 +70,11 @@ def check_infra_campaign(cli: Cli, result: InfraResult, cfg: InfraConfig) -> Non
     kinds += ["node-down", "dbd-ended"] if cfg.accounting else ["node-down"]
     for kind in kinds:
         need(counts[kind] >= cfg.rounds, f"{kind} logged {counts[kind]} time(s)")
-    check_outcome(cli, exp, cfg.max_length, need, early_stops=True)
+    outcome = check_outcome(cli, exp, cfg.max_length, need, early_stops=True)
     promoted = [t["id"] for t in trials.values() if any_promotion(t["attempts"])]
     need(promoted, "no trial was promoted")
+    faults = {k: counts[k] for k in FAULTS if cfg.accounting or k != "dbd_outage"}
+    result.figures.update(outcome.figures(faults), promoted=len(promoted))
 
     hit = set()
     causes = FAULT_CAUSES if cfg.accounting else FAULT_CAUSES_NOACCT
@@ -96,11 +98,10 @@ def check_infra_campaign(cli: Cli, result: InfraResult, cfg: InfraConfig) -> Non
     cli("report", str(result.exp_id), "-o", str(report))
     need(report.stat().st_size > 0, "the report is empty")
     check_weights(cli, result.exp_id, {k: v for r in refs for k, v in r.wait().items()}, need)
+    fig = result.figures
     result.notes.append(
-        f"{len(trials)} trials ({len(promoted)} promoted), "
-        f"{sum(len(t['attempts']) for t in trials.values())} attempts, "
-        f"{sum(3 * t['steps_completed'] for t in trials.values())} metric rows, "
-        f"{len(result.passes)} passes"
+        f"{fig['trials']} trials ({fig['promoted']} promoted), {fig['attempts']} attempts, "
+        f"{fig['metric_rows']} metric rows ({fig['rows_lost']} lost), {len(result.passes)} passes"
     )
 
 
@@ -128,10 +129,18 @@ def _check_passes(result: InfraResult, cfg: InfraConfig, need: Need) -> None:
         if kind == "ctld_outage":
             warned = [p for p in passes if start <= p.start <= end and p.errors]
             need(len(warned) >= 2, f"{len(warned)} pass(es) warned while slurmctld was out")
+    counted = {
+        "total": len(passes),
+        "login1": sum(p.login == "login1" for p in passes),
+        "login2": sum(p.login == "login2" for p in passes),
+        "lease_held": sum(p.lease_held_elsewhere for p in passes),
+        "warned": sum(bool(p.errors) for p in passes),
+        "login1_clock_off_s": cfg.signed_skew_s,
+        "login2_delay_per_file_op_s": cfg.io_delay_s,
+    }
+    result.figures["passes"] = counted
     result.notes.append(
-        f"passes: {sum(p.login == 'login1' for p in passes)} on login1 "
-        f"(clock {cfg.signed_skew_s:+.0f}s), {sum(p.login == 'login2' for p in passes)} on "
-        f"login2 ({cfg.io_delay_s}s per file operation), "
-        f"{sum(p.lease_held_elsewhere for p in passes)} found the lease held, "
-        f"{sum(bool(p.errors) for p in passes)} warned"
+        f"passes: {counted['login1']} on login1 (clock {cfg.signed_skew_s:+.0f}s), "
+        f"{counted['login2']} on login2 ({cfg.io_delay_s}s per file operation), "
+        f"{counted['lease_held']} found the lease held, {counted['warned']} warned"
     )
