@@ -22,8 +22,9 @@ REPO = Path(__file__).resolve().parents[2]
 def _command() -> str:
     """The command line as it was run, the script's path relative to the repository
     (``python -m NAME`` for a module run as one)."""
-    spec = getattr(sys.modules["__main__"], "__spec__", None)
-    if spec is not None and spec.name != "__main__":
+    main = sys.modules["__main__"]
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and getattr(main, "__file__", None) == sys.argv[0]:
         return shlex.join(["python", "-m", spec.name, *sys.argv[1:]])
     script = Path(sys.argv[0]).resolve()
     shown = script.relative_to(REPO) if script.is_relative_to(REPO) else script
