@@ -158,8 +158,15 @@ def test_quick_runs_the_unit_tests_and_the_smoke_set_on_the_22_05_cluster_only()
     assert unit[:2] == ["-m", "not cluster"], unit
     # what --quick leaves out is named, and the whole suite (no --ignore) runs it
     assert smoke[2:-2] == ["--ignore=tests/integration/test_deepspeed_cluster.py"], smoke
-    left = [a.removeprefix("--ignore=") for a in unit[2:-1]]
-    assert left and all((REPO / path).exists() for path in left), unit
+    # each names a file or folder that exists, or a test that exists by its node id (a
+    # --deselect of a renamed test would leave nothing, silently)
+    assert unit[2:-1], unit
+    for arg in unit[2:-1]:
+        flag, left = arg.split("=", 1)
+        path, _, name = left.partition("::")
+        assert flag == ("--deselect" if name else "--ignore"), arg
+        assert (REPO / path).exists(), arg
+        assert not name or f"def {name}(" in (REPO / path).read_text(), arg
     parts = [ln.split(": ")[0:2] for ln in lines if ln.startswith("== part ")]
     assert parts == [["== part quick-smoke", "ok"], ["== part quick-unit", "ok"]], lines
     assert "+ scripts/dev-cluster up" in lines and not any("down" in ln for ln in lines)
@@ -175,6 +182,7 @@ def test_quick_adds_up_its_two_parts_and_a_failing_smoke_part_fails_the_run(
     lines = proc.stdout.splitlines()
     assert SUMMARY.match(lines[-1]) and lines[-1].startswith("10 passed, 2 failed, 1 skipped")
     assert "failed parts: quick-smoke" in lines
+    assert sum(ln.startswith("== part quick-smoke: ") for ln in lines) == 1, lines
     assert any(ln.startswith("quick-unit     ok: 6 passed, 0 failed, 1 skipped") for ln in lines)
     assert any(ln.startswith("quick-smoke    FAILED (exit 1): 4 passed, 2 failed") for ln in lines)
     calls = (root / "calls").read_text().splitlines()
@@ -241,6 +249,7 @@ def test_the_whole_suite_runs_its_two_parts_side_by_side_and_a_failing_linter_fa
     assert any(ln.startswith("22.05-default  ok: 6 passed, 0 failed, 1 skipped") for ln in lines)
     assert lines[-1].startswith("18 passed, 1 failed, 3 skipped in "), lines
     assert "failed parts: 22.05-unit" in lines
+    assert sum(ln.startswith("== part 22.05-default: ") for ln in lines) == 1, lines
     calls = (root / "calls").read_text().splitlines()
     lints = ["lint ruff", "lint mypy", "lint lint-imports"]
     assert [c for c in calls if c.startswith("lint ")] == lints
