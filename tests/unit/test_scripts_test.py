@@ -44,10 +44,19 @@ exec)
 esac
 """
 
+# The whole suite's cluster part waits (up to 10 s) for its unit part to start, and says so:
+# the two run side by side.
 PYTHON = """\
 #!/bin/sh
 case "$*" in *"import dlhpc"*) exit 0 ;; esac
 echo "python $DLHPC_DEV_SLURM-$DLHPC_DEV_PROFILE $DLHPC_REQUIRE_CLUSTER $*" >> "$CALLS"
+case "$*" in
+*"-m not cluster"*) touch "$CALLS.unit" ;;
+*"-m cluster"*)
+    i=0
+    while [ ! -e "$CALLS.unit" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+    [ -e "$CALLS.unit" ] && echo "beside the unit part" >> "$CALLS" ;;
+esac
 fail=0
 [ "$DLHPC_DEV_SLURM-$DLHPC_DEV_PROFILE" = "$FAIL_PYTEST" ] && fail=1
 if [ -n "$FAIL_MARK" ]; then case "$*" in *"-m $FAIL_MARK "*) fail=1 ;; esac; fi
@@ -56,6 +65,12 @@ if [ $fail = 1 ]; then
     exit 1
 fi
 echo "6 passed, 1 skipped, 30 deselected in 83.10s (0:01:23)"
+"""
+
+LINTER = """\
+#!/bin/sh
+echo "lint ${0##*/}" >> "$CALLS"
+[ "${0##*/}" != "$FAIL_LINT" ]
 """
 
 
@@ -84,10 +99,13 @@ def test_dry_run_of_the_whole_matrix_lists_every_part_in_order() -> None:
     assert lines[0] == "+ scripts/setup-venv"
     assert lines[1] == "+ .venv/bin/python -m pip install -q --upgrade submitit"  # the newest
     assert lines.index("+ scripts/setup-browser") < lines.index("+ scripts/dev-cluster up")
-    whole = "+ python -m pytest -q -p no:cacheprovider --durations=25 -x"
-    assert whole in lines  # the whole suite, listing its slowest tests
+    # the whole suite in two parts, which select complementary sets and list their slowest
+    whole = "+ python -m pytest -q -p no:cacheprovider --durations=25"
+    clustered, unit = f"{whole} -m cluster -x", f"{whole} -m not\\ cluster -x"
+    assert lines.index("+ scripts/dev-cluster up") < lines.index(clustered), lines
+    assert lines.index("+ mypy") < lines.index(unit), lines
     # dry: the whole suite's cluster goes down before the matrix's first part comes up
-    suite = lines.index(whole)
+    suite = max(lines.index(clustered), lines.index(unit))
     down = lines.index("+ scripts/dev-cluster down")
     assert suite < down < min(i for i, ln in enumerate(lines) if "dev-cluster up --slurm" in ln)
     ups = [ln for ln in lines if " scripts/dev-cluster up --slurm" in ln]
@@ -109,8 +127,13 @@ def test_dry_run_of_the_whole_matrix_lists_every_part_in_order() -> None:
 
 
 def test_one_part_runs_only_that_part() -> None:
-    proc = _dry("22.05-default")
-    assert proc.returncode == 0 and "--slurm" not in proc.stdout and "+ mypy" in proc.stdout
+    proc = _dry("22.05-default")  # the cluster tests, without linters or browser
+    assert proc.returncode == 0 and "--slurm" not in proc.stdout and "+ mypy" not in proc.stdout
+    assert "+ scripts/dev-cluster up" in proc.stdout and "setup-browser" not in proc.stdout
+    assert [ln for ln in proc.stdout.splitlines() if "-m pytest" in ln][0].endswith(" -m cluster")
+    proc = _dry("22.05-unit")  # the linters and the other tests, with no cluster
+    assert proc.returncode == 0 and "dev-cluster" not in proc.stdout and "+ mypy" in proc.stdout
+    assert "+ scripts/setup-browser" in proc.stdout and "-m not\\ cluster" in proc.stdout
     proc = _dry("22.05-noacct")
     assert proc.returncode == 0 and "setup-browser" not in proc.stdout
     assert "+ mypy" not in proc.stdout and proc.stdout.count("--profile noacct") == 4
@@ -135,8 +158,15 @@ def test_quick_runs_the_unit_tests_and_the_smoke_set_on_the_22_05_cluster_only()
     assert unit[:2] == ["-m", "not cluster"], unit
     # what --quick leaves out is named, and the whole suite (no --ignore) runs it
     assert smoke[2:-2] == ["--ignore=tests/integration/test_deepspeed_cluster.py"], smoke
-    left = [a.removeprefix("--ignore=") for a in unit[2:-1]]
-    assert left and all((REPO / path).exists() for path in left), unit
+    # each names a file or folder that exists, or a test that exists by its node id (a
+    # --deselect of a renamed test would leave nothing, silently)
+    assert unit[2:-1], unit
+    for arg in unit[2:-1]:
+        flag, left = arg.split("=", 1)
+        path, _, name = left.partition("::")
+        assert flag == ("--deselect" if name else "--ignore"), arg
+        assert (REPO / path).exists(), arg
+        assert not name or f"def {name}(" in (REPO / path).read_text(), arg
     parts = [ln.split(": ")[0:2] for ln in lines if ln.startswith("== part ")]
     assert parts == [["== part quick-smoke", "ok"], ["== part quick-unit", "ok"]], lines
     assert "+ scripts/dev-cluster up" in lines and not any("down" in ln for ln in lines)
@@ -152,6 +182,7 @@ def test_quick_adds_up_its_two_parts_and_a_failing_smoke_part_fails_the_run(
     lines = proc.stdout.splitlines()
     assert SUMMARY.match(lines[-1]) and lines[-1].startswith("10 passed, 2 failed, 1 skipped")
     assert "failed parts: quick-smoke" in lines
+    assert sum(ln.startswith("== part quick-smoke: ") for ln in lines) == 1, lines
     assert any(ln.startswith("quick-unit     ok: 6 passed, 0 failed, 1 skipped") for ln in lines)
     assert any(ln.startswith("quick-smoke    FAILED (exit 1): 4 passed, 2 failed") for ln in lines)
     calls = (root / "calls").read_text().splitlines()
@@ -173,10 +204,15 @@ def stand_in(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     (tmp_path / "scripts").mkdir()
     (tmp_path / ".venv" / "bin").mkdir(parents=True)
     shutil.copy(SCRIPT, tmp_path / "scripts" / "test")
+    (tmp_path / ".venv" / "bin" / "activate").write_text('PATH="$PWD/.venv/bin:$PATH"\n')
     for path, text in (
         ("scripts/dev-cluster", DEV_CLUSTER),
         ("scripts/setup-venv", "#!/bin/sh\n"),
+        ("scripts/setup-browser", "#!/bin/sh\n"),
         (".venv/bin/python", PYTHON),
+        (".venv/bin/ruff", LINTER),
+        (".venv/bin/mypy", LINTER),
+        (".venv/bin/lint-imports", LINTER),
     ):
         (tmp_path / path).write_text(text)
         (tmp_path / path).chmod(0o755)
@@ -198,6 +234,31 @@ def test_counts_add_up_and_a_failing_part_fails_the_run(
     calls = (root / "calls").read_text().splitlines()
     assert "dev-cluster down --slurm 22.05 --profile strict" in calls  # down after a failure
     assert any(c.startswith("python 22.05-noacct 1 -m pytest") for c in calls)
+
+
+def test_the_whole_suite_runs_its_two_parts_side_by_side_and_a_failing_linter_fails_one(
+    stand_in: tuple[Path, dict[str, str]],
+) -> None:
+    root, env = stand_in
+    matrix = "22.05-unit,22.05-default,22.05-noacct"
+    proc = _script({**env, "DLHPC_TEST_MATRIX": matrix, "FAIL_LINT": "mypy"}, root, "-x")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    # the unit part's tests ran after the failing linter; the part counts one failure
+    assert any(ln.startswith("22.05-unit     FAILED (exit 1): 6 passed, 1 failed") for ln in lines)
+    assert any(ln.startswith("22.05-default  ok: 6 passed, 0 failed, 1 skipped") for ln in lines)
+    assert lines[-1].startswith("18 passed, 1 failed, 3 skipped in "), lines
+    assert "failed parts: 22.05-unit" in lines
+    assert sum(ln.startswith("== part 22.05-default: ") for ln in lines) == 1, lines
+    calls = (root / "calls").read_text().splitlines()
+    lints = ["lint ruff", "lint mypy", "lint lint-imports"]
+    assert [c for c in calls if c.startswith("lint ")] == lints
+    pytests = [c for c in calls if c.startswith("python - 1 -m pytest")]
+    assert sorted(c.split(" -m ")[2] for c in pytests) == ["cluster -x", "not cluster -x"], calls
+    assert "beside the unit part" in calls
+    up, down = calls.index("dev-cluster up"), calls.index("dev-cluster down")
+    assert up < min(calls.index(c) for c in pytests) and down > max(calls.index(c) for c in pytests)
+    assert up < calls.index("dev-cluster up --slurm 22.05 --profile noacct")  # the lane, beside
 
 
 def test_a_cluster_that_does_not_come_up_is_a_failed_part(

@@ -102,6 +102,7 @@ def test_doctor_cli_shows_version_and_features(
         "sacct": "exit 0",
         "scontrol": f"cat {tmp_path}/config.txt",
         "sbatch": "exit 1",
+        "sacctmgr": "exit 0",  # the limits: a real one would ask a running cluster's slurmdbd
     }
     for name, body in fakes.items():
         (bindir / name).write_text(f"#!/bin/sh\n{body}\n", encoding="utf-8")
