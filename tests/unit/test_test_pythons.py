@@ -3,30 +3,14 @@ test failing the run (the venvs and the pytest runs themselves are what CI runs)
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "test-pythons"
-
-
-def _script() -> ModuleType:
-    """The script as a module (its name has no ``.py``)."""
-    loader = importlib.machinery.SourceFileLoader("_test_pythons", str(SCRIPT))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[loader.name] = module  # dataclasses look their module up there
-    loader.exec_module(module)
-    return module
-
-
-tp = _script()
+from tests._test_pythons import SCRIPT
+from tests._test_pythons import test_pythons as tp
 
 
 @pytest.mark.parametrize(
@@ -94,3 +78,15 @@ def test_a_version_that_is_not_one_is_a_usage_error(tmp_path: Path) -> None:
     proc = _run(tmp_path, "3")
     assert proc.returncode == 2
     assert "usage: scripts/test-pythons" in proc.stdout
+
+
+def test_the_versions_are_pyprojects_classifiers() -> None:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pytest needs tomli on 3.10
+        import tomli as tomllib
+    project = tomllib.loads((SCRIPT.parents[1] / "pyproject.toml").read_text())["project"]
+    prefix = "Programming Language :: Python :: "
+    names = [c.removeprefix(prefix) for c in project["classifiers"] if c.startswith(prefix)]
+    want = [name for name in names if name[:1].isdigit() and "." in name]  # not "3 :: Only"
+    assert want and tp.supported() == want
