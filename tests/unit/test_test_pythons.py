@@ -90,3 +90,12 @@ def test_the_versions_are_pyprojects_classifiers() -> None:
     names = [c.removeprefix(prefix) for c in project["classifiers"] if c.startswith(prefix)]
     want = [name for name in names if name[:1].isdigit() and "." in name]  # not "3 :: Only"
     assert want and tp.supported() == want
+
+
+def test_what_it_leaves_to_the_whole_suite_exists() -> None:
+    repo = SCRIPT.parents[1]
+    for path in tp.LEAVES:
+        assert (repo / path).is_file(), path
+    for test in tp.DESELECTED:
+        path, name = test.split("::")
+        assert f"\ndef {name}(" in (repo / path).read_text(), test
