@@ -85,6 +85,14 @@ def _run(
     return proc
 
 
+def _pip_install(python: Path, *args: str | Path) -> None:
+    """This interpreter's pip installs into ``python``'s environment. Without $PYTHONPATH:
+    a checkout named there would count as dlhpc already installed."""
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check", "--python", python]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    _run([*pip, "install", *args], env=env)
+
+
 def _build_wheel(work: Path) -> Path:
     """The sdist from a copy of the checkout's sources, then the wheel from that sdist."""
     src = work / "src"
@@ -125,9 +133,7 @@ def _venv(work: Path, wheel: Path) -> Path:
     for dep in (*deps, sys.base_prefix):  # the unprivileged user reads them
         let_others_pass(Path(dep) / "x")
     Path(site.stdout.strip(), "dev-deps.pth").write_text("".join(f"{d}\n" for d in deps))
-    pip: list[str | Path] = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
-    pip += ["--python", python]
-    _run([*pip, "install", "--no-deps", "--no-index", wheel])
+    _pip_install(python, "--no-deps", "--no-index", wheel)
     return venv / "bin"
 
 
@@ -203,8 +209,7 @@ def test_the_wheel_on_each_supported_python(version: str, wheel: Path, tmp_path:
         pytest.skip(why)
     venv = tmp_path / "venv"
     _run([python, "-m", "venv", "--without-pip", venv])  # this pip installs into it
-    pip: list[str | Path] = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
-    _run([*pip, "--python", venv / "bin" / "python", "install", wheel])
+    _pip_install(venv / "bin" / "python", wheel)
     keep = ("PATH", "LANG", "LC_ALL", "TMPDIR")
     env = {k: v for k, v in os.environ.items() if k in keep}
     env.update(
