@@ -7,7 +7,8 @@ sdist, installed into a fresh venv outside the checkout, and used with no checko
   cluster. The venv reuses the test interpreter's installed dependencies (a ``.pth`` line
   naming its site-packages, whose own ``.pth`` files, such as an editable dlhpc's, are not
   read), so torch is not downloaded; dlhpc itself comes from the wheel alone.
-- On each other supported Python (:data:`PYTHONS`, from pyenv or ``$PATH``): the wheel
+- On each other supported Python (pyproject.toml's classifiers, found as
+  ``scripts/test-pythons`` finds them: pyenv, else ``$PATH``): the wheel
   installed with its dependencies from the package index (no extras), ``dlhpc doctor`` and
   a local experiment of a script without torch.
 """
@@ -28,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from dlhpc._version import __version__
+from tests._test_pythons import test_pythons as pythons
 from tests.conftest import cluster_required
 from tests.integration.conftest import REPO, let_others_pass
 
@@ -41,8 +43,6 @@ resources: {cpus_per_task: 1, mem: 1G, time: "00:10:00"}
 hyperparameters: {lr: 0.1, hidden: 32, dropout: 0.1, batch_size: 64}
 searcher: {name: single, metric: val_accuracy, smaller_is_better: false, max_length: 2}
 """
-# Supported Pythons other than the one the suite runs on (which the first test covers).
-PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 TINY_SCRIPT = """\
 import dlhpc
 
@@ -85,6 +85,14 @@ def _run(
     return proc
 
 
+def _pip_install(python: Path, *args: str | Path) -> None:
+    """This interpreter's pip installs into ``python``'s environment. Without $PYTHONPATH:
+    a checkout named there would count as dlhpc already installed."""
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check", "--python", python]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    _run([*pip, "install", *args], env=env)
+
+
 def _build_wheel(work: Path) -> Path:
     """The sdist from a copy of the checkout's sources, then the wheel from that sdist."""
     src = work / "src"
@@ -125,9 +133,7 @@ def _venv(work: Path, wheel: Path) -> Path:
     for dep in (*deps, sys.base_prefix):  # the unprivileged user reads them
         let_others_pass(Path(dep) / "x")
     Path(site.stdout.strip(), "dev-deps.pth").write_text("".join(f"{d}\n" for d in deps))
-    pip: list[str | Path] = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
-    pip += ["--python", python]
-    _run([*pip, "install", "--no-deps", "--no-index", wheel])
+    _pip_install(python, "--no-deps", "--no-index", wheel)
     return venv / "bin"
 
 
@@ -190,19 +196,12 @@ def test_the_wheel_works_outside_the_checkout_as_an_unprivileged_user(
     assert "val_accuracy" in (home / "digits.html").read_text()
 
 
-def _interpreter(version: str) -> Path | None:
-    """Python ``version`` from pyenv (``$PYENV_ROOT``, else ``~/.pyenv``), else on $PATH."""
-    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
-    found = sorted(root.glob(f"{version}.*/bin/python{version}"))
-    on_path = shutil.which(f"python{version}")
-    return found[-1] if found else Path(on_path) if on_path else None
-
-
+# each supported Python (pyproject.toml's classifiers) but this one, which the first test covers
 @pytest.mark.parametrize(
-    "version", [v for v in PYTHONS if v != "{}.{}".format(*sys.version_info[:2])]
+    "version", [v for v in pythons.supported() if v != "{}.{}".format(*sys.version_info[:2])]
 )
 def test_the_wheel_on_each_supported_python(version: str, wheel: Path, tmp_path: Path) -> None:
-    python = _interpreter(version)
+    python = pythons.interpreter(version)
     if python is None:
         why = f"no Python {version} (pyenv or python{version} on $PATH)"
         if cluster_required():
@@ -210,8 +209,7 @@ def test_the_wheel_on_each_supported_python(version: str, wheel: Path, tmp_path:
         pytest.skip(why)
     venv = tmp_path / "venv"
     _run([python, "-m", "venv", "--without-pip", venv])  # this pip installs into it
-    pip: list[str | Path] = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
-    _run([*pip, "--python", venv / "bin" / "python", "install", wheel])
+    _pip_install(venv / "bin" / "python", wheel)
     keep = ("PATH", "LANG", "LC_ALL", "TMPDIR")
     env = {k: v for k, v in os.environ.items() if k in keep}
     env.update(

@@ -14,13 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from sqlalchemy import select
-from tensorboard.backend.event_processing import event_accumulator as ea
-from tensorboard.util import tensor_util
 
 from dlhpc._perms import current_user
 from dlhpc.store import Attempt, Metric, Store, utcnow
 from tests.unit._db import add_experiment, add_trial
+
+# the test modules that import this skip without the tensorboard extra
+ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+tensor_util = pytest.importorskip("tensorboard.util.tensor_util")
 
 Point = tuple[int, float | None, float]  # step, value (None: NaN), wall time
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from dlhpc._extras import ADAPTERS, adapter_imports
 from dlhpc._version import __version__
 from dlhpc.cli._example import EXPERIMENT_FILES, example_root, examples
 from dlhpc.cli.main import cli
@@ -63,6 +64,10 @@ def test_each_example_is_written_with_an_experiment_file_that_loads(
         assert (dest / file).read_bytes() == (template / file).read_bytes()
     experiment = EXPERIMENT_FILES.get(name, "asha.yaml")
     assert f"dlhpc launch {name}/{experiment} --follow" in out
+    for script in dest.glob("*.py"):  # the loader refuses an adapter whose extra is missing
+        for _, adapter in adapter_imports(script.read_text()):
+            for module in ADAPTERS[adapter].modules:
+                pytest.importorskip(module)
     cfg = load_experiment(dest / experiment, site="local", environ=ENV)
     assert cfg.workdir == dest
 

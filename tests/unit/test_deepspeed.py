@@ -17,18 +17,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
-from dlhpc.errors import DlhpcError
-from dlhpc.harness import deepspeed as dsh
-from dlhpc.harness.context import TrialContext
-from dlhpc.protocol import REQUEUE_EXIT_CODE
-from dlhpc.protocol.checkpoint import MANIFEST_NAME, latest_verified, publish_checkpoint
-from tests.unit._ds_rank import spawn
-from tests.unit._spec import make_spec
+torch = pytest.importorskip("torch")
+pytest.importorskip("deepspeed")
+
+from dlhpc.errors import DlhpcError  # noqa: E402
+from dlhpc.harness import deepspeed as dsh  # noqa: E402
+from dlhpc.harness.context import TrialContext  # noqa: E402
+from dlhpc.protocol import REQUEUE_EXIT_CODE  # noqa: E402
+from dlhpc.protocol.checkpoint import MANIFEST_NAME, latest_verified, publish_checkpoint  # noqa: E402
+from tests.unit._ds_rank import spawn  # noqa: E402
+from tests.unit._spec import make_spec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-pytest.importorskip("deepspeed")
 
 
 class _Config:

@@ -8,6 +8,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+pytest.importorskip("torch")
+
 SCRIPT = textwrap.dedent(
     """
     import atexit, sys

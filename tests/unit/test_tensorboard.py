@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tensorboard.plugins.hparams import api_pb2, metadata
 
 from dlhpc.errors import DlhpcError, NotFoundError, UnsafePathError, UsageError
 from dlhpc.report import tensorboard as tb
@@ -30,6 +29,9 @@ from tests.unit._tb import (
     read_points,
     trial_folder,
 )
+
+api_pb2 = pytest.importorskip("tensorboard.plugins.hparams.api_pb2")
+metadata = pytest.importorskip("tensorboard.plugins.hparams.metadata")
 
 
 @pytest.fixture
