@@ -73,6 +73,13 @@ echo "lint ${0##*/}" >> "$CALLS"
 [ "${0##*/}" != "$FAIL_LINT" ]
 """
 
+# scripts/test-pythons: its last line in pytest's summary format
+PYTHONS = """\
+#!/bin/sh
+echo "test-pythons $*" >> "$CALLS"
+echo "12 passed, 0 failed, 2 skipped in 1.00s"
+"""
+
 
 def _script(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     keep = {k: v for k, v in os.environ.items() if not k.startswith("DLHPC_")}
@@ -209,6 +216,7 @@ def stand_in(tmp_path: Path) -> tuple[Path, dict[str, str]]:
         ("scripts/dev-cluster", DEV_CLUSTER),
         ("scripts/setup-venv", "#!/bin/sh\n"),
         ("scripts/setup-browser", "#!/bin/sh\n"),
+        ("scripts/test-pythons", PYTHONS),
         (".venv/bin/python", PYTHON),
         (".venv/bin/ruff", LINTER),
         (".venv/bin/mypy", LINTER),
@@ -247,7 +255,9 @@ def test_the_whole_suite_runs_its_two_parts_side_by_side_and_a_failing_linter_fa
     # the unit part's tests ran after the failing linter; the part counts one failure
     assert any(ln.startswith("22.05-unit     FAILED (exit 1): 6 passed, 1 failed") for ln in lines)
     assert any(ln.startswith("22.05-default  ok: 6 passed, 0 failed, 1 skipped") for ln in lines)
-    assert lines[-1].startswith("18 passed, 1 failed, 3 skipped in "), lines
+    # then, after the unit part, the unit tests on the other Pythons
+    assert any(ln.startswith("py-versions    ok: 12 passed, 0 failed, 2 skipped") for ln in lines)
+    assert lines[-1].startswith("30 passed, 1 failed, 5 skipped in "), lines
     assert "failed parts: 22.05-unit" in lines
     assert sum(ln.startswith("== part 22.05-default: ") for ln in lines) == 1, lines
     calls = (root / "calls").read_text().splitlines()
@@ -259,6 +269,7 @@ def test_the_whole_suite_runs_its_two_parts_side_by_side_and_a_failing_linter_fa
     up, down = calls.index("dev-cluster up"), calls.index("dev-cluster down")
     assert up < min(calls.index(c) for c in pytests) and down > max(calls.index(c) for c in pytests)
     assert up < calls.index("dev-cluster up --slurm 22.05 --profile noacct")  # the lane, beside
+    assert calls.index("test-pythons ") > max(calls.index(c) for c in pytests if "not cluster" in c)
 
 
 def test_a_cluster_that_does_not_come_up_is_a_failed_part(
