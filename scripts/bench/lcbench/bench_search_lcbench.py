@@ -17,13 +17,15 @@ and normalised regret at a log-spaced set of budgets. Protocol: docs/BENCHMARKS.
     pip install -e '.[bench]'   # onnxruntime, optuna, syne-tune
     python scripts/bench/lcbench/bench_search_lcbench.py --quick --json quick.json
     python scripts/bench/lcbench/bench_search_lcbench.py --tasks all --seeds 5 \\
-        --workers 4,16 --json results.json --svg-dir docs   # resumable: run it again
+        --workers 4,16 --json results.json --svg-dir out   # --resume: go on after a stop
     python scripts/bench/lcbench/bench_search_lcbench.py --report results.json   # the tables again
-    # on 2 cores: two processes with --shard 0/2 and --shard 1/2, then --report a.json,b.json
+    # on 2 cores: two processes with --shard 0/2 and --shard 1/2, then
+    # --report a.json,b.json (with --json c.json: merged into c.json)
 
-A dlhpc method is a searcher name (``asha``) or ``LABEL={YAML searcher mapping}`` with
-``--searcher`` (``--searcher 'asha-tpe={name: asha, proposer: tpe}'``), so any searcher
-dlhpc knows runs by its settings.
+A dlhpc method is a searcher name (``asha``), a label of :data:`PRESETS` (``asha-tpe``) or
+``LABEL={YAML searcher mapping}`` with ``--searcher`` (``--searcher 'x={name: asha,
+divisor: 2}'``), so any searcher dlhpc knows runs by its settings. The runs of one task
+go seed by seed, each seed's W and methods sharing the surrogate's curves.
 """
 
 from __future__ import annotations
