@@ -216,7 +216,7 @@ def _fake_run(
     hit = None if epochs is None else {"epochs": epochs, "gpu_hours": 1.0, "wall_hours": 2.0}
     return {
         "method": method, "task": task, "seed": seed, "workers": 4, "to_target": hit,
-        "regret": list(regret), "real_s": 1.0,
+        "regret": list(regret), "regret_at": {"300": regret[0]}, "real_s": 1.0, "cpu_s": 2.0,
     }  # fmt: skip
 
 
@@ -236,7 +236,7 @@ def test_report_table_ratios_and_shard_merge() -> None:
     text = table(merged, 4)
     # ratios to random's expected epochs (a 200, b 5000, beyond the budget but exact):
     # asha's per-task medians a=20, b=100: ratios 0.1 and 0.02; medians over tasks: asha 60
-    assert "| asha | 5/6 | 60 | 0.06 | 1 | 2 | 0.1000 | 1.0 |" in text
+    assert "| asha | 5/6 | 60 | 0.06 | 1 | 2 | 0.1000 | 0.5000 | 1.0 | 2.0 |" in text
     assert "| random | 3/6 | > budget | > budget |" in text  # 200/200 and inf
     assert "| syne-asha | 6/6 | 400 | 1.04 |" in text  # 400/200 and 400/5000
     (line,) = verdicts(merged, 4)
@@ -260,3 +260,42 @@ def test_sim_cost_same_trace_in_every_scratch_folder(
     digests = {line.split("trace ")[1].split(",")[0] for line in lines}
     assert len(digests) == 1 and all("120 epochs" in line for line in lines)
     assert list(a.iterdir()) == list(b.iterdir()) == []
+
+
+def test_shared_curves_change_no_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The benchmark keeps a seed's curves for all its W and methods; each run is the
+    one it is alone (lcbench_sim_cost.py runs each with the curves cleared before)."""
+    _require_surrogate()
+    import bench_search_lcbench as bench
+    import lcbench_sim_cost
+
+    methods = "random,asha,asha-tpe,topk,syne-asha,optuna-random-median"
+    out = tmp_path / "r.json"
+    args = ["--tasks", "167184", "--seeds", "2", "--workers", "4", "--budget", "200"]
+    more = ["--methods", methods, "--reference-samples", "50", "--json", str(out)]
+    assert bench.main([*args, *more]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    shared = {(r["method"], r["seed"]): r["digest"] for r in runs}
+    assert len(shared) == 12 and runs[0]["method"] == "random" and runs[6]["seed"] == 1
+    capsys.readouterr()
+    assert lcbench_sim_cost.main([*args, "--methods", methods]) == 0
+    alone = {}
+    for line in capsys.readouterr().out.splitlines():
+        label, seed = line.split(" task=")[0], int(line.split("seed=")[1].split(" ")[0])
+        alone[(label, seed)] = line.split("trace ")[1].split(",")[0]
+    assert alone == shared
+
+
+def test_method_labels() -> None:
+    import bench_search_lcbench as bench
+
+    got = bench.parse_methods("asha,asha-tpe,syne-bohb", ["x={name: sha, divisor: 2}"])
+    assert got == [
+        ("asha", {"name": "asha"}),
+        ("asha-tpe", {"name": "asha", "proposer": "tpe"}),
+        ("syne-bohb", None),
+        ("x", {"name": "sha", "divisor": 2}),
+    ]
+    assert "bayes" not in bench.DEFAULT_METHODS.split(",")
+    with pytest.raises(SystemExit, match="expected LABEL"):
+        bench.parse_methods("", ["x={divisor: 2}"])

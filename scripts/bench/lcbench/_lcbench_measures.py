@@ -15,6 +15,7 @@ the trace and costs nothing here.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -73,6 +74,12 @@ class Trace:
                 i += 1
             out.append(1.0 if best == -math.inf else regret(best))
         return out
+
+    def digest(self) -> str:
+        """A short digest of every recorded epoch (virtual time, seconds, value): equal
+        digests, the same run."""
+        text = repr((self.wall, self.seconds, self.values))
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     def summary(self) -> dict[str, Any]:
         return {

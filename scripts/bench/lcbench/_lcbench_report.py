@@ -8,8 +8,10 @@ Per worker count W, one row per method:
   search's exact expected epochs to the target, from the reference's configurations:
   ``TaskReference.random_epochs``, never censored); a method beyond the budget as +inf;
 - GPU-hours and wall hours to target: medians as for epochs;
-- ``regret at budget``: the mean over runs of the normalised regret at the budget;
-- ``real s / run``: the median real seconds one run took (simulation cost, not a result).
+- ``regret at budget``: the mean over runs of the normalised regret at the budget, and
+  ``regret at N`` at each of :data:`REGRET_BUDGETS` below it that the runs recorded;
+- ``real s / run``, ``CPU s / run``: the median real and CPU seconds one run took
+  (simulation cost, not a result; a run reuses the curves its seed's earlier runs drew).
 The SVG draws the mean normalised regret over runs against the epochs spent (log-log).
 """
 
@@ -23,6 +25,7 @@ from typing import Any
 
 from _lcbench_measures import median_inf, ratio
 
+REGRET_BUDGETS = (300, 1000, 3000, 10000)  # epochs: early to late regret
 COLORS = (
     "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
     "#7f7f7f", "#bcbd22", "#17becf", "#000000", "#aec7e8", "#ff9896", "#98df8a",
@@ -47,14 +50,21 @@ def table(result: dict[str, Any], workers: int) -> str:
     runs = [r for r in result["runs"] if r["workers"] == workers]
     methods = list(dict.fromkeys(r["method"] for r in runs))
     random_epochs = {t: ref["random_epochs"] for t, ref in result["references"].items()}
+    marks = [
+        b
+        for b in REGRET_BUDGETS
+        if b < budget and all(str(b) in r.get("regret_at", {}) for r in runs)
+    ]
+    head = ["regret at budget", *(f"regret at {b}" for b in marks), "real s / run", "CPU s / run"]
     lines = [
         f"W = {workers}, budget {budget} epochs, target = best of"
         f" {result['args']['reference_samples']} random configurations - "
         f"{result['args']['points']:g} point(s)",
         "",
-        "| method | reached | epochs to target | vs random | GPU-h to target "
-        "| wall h to target | regret at budget | real s / run |",
-        "|---|---|---|---|---|---|---|---|",
+        "| method | reached | epochs to target | vs random | GPU-h to target | wall h to target | "
+        + " | ".join(head)
+        + " |",
+        "|---" * (6 + len(head)) + "|",
     ]
     for m in methods:
         rs = [r for r in runs if r["method"] == m]
@@ -69,7 +79,11 @@ def table(result: dict[str, Any], workers: int) -> str:
             f" | {_fmt(statistics.median(_per_task(rs, 'gpu_hours').values()))}"
             f" | {_fmt(statistics.median(_per_task(rs, 'wall_hours').values()))}"
             f" | {statistics.fmean(r['regret'][-1] for r in rs):.4f}"
-            f" | {statistics.median(r['real_s'] for r in rs):.1f} |"
+            + "".join(
+                f" | {statistics.fmean(r['regret_at'][str(b)] for r in rs):.4f}" for b in marks
+            )
+            + f" | {statistics.median(r['real_s'] for r in rs):.1f}"
+            f" | {_fmt(statistics.median(r.get('cpu_s', math.nan) for r in rs), '.1f')} |"
         )
     return "\n".join(lines)
 
@@ -174,6 +188,7 @@ def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
     first["references"] = {k: v for res in results for k, v in res["references"].items()}
     first["skipped"] = {k: v for res in results for k, v in res.get("skipped", {}).items()}
     first["runtime_s"] = sum(res.get("runtime_s", 0.0) for res in results)
+    first["shards_runtime_s"] = [res.get("runtime_s") for res in results]
     if all("tasks_done" in res for res in results):
         first["tasks_done"] = [t for res in results for t in res["tasks_done"]]
     return first

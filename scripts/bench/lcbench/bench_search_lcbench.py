@@ -17,13 +17,15 @@ and normalised regret at a log-spaced set of budgets. Protocol: docs/BENCHMARKS.
     pip install -e '.[bench]'   # onnxruntime, optuna, syne-tune
     python scripts/bench/lcbench/bench_search_lcbench.py --quick --json quick.json
     python scripts/bench/lcbench/bench_search_lcbench.py --tasks all --seeds 5 \\
-        --workers 4,16 --json results.json --svg-dir docs   # resumable: run it again
+        --workers 4,16 --json results.json --svg-dir out   # --resume: go on after a stop
     python scripts/bench/lcbench/bench_search_lcbench.py --report results.json   # the tables again
-    # on 2 cores: two processes with --shard 0/2 and --shard 1/2, then --report a.json,b.json
+    # on 2 cores: two processes with --shard 0/2 and --shard 1/2, then
+    # --report a.json,b.json (with --json c.json: merged into c.json)
 
-A dlhpc method is a searcher name (``asha``) or ``LABEL={YAML searcher mapping}`` with
-``--searcher`` (``--searcher 'asha-tpe={name: asha, proposer: tpe}'``), so any searcher
-dlhpc knows runs by its settings.
+A dlhpc method is a searcher name (``asha``), a label of :data:`PRESETS` (``asha-tpe``) or
+``LABEL={YAML searcher mapping}`` with ``--searcher`` (``--searcher 'x={name: asha,
+divisor: 2}'``), so any searcher dlhpc knows runs by its settings. The runs of one task
+go seed by seed, each seed's W and methods sharing the surrogate's curves.
 """
 
 from __future__ import annotations
@@ -31,9 +33,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +48,17 @@ from _lcbench_dlhpc import make_method, searcher_section  # noqa: E402
 from _lcbench_driver import run_ask_tell  # noqa: E402
 from _lcbench_measures import Trace, checkpoints  # noqa: E402
 from _lcbench_peers import MISSING, PEERS, make_peer, run_workers  # noqa: E402
-from _lcbench_report import merge, write_report  # noqa: E402
+from _lcbench_report import REGRET_BUDGETS, merge, write_report  # noqa: E402
 from _lcbench_surrogate import MAX_LENGTH, Surrogate, TaskReference, reference  # noqa: E402
 
 from dlhpc.errors import DlhpcError  # noqa: E402
 
-DLHPC_METHODS = ("random", "grid", "sha", "asha", "hyperband", "bayes")
+DLHPC_METHODS = ("random", "grid", "sha", "asha", "hyperband", "asha-tpe", "hyperband-tpe")
+PRESETS: dict[str, dict[str, Any]] = {  # method labels that are not a searcher's bare name
+    "asha-tpe": {"name": "asha", "proposer": "tpe"},
+    "hyperband-tpe": {"name": "hyperband", "proposer": "tpe"},
+}
+# the declared protocol's methods; ``bayes`` (its GP fits take minutes a run) runs when named
 DEFAULT_METHODS = ",".join((*DLHPC_METHODS, *PEERS))
 QUICK_TASKS = "7593,167168,167200,168329,168331,168910,189905,189909"  # fewest reach the target
 
@@ -63,12 +72,13 @@ def write_json(path: Path, result: dict[str, Any]) -> None:
 
 
 def parse_methods(names: str, extra: list[str]) -> list[tuple[str, dict[str, Any] | None]]:
-    """(label, searcher mapping or None for a peer) per method, in the order given.
-    SystemExit(2) with the offending text for a malformed ``--searcher``."""
+    """(label, searcher mapping or None for a peer) per method, in the order given: a
+    name in ``names`` is a peer, a :data:`PRESETS` label or a searcher's name. SystemExit
+    with the offending text for a malformed ``--searcher``."""
     out: list[tuple[str, dict[str, Any] | None]] = []
     for name in (n.strip() for n in names.split(",") if n.strip()):
         is_peer = name in PEERS or name in MISSING
-        out.append((name, None if is_peer else {"name": name}))
+        out.append((name, None if is_peer else dict(PRESETS.get(name, {"name": name}))))
     for text in extra:
         label, sep, body = text.partition("=")
         try:
@@ -132,7 +142,15 @@ def record(
         "workers": workers,
         "to_target": trace.to_target(ref.target),
         **trace.summary(),
+        "digest": trace.digest(),
         "regret": trace.regret_at(marks, ref.regret),
+        "regret_at": {
+            str(b): r
+            for b, r in zip(
+                REGRET_BUDGETS, trace.regret_at(REGRET_BUDGETS, ref.regret), strict=True
+            )
+            if b <= trace.budget
+        },
         "facts": facts,
         "real_s": real_s,
     }
@@ -150,16 +168,18 @@ def run_task(
     save: Callable[[dict[str, Any]], None],
     done: set[tuple[str, str, int, int]],
 ) -> None:
-    """Every method, W and seed on ``task``, each run given to ``save`` as it ends; a
+    """Every seed, W and method on ``task``, each run given to ``save`` as it ends; a
     method that cannot run is added to ``skipped`` (with the reason) and not tried again;
-    a run in ``done`` (method, task, seed, W: from the JSON resumed) is not run again."""
+    a run in ``done`` (method, task, seed, W: from the JSON resumed) is not run again.
+    The surrogate's curves are kept for all the runs of one seed (a curve is a pure
+    function of task and configuration, so sharing them changes no run; several
+    methods draw the same configurations, and the same ones at every W)."""
     print(f"task {task}: best {ref.best:.3f}, target {ref.target:.3f}, share {ref.share:.4f}")
-    for label, section in methods:
+    for seed in range(args.seeds):
+        surrogate.clear()  # the curves of one seed serve its every W and method
         for w in workers:
-            for seed in range(args.seeds):
-                if label in skipped:
-                    break
-                if (label, task, seed, w) in done:
+            for label, section in methods:
+                if label in skipped or (label, task, seed, w) in done:
                     continue
                 t0, c0 = time.monotonic(), time.process_time()
                 try:
@@ -167,9 +187,7 @@ def run_task(
                 except (ImportError, ValueError, DlhpcError) as exc:
                     skipped[label] = f"{type(exc).__name__}: {exc}"
                     print(f"  skipped {label}: {skipped[label]}", flush=True)
-                    break
-                finally:
-                    surrogate.clear()
+                    continue
                 rec = record(label, task, seed, w, trace, facts, ref, marks, 0.0)
                 rec["real_s"] = round(time.monotonic() - t0, 3)
                 rec["cpu_s"] = round(time.process_time() - c0, 3)  # this process's CPU
@@ -181,11 +199,12 @@ def run_task(
                     f" best {rec['best']}, {rec['real_s']:.1f} s ({rec['cpu_s']:.1f} CPU s)",
                     flush=True,
                 )
+    surrogate.clear()
 
 
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
     """The whole run; with ``--json`` the results so far are rewritten after every task."""
-    t0 = time.monotonic()
+    t0, c0 = time.monotonic(), time.process_time()
     surrogate = Surrogate(args.data, args.metric)
     tasks = surrogate.tasks if args.tasks == "all" else args.tasks.split(",")
     shard, shards = (int(x) for x in args.shard.split("/"))
@@ -196,6 +215,9 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     refs = {t: reference(surrogate, t, args.reference_samples, args.points) for t in tasks}
     result: dict[str, Any] = {
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": sys.argv,
+        "machine": {"host": platform.node(), "cpus": os.cpu_count(), "load": os.getloadavg()},
         "references": {t: vars(r) for t, r in refs.items()},
         "checkpoints": marks,
         "runs": [],
@@ -211,6 +233,8 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         if run is not None:
             result["runs"].append(run)
         result["runtime_s"] = time.monotonic() - t0
+        result["cpu_s"] = time.process_time() - c0  # this process's, references included
+        result["load"] = os.getloadavg()
         if args.json is not None:
             write_json(args.json, result)
 
@@ -306,7 +330,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help=f"the inner loop: tasks {QUICK_TASKS} at W = 4 (overrides --tasks, --workers)",
     )
-    p.add_argument("--report", default=None, help="only the tables of these JSON files (shards)")
+    p.add_argument(
+        "--report",
+        default=None,
+        help="only the tables of these JSON files (shards); with --json, merged into it",
+    )
     p.add_argument(
         "--partial-tasks",
         action="store_true",
@@ -320,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         args.tasks, args.workers = QUICK_TASKS, "4"
     if args.report is not None:
         result = merge([json.loads(Path(f).read_text()) for f in args.report.split(",")])
+        if args.json is not None:
+            write_json(args.json, result)  # the shards as one file, every run kept
         result = done_tasks_only(result) if not args.partial_tasks else result
     else:
         result = run_all(args)
