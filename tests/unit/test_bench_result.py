@@ -66,4 +66,6 @@ def test_every_json_of_the_benchmarks_summary_exists_and_names_its_command() -> 
             for f in found:
                 record = json.loads(f.read_text())
                 if isinstance(record, dict) and "command" in record:
-                    assert script in record["command"], (f, record["command"])
+                    command = record["command"]  # a string, or an argv list
+                    text = command if isinstance(command, str) else " ".join(command)
+                    assert script in text, (f, command)
