@@ -89,9 +89,12 @@ def lab(slurm_env: dict[str, str]) -> Iterator[tuple[Path, dict[str, str]]]:
     _ensure_users()
     base = Path(tempfile.mkdtemp(prefix="dlhpc-lab-", dir="/tmp"))
     os.chmod(base, 0o755)
-    (base / "lab").mkdir()  # what the lab's admin makes: the group's, 3770
-    shutil.chown(base / "lab", group=GROUP)
-    os.chmod(base / "lab", 0o3770)
+    # what the lab's admin makes: the lab folder and users/, the group's, 3770 (a sticky
+    # folder's owner may still rename its entries, so no member may own users/)
+    for folder in (base / "lab", base / "lab" / "users"):
+        folder.mkdir()
+        shutil.chown(folder, group=GROUP)
+        os.chmod(folder, 0o3770)
     site = (REPO / "site-configs" / "dev-cluster.yaml").read_text()
     (base / "site.yaml").write_text(f"{site}\npermissions: {{mode: group, group: {GROUP}}}\n")
     for user in USERS:
