@@ -43,6 +43,7 @@ files, rewritten in place (see :mod:`dlhpc.protocol.layout`). Standard library o
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -174,7 +175,14 @@ class EventBatch:
 
 
 def iter_attempt_dirs(trial_path: Path) -> Iterator[Path]:
-    """The attempt folders of a trial; a symlink (a job pointing elsewhere) is never one."""
+    """The attempt folders of a trial; a symlink (a job pointing elsewhere) is never one.
+
+    Raises :class:`OSError` (``ELOOP``) when the trial folder, its ``trials/`` folder or
+    its run folder is a symlink: a job replaced one of them, and nothing under it is read.
+    """
+    for folder in (trial_path, trial_path.parent, trial_path.parent.parent):
+        if folder.is_symlink():
+            raise OSError(errno.ELOOP, "a symlink where dlhpc made a folder", str(folder))
     attempts = attempts_dir(trial_path)
     if attempts.is_symlink() or not attempts.is_dir():
         return

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from sqlalchemy import delete, select
 from dlhpc._safepath import inside, is_inside
 from dlhpc.config import name_slug
 from dlhpc.errors import UnsafePathError, UsageError
+from dlhpc.orchestrator._scan import TrialRef, pending_attempt_dirs
 from dlhpc.orchestrator.checkpoints import gc
 from dlhpc.orchestrator.decide import write_stop_files
 from dlhpc.orchestrator.export import export_trial
@@ -90,6 +92,30 @@ def _store_trial(tmp_path: Path, state: str = "COMPLETED") -> tuple[Store, int, 
         t = _trial(s, exp, state, 0)
         t.run_dir = str(trial_dir(store.runs_root, exp.id, t.id))
         return store, exp.id, t.id, root
+
+
+@pytest.mark.parametrize("swapped", ["trial", "trials", "run"])
+def test_a_trial_folder_reached_through_a_symlink_is_not_read(tmp_path: Path, swapped: str) -> None:
+    """A job that replaces its trial folder, the ``trials/`` folder or the run folder by a
+    link to another trial's files gets nothing ingested: the scan names the link instead."""
+    store, _, tid, _ = _store_trial(tmp_path, "RUNNING")
+    with store.read() as s:
+        t = s.get(Trial, tid)
+        assert t is not None
+        trial, exp_id = Path(t.run_dir), t.experiment_id
+    folder = {"trial": trial, "trials": trial.parent, "run": trial.parent.parent}[swapped]
+    elsewhere = tmp_path / "elsewhere" / folder.relative_to(tmp_path)
+    w = EventWriter(elsewhere / trial.relative_to(folder) / "attempts" / "1_0.r0", "user-r0")
+    w.add("metric", step=1, metrics={"acc": 666.0})
+    w.flush()
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    folder.symlink_to(elsewhere, target_is_directory=True)
+    errors: list[str] = []
+    ref = TrialRef(id=tid, experiment_id=exp_id, run_dir=str(trial))
+    assert pending_attempt_dirs([ref], {}, errors) == []
+    assert len(errors) == 1 and str(folder) in errors[0] and "symlink" in errors[0], errors
 
 
 def test_ingest_never_follows_a_symlink_out_of_the_attempt_folder(tmp_path: Path) -> None:
