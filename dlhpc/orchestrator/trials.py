@@ -29,7 +29,14 @@ from dlhpc.orchestrator.recovery import (
     judge,
     superseded_cause,
 )
-from dlhpc.protocol import HEARTBEAT_FILE, PROGRESS_FILE, UnsafeFile, attempt_dir, read_state_file
+from dlhpc.protocol import (
+    HEARTBEAT_FILE,
+    PROGRESS_FILE,
+    UnsafeFile,
+    attempt_dir,
+    check_trial_folders,
+    read_state_file,
+)
 from dlhpc.protocol.record_check import MAX_STEP
 from dlhpc.scheduler import JobState, JobStatus
 from dlhpc.states import LIVE_ATTEMPT_STATES, SUPERSEDED, TrialState
@@ -85,12 +92,15 @@ def _apply_status(a: Attempt, st: JobStatus | None, now: datetime) -> None:
 
 def _attempt_file(t: Trial, a: Attempt, name: str, p: TrialPass) -> dict[str, object] | None:
     """The attempt's heartbeat or progress file; None when absent or unsafe (a
-    symlink, not a small regular file, not a JSON object: a warning in ``p``)."""
+    symlink, or below one (:func:`~dlhpc.protocol.check_trial_folders`), not a small
+    regular file, not a JSON object: a warning in ``p``)."""
     if not t.run_dir:
         return None
+    adir = attempt_dir(Path(t.run_dir), a.attempt_key)
     try:
-        return read_state_file(attempt_dir(Path(t.run_dir), a.attempt_key) / name)
-    except UnsafeFile as err:
+        check_trial_folders(Path(t.run_dir), adir.parent, adir)
+        return read_state_file(adir / name)
+    except (UnsafeFile, OSError) as err:
         p.warnings.append(f"trial {t.id}: {name} not read, {err}")
         return None
 

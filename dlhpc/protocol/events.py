@@ -69,6 +69,7 @@ __all__ = [
     "MetricRow",
     "encode_record",
     "encode_records",
+    "check_trial_folders",
     "iter_attempt_dirs",
     "iter_records",
     "event_file_names",
@@ -174,15 +175,21 @@ class EventBatch:
     retry: bool = False
 
 
+def check_trial_folders(trial_path: Path, *below: Path) -> None:
+    """Raise :class:`OSError` (``ELOOP``) when the trial folder, its ``trials/`` folder,
+    its run folder or any of ``below`` (folders under the trial's) is a symlink: a job
+    replaced it, and nothing under it may be read."""
+    for folder in (trial_path.parent.parent, trial_path.parent, trial_path, *below):
+        if folder.is_symlink():
+            raise OSError(errno.ELOOP, "a symlink where dlhpc made a folder", str(folder))
+
+
 def iter_attempt_dirs(trial_path: Path) -> Iterator[Path]:
     """The attempt folders of a trial; a symlink (a job pointing elsewhere) is never one.
 
-    Raises :class:`OSError` (``ELOOP``) when the trial folder, its ``trials/`` folder or
-    its run folder is a symlink: a job replaced one of them, and nothing under it is read.
+    Raises :class:`OSError` as :func:`check_trial_folders` does.
     """
-    for folder in (trial_path, trial_path.parent, trial_path.parent.parent):
-        if folder.is_symlink():
-            raise OSError(errno.ELOOP, "a symlink where dlhpc made a folder", str(folder))
+    check_trial_folders(trial_path)
     attempts = attempts_dir(trial_path)
     if attempts.is_symlink() or not attempts.is_dir():
         return

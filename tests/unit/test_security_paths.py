@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import types
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from sqlalchemy import delete, select
 from dlhpc._safepath import inside, is_inside
 from dlhpc.config import name_slug
 from dlhpc.errors import UnsafePathError, UsageError
+from dlhpc.orchestrator import trials as trials_mod
 from dlhpc.orchestrator._scan import TrialRef, pending_attempt_dirs
 from dlhpc.orchestrator.checkpoints import gc
 from dlhpc.orchestrator.decide import write_stop_files
@@ -116,6 +118,31 @@ def test_a_trial_folder_reached_through_a_symlink_is_not_read(tmp_path: Path, sw
     ref = TrialRef(id=tid, experiment_id=exp_id, run_dir=str(trial))
     assert pending_attempt_dirs([ref], {}, errors) == []
     assert len(errors) == 1 and str(folder) in errors[0] and "symlink" in errors[0], errors
+
+
+@pytest.mark.parametrize("swapped", ["trial", "attempt"])
+def test_a_heartbeat_is_not_read_through_a_symlinked_folder(tmp_path: Path, swapped: str) -> None:
+    """A job that points its trial or attempt folder at another's live heartbeat gets no
+    heartbeat read for it: a warning instead."""
+    store, _, tid, _ = _store_trial(tmp_path, "RUNNING")
+    with store.read() as s:
+        t = s.get(Trial, tid)
+        assert t is not None
+        trial = Path(t.run_dir)
+    key = "1_0.r0"
+    attempt = trial / "attempts" / key
+    folder = {"trial": trial, "attempt": attempt}[swapped]
+    elsewhere = tmp_path / "elsewhere" / folder.relative_to(tmp_path)
+    (elsewhere / attempt.relative_to(folder)).mkdir(parents=True)
+    (elsewhere / attempt.relative_to(folder) / "heartbeat.json").write_text('{"time": 1}')
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    folder.symlink_to(elsewhere, target_is_directory=True)
+    p = trials_mod.TrialPass.__new__(trials_mod.TrialPass)
+    p.warnings = []
+    ref = types.SimpleNamespace(id=tid, run_dir=str(trial))
+    att = types.SimpleNamespace(attempt_key=key)
+    assert trials_mod._attempt_file(ref, att, "heartbeat.json", p) is None  # type: ignore[arg-type]
+    assert len(p.warnings) == 1 and "symlink" in p.warnings[0], p.warnings
 
 
 def test_ingest_never_follows_a_symlink_out_of_the_attempt_folder(tmp_path: Path) -> None:
