@@ -6,6 +6,7 @@ closing summary line that CI reads.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -284,36 +285,48 @@ def test_a_cluster_that_does_not_come_up_is_a_failed_part(
     assert "python 26.05" not in calls and "python 22.05-noacct" in calls
 
 
-def test_lanes_keep_a_version_in_one_lane_and_add_up_as_one_after_another(
+def test_lanes_keep_a_chroot_version_in_one_lane_and_add_up_as_one_after_another(
     stand_in: tuple[Path, dict[str, str]],
 ) -> None:
     root, env = stand_in
-    matrix = "24.11-default,22.05-strict,26.05-noacct,26.05-strict"
+    matrix = "24.11-default,22.05-strict,22.05-noacct,24.11-strict,26.05-noacct"
     runs = {}
-    for lanes in ("0", "2"):
+    for lanes in ("0", None):  # None: the default, two lanes
         (root / "calls").unlink(missing_ok=True)
-        proc = _script(
-            {
-                **env,
-                "DLHPC_TEST_MATRIX": matrix,
-                "DLHPC_TEST_LANES": lanes,
-                "FAIL_PYTEST": "26.05-noacct",
-            },
-            root,
-        )
+        run_env = {
+            **env,
+            "DLHPC_TEST_MATRIX": matrix,
+            "FAIL_PYTEST": "26.05-noacct",
+            "DLHPC_TEST_JSON": str(root / f"parts-{lanes}.json"),
+        }
+        if lanes is not None:
+            run_env["DLHPC_TEST_LANES"] = lanes
+        proc = _script(run_env, root)
         assert proc.returncode == 1, proc.stdout + proc.stderr
         runs[lanes] = proc.stdout.splitlines()
-    serial, lanes2 = runs["0"], runs["2"]
+    serial, lanes2 = runs["0"], runs[None]
     assert not any(ln.startswith("== lane") for ln in serial)
-    # parts in matrix order; versions take lanes in turn: 24.11 -> 0, 22.05 -> 1, 26.05 -> 0
+    # in matrix order, a chroot version's parts share a lane and the host version's (22.05)
+    # parts are dealt out one by one: 24.11 -> 0, 22.05-strict -> 1, 22.05-noacct -> 0,
+    # 26.05 -> 1
     assert any(
-        ln.startswith("== lane 0: 24.11-default 26.05-strict 26.05-noacct ") for ln in lanes2
-    )
-    assert any(ln.startswith("== lane 1: 22.05-strict ") for ln in lanes2)
+        ln.startswith("== lane 0: 24.11-default 22.05-noacct 24.11-strict ") for ln in lanes2
+    ), lanes2
+    assert any(ln.startswith("== lane 1: 22.05-strict 26.05-noacct ") for ln in lanes2)
 
     def table(lines: list[str]) -> list[str]:
         return [ln.split(" in ")[0] for ln in lines if re.match(r"^\d\d\.\d\d-\w+ +(ok|FAI)", ln)]
 
-    assert table(lanes2) == table(serial) and len(table(serial)) == 4
+    assert table(lanes2) == table(serial) and len(table(serial)) == 5
     assert serial[-1].split(" in ")[0] == lanes2[-1].split(" in ")[0]  # the same counts
     assert "failed parts: 26.05-noacct" in lanes2
+    # the closing table as JSON: the same parts, counts and totals
+    record = json.loads((root / "parts-None.json").read_text())
+    assert [p["part"] for p in record["parts"]] == [ln.split()[0] for ln in table(lanes2)]
+    failed = [p for p in record["parts"] if p["part"] == "26.05-noacct"]
+    assert failed[0]["verdict"].startswith("FAILED") and failed[0]["failed"] == 2
+    assert (record["passed"], record["failed"]) == (
+        sum(p["passed"] for p in record["parts"]),
+        sum(p["failed"] for p in record["parts"]),
+    )
+    assert record["cores"] >= 1 and 0 <= record["cpu_busy"] <= 1
