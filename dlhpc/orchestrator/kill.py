@@ -7,6 +7,7 @@ from collections.abc import Callable
 from sqlalchemy.orm import Session
 
 from dlhpc.errors import NotFoundError
+from dlhpc.orchestrator.clock import experiment_end, trial_time
 from dlhpc.orchestrator.eventlog import log_event
 from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.orchestrator.stored import config_of, searcher_of, state_json
@@ -15,17 +16,21 @@ from dlhpc.store import Experiment, Store, Trial, utcnow
 
 __all__ = ["kill_experiment", "kill_trial"]
 
-# marks the rows of one kill in the open write session and returns (backend, trials to end)
-_Mark = Callable[[Session], tuple[str, list[Trial]]]
+# marks the rows of one kill in the open write session and returns (backend, trials to
+# end, the experiment it ends or None)
+_Mark = Callable[[Session], tuple[str, list[Trial], Experiment | None]]
 
 
 def _kill(store: Store, pool: SchedulerPool, mark: _Mark) -> int:
     """Under the lease: ``mark`` the rows, mark the trials it names and their live
-    attempts KILLED / CANCELLED, commit, then cancel those jobs. Returns how many."""
+    attempts KILLED / CANCELLED (and the experiment it ends, after them), commit,
+    then cancel those jobs. Returns how many."""
     with store.hold_lease():
         with store.write() as s:
-            backend, trials = mark(s)
+            backend, trials, ending = mark(s)
             ids = _kill_trials(trials)
+            if ending is not None:
+                ending.ended_at = experiment_end(s, ending, utcnow())
         if ids:
             pool.get(backend).cancel(ids)
         return len(ids)
@@ -38,7 +43,7 @@ def _kill_trials(trials: list[Trial]) -> list[str]:
         if TrialState(t.state).is_terminal:
             continue
         t.state = TrialState.KILLED.value
-        t.ended_at = now
+        t.ended_at = trial_time(t, now)
         for a in t.attempts:
             if a.state in LIVE_ATTEMPT_STATES:  # an exit record alone ends no job
                 jobs.append(a.job_id)
@@ -49,15 +54,15 @@ def _kill_trials(trials: list[Trial]) -> list[str]:
 def kill_experiment(store: Store, pool: SchedulerPool, exp_id: int) -> int:
     """Mark the experiment and its live trials KILLED, then cancel their jobs."""
 
-    def mark(s: Session) -> tuple[str, list[Trial]]:
+    def mark(s: Session) -> tuple[str, list[Trial], Experiment | None]:
         exp = s.get(Experiment, exp_id)
         if exp is None:
             raise NotFoundError(f"no experiment {exp_id}")
-        if not ExperimentState(exp.state).is_terminal:
+        ending = not ExperimentState(exp.state).is_terminal
+        if ending:
             exp.state = ExperimentState.KILLED.value
-            exp.ended_at = utcnow()
         log_event(s, "experiment.killed", "killed by user", exp_id)
-        return exp.backend, list(exp.trials)
+        return exp.backend, list(exp.trials), exp if ending else None
 
     return _kill(store, pool, mark)
 
@@ -65,7 +70,7 @@ def kill_experiment(store: Store, pool: SchedulerPool, exp_id: int) -> int:
 def kill_trial(store: Store, pool: SchedulerPool, trial_id: int) -> int:
     """Mark one trial KILLED and cancel its job; the searcher hears it exited next tick."""
 
-    def mark(s: Session) -> tuple[str, list[Trial]]:
+    def mark(s: Session) -> tuple[str, list[Trial], Experiment | None]:
         t = s.get(Trial, trial_id)
         if t is None:
             raise NotFoundError(f"no trial {trial_id}")
@@ -75,6 +80,6 @@ def kill_trial(store: Store, pool: SchedulerPool, trial_id: int) -> int:
             searcher.tell_exited(t.request_id)
             exp.searcher_state = state_json(searcher)
         log_event(s, "trial.killed", "killed by user", t.experiment_id, trial_id)
-        return exp.backend, [t]
+        return exp.backend, [t], None
 
     return _kill(store, pool, mark)

@@ -15,6 +15,7 @@ from dlhpc.config.lines import key_issue
 from dlhpc.config.schema import ExperimentConfig
 from dlhpc.config.serde import to_jsonable
 from dlhpc.errors import ConfigError, SchedulerError
+from dlhpc.orchestrator.clock import experiment_end
 from dlhpc.orchestrator.eventlog import log_event
 from dlhpc.orchestrator.new_trials import add_trials
 from dlhpc.orchestrator.pool import SchedulerPool
@@ -220,5 +221,5 @@ def _fail(store: Store, exp_id: int, message: str) -> None:
         exp = session.get(Experiment, exp_id)
         if exp is not None:
             exp.state = ExperimentState.FAILED.value
-            exp.ended_at = utcnow()
+            exp.ended_at = experiment_end(session, exp, utcnow())
             log_event(session, "experiment.failed", message, exp_id)
