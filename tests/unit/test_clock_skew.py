@@ -35,9 +35,11 @@ NODES = {"written ahead": (SKEW, timedelta(0)), "tick behind": (timedelta(0), -S
 
 def _as_written(s: Session, by: timedelta) -> None:
     """Every time recorded so far, as a login node ``by`` off would have written it."""
+    rows: list[Experiment | Trial | Submission | Attempt] = []
     for model in (Experiment, Trial, Submission, Attempt):
-        for row in s.scalars(select(model)):
-            row.created_at += by
+        rows.extend(s.scalars(select(model)))
+    for row in rows:
+        row.created_at += by
 
 
 def _in_order(s: Session) -> list[str]:
