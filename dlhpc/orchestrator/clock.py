@@ -16,7 +16,6 @@ and ``kill`` on a login node's, Slurm's) never come after it.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -26,6 +25,7 @@ from typing import Protocol
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from dlhpc._fileclock import CLOCK_PROBE, file_time
 from dlhpc.store import Experiment, Trial
 
 __all__ = [
@@ -39,8 +39,6 @@ __all__ = [
     "shared_clock",
     "trial_time",
 ]
-
-CLOCK_PROBE = ".dlhpc-clock"  # the empty file whose time stamp reads a folder's clock
 
 
 class Clock(Protocol):
@@ -69,15 +67,8 @@ class SystemClock:
         return datetime.now(timezone.utc).replace(tzinfo=None)
 
     def file_time(self, folder: Path) -> float:
-        """Touches ``folder``'s :data:`CLOCK_PROBE` (times set to "now", which NFS
-        leaves to its server) and reads its modification time back."""
-        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-        fd = os.open(folder / CLOCK_PROBE, flags, 0o666)  # the umask (site policy) applies
-        try:
-            os.utime(fd)
-            return os.fstat(fd).st_mtime
-        finally:
-            os.close(fd)
+        """:func:`dlhpc._fileclock.file_time`: touches ``folder``'s :data:`CLOCK_PROBE`."""
+        return file_time(folder)
 
 
 SYSTEM_CLOCK = SystemClock()

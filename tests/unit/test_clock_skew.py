@@ -2,7 +2,8 @@
 times recorded for it never go backwards, whichever node wrote them (an end is
 never before the creation or the times it closes, a new attempt is created after
 its trial and the attempts before it, a job seen ended after it was submitted),
-and a grace period one node started lasts as long when the other judges it.
+and a grace period one node started (the reconciler lease's too) lasts as long when
+the other judges it.
 
 No cluster: one trial on an in-process backend (the fake of ``test_exit_confirmed``)
 whose job ends; the first records are moved as the other login node's clock would
@@ -19,12 +20,15 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from dlhpc._fileclock import file_time
+from dlhpc.errors import LeaseHeldError
 from dlhpc.orchestrator import kill_experiment
 from dlhpc.orchestrator.recovery import EXIT_RECORD_GRACE
 from dlhpc.orchestrator.tick import tick
 from dlhpc.protocol import EventWriter
 from dlhpc.scheduler import JobState
-from dlhpc.store import Attempt, Decision, Experiment, Submission, Trial
+from dlhpc.store import Attempt, Decision, Experiment, Store, Submission, Trial
+from dlhpc.store import store as store_mod
 from tests._clock import LaterClock, SkewedClock
 from tests.unit.test_exit_confirmed import _launched
 
@@ -150,3 +154,31 @@ def test_a_gone_job_gets_its_grace_whichever_login_node_saw_it_first(
     assert len(backend.submitted) == 2
     with store.read() as s:
         assert _in_order(s) == []
+
+
+def _node(
+    monkeypatch: pytest.MonkeyPatch, skew: timedelta, later: timedelta = timedelta(0)
+) -> None:
+    """The next lease calls run on a login node ``skew`` off, the world ``later`` on."""
+    real_now = store_mod.utcnow
+    monkeypatch.setattr(store_mod, "utcnow", lambda: real_now() + later + skew)
+    monkeypatch.setattr(store_mod, "file_time", lambda d: file_time(d) + later.total_seconds())
+
+
+@pytest.mark.parametrize("skew", [SKEW, -SKEW], ids=["ahead", "behind"])
+def test_the_lease_lasts_its_ttl_whichever_login_node_judges_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, skew: timedelta
+) -> None:
+    """A login node 10 minutes off neither takes the lease that another holds (within
+    its time to live) nor waits for one that expired by the skew longer."""
+    ttl = timedelta(seconds=Store(tmp_path).lease_ttl_s)
+    holder, other = Store(tmp_path), Store(tmp_path)
+    with holder.hold_lease():
+        with monkeypatch.context() as m:
+            _node(m, skew, ttl / 2)
+            with pytest.raises(LeaseHeldError), other.hold_lease():
+                pass
+        with monkeypatch.context() as m:
+            _node(m, skew, ttl + timedelta(seconds=5))
+            with other.hold_lease(), other.write():  # expired: taken, and still held
+                pass
