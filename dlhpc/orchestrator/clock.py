@@ -5,13 +5,13 @@ decision latencies, timestamps it records) reads it from a :class:`Clock`
 passed in, so the simulator drives the same code on a virtual clock. The age of a
 file a job wrote is measured on the clock that stamped it (:meth:`Clock.file_time`),
 never this machine's against a compute node's: a login node whose clock is off
-still judges a heartbeat right. A pass of the reconciler reads its clock on the
-filesystem that holds the database (:func:`shared_clock`), which every login node
-that reconciles it shares: the times one node records and another judges (grace
-periods, the settle window) are on one clock, whatever the nodes' own clocks say.
-A time recorded that closes or follows others (an end, a later attempt) is
-:func:`not_before` them, so that times written on another clock (``dlhpc launch``
-and ``kill`` on a login node's, Slurm's) never come after it.
+still judges a heartbeat right. A pass of the reconciler (and ``dlhpc launch`` and
+``kill``) reads its clock on the filesystem that holds the database
+(:func:`store_clock`), which every login node that uses that database shares: the
+times one node records and another judges (grace periods, the settle window) are
+on one clock, whatever the nodes' own clocks say. A time recorded that closes or
+follows others (an end, a later attempt) is :func:`not_before` them, so that times
+written on another clock (Slurm's, a compute node's) never come after it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from dlhpc._fileclock import CLOCK_PROBE, file_time
-from dlhpc.store import Experiment, Trial
+from dlhpc.errors import StoreError
+from dlhpc.store import Experiment, Store, Trial
 
 __all__ = [
     "CLOCK_PROBE",
@@ -37,6 +38,7 @@ __all__ = [
     "experiment_end",
     "not_before",
     "shared_clock",
+    "store_clock",
     "trial_time",
 ]
 
@@ -96,6 +98,16 @@ def shared_clock(base: Clock, folder: Path) -> OffsetClock:
     once, now, by :meth:`Clock.file_time`): on a shared filesystem, the clock every
     machine that uses it reads alike. Raises ``OSError``."""
     return OffsetClock(base, base.file_time(folder) - base.time())
+
+
+def store_clock(store: Store, base: Clock = SYSTEM_CLOCK) -> OffsetClock:
+    """``base`` on the clock of ``store``'s state folder (:func:`shared_clock` of its
+    home): the clock of the times recorded there, and of its lease. Raises
+    ``StoreError``."""
+    try:
+        return shared_clock(base, store.home)
+    except OSError as err:
+        raise StoreError(f"state folder {store.home}: its clock not read: {err}") from err
 
 
 def not_before(now: datetime, *recorded: datetime | None) -> datetime:

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 
 from sqlalchemy.orm import Session
 
 from dlhpc.errors import NotFoundError
-from dlhpc.orchestrator.clock import experiment_end, trial_time
+from dlhpc.orchestrator.clock import experiment_end, store_clock, trial_time
 from dlhpc.orchestrator.eventlog import log_event
 from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.orchestrator.stored import config_of, searcher_of, state_json
 from dlhpc.states import LIVE_ATTEMPT_STATES, ExperimentState, JobState, TrialState
-from dlhpc.store import Experiment, Store, Trial, utcnow
+from dlhpc.store import Experiment, Store, Trial
 
 __all__ = ["kill_experiment", "kill_trial"]
 
@@ -26,18 +27,18 @@ def _kill(store: Store, pool: SchedulerPool, mark: _Mark) -> int:
     attempts KILLED / CANCELLED (and the experiment it ends, after them), commit,
     then cancel those jobs. Returns how many."""
     with store.hold_lease():
+        now = store_clock(store).now()
         with store.write() as s:
             backend, trials, ending = mark(s)
-            ids = _kill_trials(trials)
+            ids = _kill_trials(trials, now)
             if ending is not None:
-                ending.ended_at = experiment_end(s, ending, utcnow())
+                ending.ended_at = experiment_end(s, ending, now)
         if ids:
             pool.get(backend).cancel(ids)
         return len(ids)
 
 
-def _kill_trials(trials: list[Trial]) -> list[str]:
-    now = utcnow()
+def _kill_trials(trials: list[Trial], now: datetime) -> list[str]:
     jobs: list[str] = []
     for t in trials:
         if TrialState(t.state).is_terminal:

@@ -33,7 +33,7 @@ from dlhpc.orchestrator._reconcile import Decided, reconcile_experiment
 from dlhpc.orchestrator._scan import Scan, pending_attempt_dirs, scan
 from dlhpc.orchestrator.adopt import recover_submissions
 from dlhpc.orchestrator.checkpoints import gc_pass
-from dlhpc.orchestrator.clock import SYSTEM_CLOCK, Clock, shared_clock
+from dlhpc.orchestrator.clock import SYSTEM_CLOCK, Clock, store_clock
 from dlhpc.orchestrator.decide import write_stop_files
 from dlhpc.orchestrator.eventlog import log_event
 from dlhpc.orchestrator.pool import SchedulerPool
@@ -73,17 +73,13 @@ def tick(store: Store, pool: SchedulerPool, clock: Clock = SYSTEM_CLOCK) -> Tick
     """One pass; a concurrent reconciler makes this one return with ``lease_held_elsewhere``.
 
     ``clock`` is the real one except in the simulator (``dlhpc simulate``); the pass
-    reads it on the database's filesystem (:func:`~dlhpc.orchestrator.clock.shared_clock`
-    of the store's home), else, with a warning, as it is."""
+    reads it on the state folder's filesystem (:func:`~dlhpc.orchestrator.clock.store_clock`)."""
     report = TickReport()
     t0 = time.monotonic()
     calls_before = pool.calls()
     try:
-        clock = shared_clock(clock, store.home)
-    except OSError as err:
-        report.errors.append(f"clock of {store.home} not read ({err}): the login node's is used")
-    try:
         with store.hold_lease():
+            clock = store_clock(store, clock)
             try:
                 _tick(store, pool, report, clock)
             except StoreError as err:
