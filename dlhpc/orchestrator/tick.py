@@ -159,7 +159,7 @@ def _decide(
     queued = []
     for exp_id in polled.scan.exp_ids:
         try:
-            recover_submissions(store, pool, exp_id)
+            recover_submissions(store, pool, exp_id, clock)
         except SchedulerError as err:
             report.errors.append(f"experiment {exp_id}: recovering a submission: {err}")
             continue  # never resubmit while the orphan's jobs may exist
