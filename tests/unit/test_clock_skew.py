@@ -1,13 +1,13 @@
-"""Two login nodes whose clocks differ by 10 minutes reconcile one experiment: the
-times recorded for it never go backwards, whichever node wrote them (an end is
-never before the creation or the times it closes, a new attempt is created after
-its trial and the attempts before it, a job seen ended after it was submitted),
-and a grace period one node started (the reconciler lease's too) lasts as long when
-the other judges it.
+"""Login nodes whose clocks differ by 10 minutes reconcile one experiment: the times
+recorded for it never go backwards, whichever clock wrote them (an end is never
+before the creation or the times it closes, a new attempt is created after its
+trial and the attempts before it, a job seen ended after it was submitted), and a
+grace period one node started (the reconciler lease's too) lasts as long when the
+other judges it.
 
 No cluster: one trial on an in-process backend (the fake of ``test_exit_confirmed``)
-whose job ends; the first records are moved as the other login node's clock would
-have written them, and the tick runs on an injected clock (``tests._clock``).
+whose job ends; the first records are moved as a clock 10 minutes ahead would have
+written them, and the tick runs on an injected clock (``tests._clock``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from tests._clock import LaterClock, SkewedClock
 from tests.unit.test_exit_confirmed import _launched
 
 SKEW = timedelta(minutes=10)
-# (what the launching login node's clock is off by, the ticking one's)
+# (how far ahead the first records were written, how far off the ticking node's clock is)
 NODES = {"written ahead": (SKEW, timedelta(0)), "tick behind": (timedelta(0), -SKEW)}
 
 
@@ -119,7 +119,7 @@ def test_a_resubmitted_trial_attempt_comes_after_the_one_it_replaces(
 
 
 def test_a_kill_ends_the_experiment_after_it_began(tmp_path: Path) -> None:
-    """``dlhpc kill`` on a login node 10 minutes behind the one that launched."""
+    """``dlhpc kill`` of an experiment recorded by a clock 10 minutes ahead."""
     store, pool, _backend, _tid, _adir = _launched(tmp_path)
     with store.write() as s:
         _as_written(s, SKEW)
