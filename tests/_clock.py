@@ -1,4 +1,5 @@
-"""A clock for tests of the reconciler: this machine's clock moved, files' stamps not."""
+"""Clocks for tests of the reconciler: this machine's clock moved (files' stamps not),
+or the whole world later on."""
 
 from __future__ import annotations
 
@@ -23,3 +24,20 @@ class SkewedClock:
 
     def file_time(self, folder: Path) -> float:
         return SYSTEM_CLOCK.file_time(folder)
+
+
+class LaterClock:
+    """The world ``later`` on (files' stamps too), read on a machine whose clock is
+    ``skew`` off (ahead when positive)."""
+
+    def __init__(self, later: timedelta, skew: timedelta = timedelta(0)) -> None:
+        self.later, self.skew = later, skew
+
+    def time(self) -> float:
+        return SYSTEM_CLOCK.time() + (self.later + self.skew).total_seconds()
+
+    def now(self) -> datetime:
+        return SYSTEM_CLOCK.now() + self.later + self.skew
+
+    def file_time(self, folder: Path) -> float:
+        return SYSTEM_CLOCK.file_time(folder) + self.later.total_seconds()

@@ -18,7 +18,7 @@ from sqlalchemy import Select, select
 from sqlalchemy.orm import Session, selectinload
 
 from dlhpc.config.schema import ExperimentConfig
-from dlhpc.orchestrator.clock import Clock
+from dlhpc.orchestrator.clock import Clock, experiment_end
 from dlhpc.orchestrator.decide import SearchPass, pending_promotions
 from dlhpc.orchestrator.eventlog import log_event
 from dlhpc.orchestrator.stored import config_of, searcher_of, state_json
@@ -180,5 +180,5 @@ def _load_attempts(s: Session, trial_ids: list[int]) -> None:
 def _finish(s: Session, exp: Experiment, state: ExperimentState, why: str, now: datetime) -> None:
     """End the experiment in ``state``, with its event (``why``, or the state's name)."""
     exp.state = state.value
-    exp.ended_at = now
+    exp.ended_at = experiment_end(s, exp, now)
     log_event(s, f"experiment.{state.value.lower()}", why or state.value, exp.id)

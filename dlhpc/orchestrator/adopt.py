@@ -23,16 +23,18 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 
 from sqlalchemy import select
 
+from dlhpc.orchestrator.clock import SYSTEM_CLOCK, Clock
 from dlhpc.orchestrator.eventlog import log_event
 from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.orchestrator.stored import config_of
 from dlhpc.orchestrator.submit import first_attempt, mark_promotions_acted
 from dlhpc.states import SubmissionState
-from dlhpc.store import Attempt, Experiment, Store, Submission, Trial, utcnow
+from dlhpc.store import Attempt, Experiment, Store, Submission, Trial
 
 __all__ = ["match_tasks", "recover_submissions"]
 
@@ -90,8 +92,11 @@ def _owned(store: Store, trial_ids: list[int]) -> dict[int, str]:
     return out
 
 
-def recover_submissions(store: Store, pool: SchedulerPool, exp_id: int) -> int:
-    """Adopt the jobs of submissions a crashed launch or tick left SUBMITTING.
+def recover_submissions(
+    store: Store, pool: SchedulerPool, exp_id: int, clock: Clock = SYSTEM_CLOCK
+) -> int:
+    """Adopt the jobs of submissions a crashed launch or tick left SUBMITTING (their
+    attempts recorded at ``clock``'s now).
 
     Runs under the lease, and whoever submits holds the lease until the attempts
     are recorded, so any SUBMITTING row seen here is orphaned. When no job of it
@@ -121,7 +126,8 @@ def recover_submissions(store: Store, pool: SchedulerPool, exp_id: int) -> int:
         matched, unmatched = match_tasks(trial_ids, found, owned, size)
         if unmatched:
             scheduler.cancel(unmatched)  # no trial provably owns them: never run twice
-        adopted += _adopt(store, pool, backend, sub.id, exp_id, matched, len(found), unmatched)
+        n = len(found)
+        adopted += _adopt(store, pool, backend, sub.id, exp_id, matched, n, unmatched, clock.now())
     return adopted
 
 
@@ -134,8 +140,8 @@ def _adopt(
     matched: dict[int, str],
     n_found: int,
     unmatched: list[str],
+    now: datetime,
 ) -> int:
-    now = utcnow()
     adopted = 0
     with store.write() as session:
         row = session.get(Submission, sub_id)

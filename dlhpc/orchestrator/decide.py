@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session, selectinload
 from dlhpc._safepath import is_inside
 from dlhpc._threads import map_io
 from dlhpc.config.schema import ExperimentConfig
+from dlhpc.orchestrator.clock import trial_time
 from dlhpc.orchestrator.eventlog import log_event
 from dlhpc.orchestrator.new_trials import add_trials
 from dlhpc.protocol import request_stop, stop_file
@@ -252,7 +253,7 @@ class SearchPass:
                 self.cancels.append(current.job_id)
                 current.state = JobState.CANCELLED.value
             t.state = TrialState.STOPPED_EARLY.value
-            t.ended_at = self.now
+            t.ended_at = trial_time(t, self.now)
             t.needs_job = False
             self.searcher.tell_exited(t.request_id)
         d.acted_at = self.now

@@ -15,6 +15,7 @@ from dlhpc.config.lines import key_issue
 from dlhpc.config.schema import ExperimentConfig
 from dlhpc.config.serde import to_jsonable
 from dlhpc.errors import ConfigError, SchedulerError
+from dlhpc.orchestrator.clock import Clock, experiment_end, store_clock
 from dlhpc.orchestrator.eventlog import log_event
 from dlhpc.orchestrator.new_trials import add_trials
 from dlhpc.orchestrator.pool import SchedulerPool
@@ -27,7 +28,7 @@ from dlhpc.repro import collect_launch_record
 from dlhpc.scheduler import SubmittedTask
 from dlhpc.search import Create
 from dlhpc.states import ExperimentState
-from dlhpc.store import Experiment, Store, utcnow
+from dlhpc.store import Experiment, Store
 from dlhpc.store.store import DB_NAME
 
 __all__ = ["DryRun", "LaunchResult", "launch", "plan_launch"]
@@ -118,14 +119,17 @@ def launch(
             version = pool.get(cfg.backend).version_record()
             record = collect_launch_record(cfg, skip=store.runs_root, scheduler_version=version)
         with store.hold_lease():
-            exp_id, exp_dir = _record_launch(store, cfg, creates, searcher_state, record, yaml_text)
+            clock = store_clock(store)
+            exp_id, exp_dir = _record_launch(
+                store, cfg, creates, searcher_state, record, yaml_text, clock.now()
+            )
             publish_staging(staging, cfg, exp_dir, exp_id)
             if cfg.site.permissions.mode == "group":  # jobs' checkpoint folders inherit it
                 make_dirs(
                     checkpoint_experiment_dir(cfg.checkpoint.dir, exp_id, cfg.slug),
                     cfg.site.permissions,
                 )
-            tasks = _prepare_and_submit(store, pool, exp_id, prepare)
+            tasks = _prepare_and_submit(store, pool, exp_id, prepare, clock)
         return LaunchResult(exp_id, [t.job_id for t in tasks])
     finally:
         remove_tree(staging, ignore_errors=True)
@@ -179,11 +183,11 @@ def _record_launch(
     searcher_state: str,
     record: dict[str, Any],
     yaml_text: str | None,
+    now: datetime,
 ) -> tuple[int, Path]:
     """One write transaction (the caller holds the lease): the experiment, its first
-    trials (PENDING) and the searcher state, and a ``launch`` event. Returns the
-    experiment's id and run folder, committed."""
-    now = utcnow()
+    trials (PENDING) and the searcher state, and a ``launch`` event, created ``now``.
+    Returns the experiment's id and run folder, committed."""
     with store.write() as session:
         exp = _experiment_row(cfg, searcher_state, record, yaml_text, now)
         session.add(exp)
@@ -196,7 +200,11 @@ def _record_launch(
 
 
 def _prepare_and_submit(
-    store: Store, pool: SchedulerPool, exp_id: int, prepare: Callable[[int], None] | None
+    store: Store,
+    pool: SchedulerPool,
+    exp_id: int,
+    prepare: Callable[[int], None] | None,
+    clock: Clock,
 ) -> list[SubmittedTask]:
     """Run ``prepare(exp_id)``, then submit the trials (:func:`submit_pending`). A
     failure of ``prepare``, or a SchedulerError that submitted no job, marks the
@@ -205,20 +213,20 @@ def _prepare_and_submit(
         try:
             prepare(exp_id)
         except Exception as err:
-            _fail(store, exp_id, f"preparing the run failed: {err}")
+            _fail(store, exp_id, f"preparing the run failed: {err}", clock)
             raise
     try:
-        return submit_pending(store, pool, exp_id)
+        return submit_pending(store, pool, exp_id, clock)
     except SchedulerError as err:
         if not err.submitted:
-            _fail(store, exp_id, f"submission failed: {err}")
+            _fail(store, exp_id, f"submission failed: {err}", clock)
         raise
 
 
-def _fail(store: Store, exp_id: int, message: str) -> None:
+def _fail(store: Store, exp_id: int, message: str, clock: Clock) -> None:
     with store.write() as session:
         exp = session.get(Experiment, exp_id)
         if exp is not None:
             exp.state = ExperimentState.FAILED.value
-            exp.ended_at = utcnow()
+            exp.ended_at = experiment_end(session, exp, clock.now())
             log_event(session, "experiment.failed", message, exp_id)

@@ -16,6 +16,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from dlhpc.config.schema import ExperimentConfig
+from dlhpc.orchestrator.clock import not_before
 from dlhpc.protocol import recorded_slug, trial_dir
 from dlhpc.search import Create
 from dlhpc.states import TrialState
@@ -38,7 +39,9 @@ def add_trials(
     now: datetime,
 ) -> list[Trial]:
     """Record new PENDING trials for the searcher's Create operations, their run folders
-    in ``exp``'s (named as recorded: :func:`~dlhpc.protocol.recorded_slug`)."""
+    in ``exp``'s (named as recorded: :func:`~dlhpc.protocol.recorded_slug`), created
+    ``now`` or, when ``exp`` was recorded later (another login node's clock), then."""
+    created = not_before(now, exp.created_at)
     trials = [
         Trial(
             experiment_id=exp.id,
@@ -52,7 +55,7 @@ def add_trials(
                 else trial_seed(cfg.reproducibility.seed, op.request_id)
             ),
             run_dir="",
-            created_at=now,
+            created_at=created,
         )
         for op in creates
     ]

@@ -19,12 +19,12 @@ from datetime import datetime
 from pathlib import Path
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from dlhpc._failpoints import failpoint
 from dlhpc.config.schema import ExperimentConfig
 from dlhpc.errors import SchedulerError
-from dlhpc.orchestrator.clock import SYSTEM_CLOCK, Clock
+from dlhpc.orchestrator.clock import SYSTEM_CLOCK, Clock, not_before, trial_time
 from dlhpc.orchestrator.eventlog import log_event
 from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.orchestrator.request import job_request, new_uid
@@ -155,7 +155,7 @@ def _record_submission(
             state=SubmissionState.SUBMITTING.value,
             trial_ids_json=json.dumps([t.id for t in trials]),
             folder=str(request.folder),
-            created_at=clock.now(),
+            created_at=not_before(clock.now(), exp.created_at),
         )
         session.add(sub)
         specs = [
@@ -213,12 +213,14 @@ def _record_tasks(
             sub.state = SubmissionState.SUBMITTED.value
         sub.error = error
         done = list(zip(trials, tasks, strict=False))  # tasks may be a prefix
-        rows = {
-            t.id: t
-            for t in session.scalars(select(Trial).where(Trial.id.in_([t.id for t, _ in done])))
-        }
+        ids_done = [t.id for t, _ in done]
+        with_attempts = select(Trial).options(selectinload(Trial.attempts))
+        rows = {t.id: t for t in session.scalars(with_attempts.where(Trial.id.in_(ids_done)))}
         for trial, task in done:
-            session.add(first_attempt(trial.id, sub_id, task.job_id, str(task.stdout), now))
+            # after the trial and its submission, whichever login node's clock wrote them
+            row = rows.get(trial.id)
+            at = not_before(now, sub.created_at, trial_time(row, now) if row else None)
+            session.add(first_attempt(trial.id, sub_id, task.job_id, str(task.stdout), at))
             if trial.id in rows:
                 rows[trial.id].needs_job = False
         mark_promotions_acted(session, [t.id for t, _ in done], now)
@@ -251,4 +253,4 @@ def mark_promotions_acted(session: Session, trial_ids: list[int], now: datetime)
             Decision.acted_at.is_(None),
         )
     ):
-        d.acted_at = now
+        d.acted_at = not_before(now, d.decided_at)

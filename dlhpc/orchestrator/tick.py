@@ -33,7 +33,7 @@ from dlhpc.orchestrator._reconcile import Decided, reconcile_experiment
 from dlhpc.orchestrator._scan import Scan, pending_attempt_dirs, scan
 from dlhpc.orchestrator.adopt import recover_submissions
 from dlhpc.orchestrator.checkpoints import gc_pass
-from dlhpc.orchestrator.clock import SYSTEM_CLOCK, Clock
+from dlhpc.orchestrator.clock import SYSTEM_CLOCK, Clock, store_clock
 from dlhpc.orchestrator.decide import write_stop_files
 from dlhpc.orchestrator.eventlog import log_event
 from dlhpc.orchestrator.pool import SchedulerPool
@@ -72,12 +72,14 @@ class TickReport:
 def tick(store: Store, pool: SchedulerPool, clock: Clock = SYSTEM_CLOCK) -> TickReport:
     """One pass; a concurrent reconciler makes this one return with ``lease_held_elsewhere``.
 
-    ``clock`` is the real one except in the simulator (``dlhpc simulate``)."""
+    ``clock`` is the real one except in the simulator (``dlhpc simulate``); the pass
+    reads it on the state folder's filesystem (:func:`~dlhpc.orchestrator.clock.store_clock`)."""
     report = TickReport()
     t0 = time.monotonic()
     calls_before = pool.calls()
     try:
         with store.hold_lease():
+            clock = store_clock(store, clock)
             try:
                 _tick(store, pool, report, clock)
             except StoreError as err:
@@ -157,7 +159,7 @@ def _decide(
     queued = []
     for exp_id in polled.scan.exp_ids:
         try:
-            recover_submissions(store, pool, exp_id)
+            recover_submissions(store, pool, exp_id, clock)
         except SchedulerError as err:
             report.errors.append(f"experiment {exp_id}: recovering a submission: {err}")
             continue  # never resubmit while the orphan's jobs may exist

@@ -19,7 +19,7 @@ from typing import TypeGuard
 from sqlalchemy import Select, case, func, select
 from sqlalchemy.orm import Session
 
-from dlhpc.orchestrator.clock import Clock
+from dlhpc.orchestrator.clock import Clock, not_before, trial_time
 from dlhpc.orchestrator.decide import pending_promotion, stop_grace
 from dlhpc.orchestrator.eventlog import log_event
 from dlhpc.orchestrator.recovery import (
@@ -85,7 +85,7 @@ def _apply_status(a: Attempt, st: JobStatus | None, now: datetime) -> None:
     a.state = st.state.value
     if st.state.is_terminal or st.state == JobState.UNKNOWN:
         a.ended_at = a.ended_at or st.end
-        a.terminal_seen_at = a.terminal_seen_at or now
+        a.terminal_seen_at = a.terminal_seen_at or not_before(now, a.created_at)
     else:
         a.terminal_seen_at = None
 
@@ -165,7 +165,7 @@ def end_trial(
     s: Session, t: Trial, state: TrialState, now: datetime, last: Attempt | None, error: str
 ) -> None:
     t.state = state.value
-    t.ended_at = now
+    t.ended_at = trial_time(t, now)
     t.needs_job = False
     if error:
         t.error = "\n".join(x for x in (error, _log_tail(last) if last else "") if x)

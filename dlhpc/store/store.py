@@ -9,7 +9,7 @@ import sqlite3
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import StaticPool
 
 from dlhpc import _perms
+from dlhpc._fileclock import file_time
 from dlhpc._perms import MEMBERS_DIR, make_member_home
 from dlhpc.errors import DlhpcError, StoreError
 from dlhpc.store import lease as _lease
@@ -106,7 +107,9 @@ class Store:
     * :meth:`write` opens a write transaction. A process that holds the
       reconciler lease has it checked and renewed in every write transaction.
     * :meth:`hold_lease` takes the reconciler lease for a block; a second
-      reconciler gets :class:`~dlhpc.errors.LeaseHeldError`.
+      reconciler gets :class:`~dlhpc.errors.LeaseHeldError`. The lease's times are
+      on the state folder's filesystem clock (:mod:`dlhpc._fileclock`), which every
+      login node sharing the database reads alike, whatever its own clock says.
     SQLAlchemy errors leave this class as :class:`~dlhpc.errors.StoreError`.
     """
 
@@ -124,6 +127,7 @@ class Store:
         self.permissions = permissions
         self.read_only = read_only
         self._owner: str | None = None
+        self._lease_offset = timedelta(0)  # of the state folder's clock (hold_lease)
         if read_only:
             self._open_read_only(home)
             return
@@ -177,7 +181,11 @@ class Store:
         ):
             if self._owner is not None:
                 _lease.verify_and_renew(
-                    session, _lease.RECONCILER, self._owner, self.lease_ttl_s, utcnow()
+                    session,
+                    _lease.RECONCILER,
+                    self._owner,
+                    self.lease_ttl_s,
+                    utcnow() + self._lease_offset,
                 )
             yield session
 
@@ -192,8 +200,10 @@ class Store:
             yield
             return
         owner = _lease.make_owner_token()
+        self._lease_offset = self._clock_offset()
         with self.write() as session:
-            _lease.take(session, _lease.RECONCILER, owner, self.lease_ttl_s, utcnow())
+            now = utcnow() + self._lease_offset
+            _lease.take(session, _lease.RECONCILER, owner, self.lease_ttl_s, now)
         self._owner = owner
         try:
             yield
@@ -204,6 +214,14 @@ class Store:
                     _lease.give_back(session, _lease.RECONCILER, owner)
             except StoreError:
                 pass  # it expires on its own; nothing is lost
+
+    def _clock_offset(self) -> timedelta:
+        """How far the state folder's filesystem clock is ahead of this machine's."""
+        try:
+            stamp = file_time(self.home)
+        except OSError as err:
+            raise StoreError(f"state folder {self.home}: its clock not read: {err}") from err
+        return timedelta(seconds=stamp - utcnow().replace(tzinfo=timezone.utc).timestamp())
 
     def memory_copy(self) -> Store:
         """This store with its database copied into memory (SQLite's backup): its folders

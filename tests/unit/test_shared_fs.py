@@ -21,7 +21,7 @@ from dlhpc.protocol import EventWriter, read_event_batches
 from dlhpc.protocol.checkpoint import latest_verified, publish_checkpoint
 from dlhpc.store import IngestedFile, Metric, Store, Trial
 from dlhpc.store.ingest import SETTLE_WINDOW
-from tests._clock import SkewedClock
+from tests._clock import LaterClock
 from tests.stress._backend import StressBackend, launch_stress, stress_pool
 from tests.unit._cli import run
 
@@ -179,7 +179,7 @@ def test_files_showing_up_after_the_trial_ended_are_ingested(
         with monkeypatch.context() as m:  # another user's tick leaves settling trials alone
             m.setattr(_perms, "current_user", lambda: "someone-else")
             assert tick(store, pool).ingested_files == 0
-        late = tick(store, pool, SkewedClock(SETTLE_WINDOW + timedelta(seconds=5)))
+        late = tick(store, pool, LaterClock(SETTLE_WINDOW + timedelta(seconds=5)))
         assert late.ingested_files == 0  # the window is bounded: ended trials are not listed
         with store.read() as s:
             assert len(s.scalars(select(IngestedFile.name)).all()) == 3
