@@ -190,7 +190,7 @@ def _event_line(
     backend: str, exp_id: int, released: list[HeldJob], cancelled: list[HeldJob]
 ) -> str:
     """``slurm held 2 job(s) itself (launch failed requeued held): released 7_0 (trial
-    3); cancelled 6_1 (trial 2, no longer its current attempt)``."""
+    3); cancelled 6_1 (trial 2, not waited for)``: the experiment's jobs of this pass."""
     mine = [j for j in [*released, *cancelled] if j.experiment_id == exp_id]
     reasons = ", ".join(sorted({j.reason for j in mine if j.reason}))
     parts = []
