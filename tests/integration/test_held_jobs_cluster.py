@@ -28,11 +28,13 @@ from tests.integration.conftest import Cli
 pytestmark = [pytest.mark.cluster, pytest.mark.needs("root")]
 
 # an epoch every half second, a checkpoint file per epoch; told TERM, it exits 75
-# (checkpointed for a requeue) 13 s later: longer than Slurm waits before it launches
-# the requeued task again (10 s, cred_expire)
+# (checkpointed for a requeue) once the test has seen the task held (the file ``seen``),
+# at most 90 s later: Slurm launches the requeued task again after 10 s (cred_expire),
+# later on a loaded machine
 SCRIPT = """\
 import os, signal, sys, time
 epochs, pause, ckpt, resume = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]
+seen = sys.argv[5]
 told = []
 signal.signal(signal.SIGTERM, lambda *_: told.append(time.time()))
 start = int(open(resume).read()) if resume else 0
@@ -41,7 +43,8 @@ for epoch in range(start + 1, epochs + 1):
     time.sleep(pause)
     if told:
         print("TERM: checkpointing slowly", flush=True)
-        time.sleep(max(0.0, told[0] + 13 - time.time()))
+        while not os.path.exists(seen) and time.time() < told[0] + 90:
+            time.sleep(0.2)
         sys.exit(75)
     with open(os.path.join(ckpt, f".epoch-{epoch}"), "w") as f:
         f.write(str(epoch))
@@ -51,14 +54,15 @@ for epoch in range(start + 1, epochs + 1):
 HELD = "launch failed requeued held"
 
 
-def _launch(cli: Cli, tmp_path: Path, epochs: int) -> int:
+def _launch(cli: Cli, tmp_path: Path, epochs: int, seen: Path) -> int:
     code = tmp_path / "code"
     code.mkdir()
     (code / "train.py").write_text(SCRIPT)
     exp = tmp_path / "held.yaml"
     exp.write_text(
         "name: held\n"
-        "entrypoint: python train.py {max_length} 0.5 {checkpoint_dir} {checkpoint}\n"
+        "entrypoint: python train.py {max_length} 0.5 {checkpoint_dir} {checkpoint}"
+        f" {seen}\n"
         f"workdir: {code}\n"
         "resources: {cpus_per_task: 1, mem: 1G, time: '00:10:00'}\n"
         "hyperparameters: {x: 1}\n"
@@ -115,13 +119,15 @@ def test_a_task_slurm_held_after_a_failed_launch_is_released_and_its_trial_compl
     try:
         for node in others:  # Slurm's new launch can only go where the old copy runs
             _scontrol_node(cli, node, "DRAIN")
-        exp_id = _launch(cli, tmp_path, epochs)
+        seen = tmp_path / "seen"
+        exp_id = _launch(cli, tmp_path, epochs, seen)
         exp = cli.tick_until(exp_id, lambda e: e["trials"][0]["steps_completed"] >= 1, 60, 0.5)
         [attempt] = exp["trials"][0]["attempts"]
         job = attempt["job_id"]
         assert attempt["node_list"] == first, attempt
         _scontrol_node(cli, first, "DOWN")
         _wait_held(cli, job)
+        seen.touch()  # the old copy may end now
         for node in others:  # somewhere to run once released (the first node is drained)
             _scontrol_node(cli, node, "RESUME")
         exp = cli.tick_until(exp_id, lambda e: e["state"] != "ACTIVE", 60, 0.5)
