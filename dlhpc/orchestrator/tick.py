@@ -8,9 +8,11 @@ its own and reads only what the steps before it committed or returned:
 * **ingest** (:func:`_ingest`): the event files not ingested yet (keyed per file);
 * **decide** (:func:`_decide`): per experiment, adopt what a crash left submitting,
   reconcile its trials and let its searcher decide (one commit each);
-* **act** (:func:`_act`): per experiment decided, stop files and cancels, then the
-  submission of its pending trials (:mod:`dlhpc.orchestrator.submit`), then the
-  checkpoint keep policy (:mod:`dlhpc.orchestrator.checkpoints`).
+* **act** (:func:`_act`): the jobs the scheduler holds on its own released or
+  cancelled (:mod:`dlhpc.orchestrator.held`); per experiment decided, stop files and
+  cancels, then the submission of its pending trials
+  (:mod:`dlhpc.orchestrator.submit`), then the checkpoint keep policy
+  (:mod:`dlhpc.orchestrator.checkpoints`).
 
 Killing the process at any line loses nothing: every step is recomputed from the
 scheduler, the files and the DB on the next pass. A pass whose database cannot commit
@@ -36,6 +38,7 @@ from dlhpc.orchestrator.checkpoints import gc_pass
 from dlhpc.orchestrator.clock import SYSTEM_CLOCK, Clock, store_clock
 from dlhpc.orchestrator.decide import write_stop_files
 from dlhpc.orchestrator.eventlog import log_event
+from dlhpc.orchestrator.held import settle_held
 from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.orchestrator.submit import submit_pending
 from dlhpc.protocol import split_attempt_key
@@ -59,6 +62,8 @@ class TickReport:
     metrics: int = 0
     submitted: int = 0
     decisions: int = 0  # searcher promotions and stops acted on
+    released: int = 0  # jobs the scheduler held on its own, released (held.py)
+    held_cancelled: int = 0  # such jobs cancelled instead
     checkpoint_bytes_freed: int = 0  # by the checkpoint GC (keep policy)
     finished: list[int] = field(default_factory=list)
     scheduler_calls: dict[str, int] = field(default_factory=dict)
@@ -102,15 +107,17 @@ def _tick(store: Store, pool: SchedulerPool, report: TickReport, clock: Clock) -
     polled = _poll(store, pool, report, clock)
     runs = _ingest(store, pool, polled, report, clock)
     queued = _decide(store, pool, polled, runs, report, clock)
-    _act(store, pool, queued, report, clock)
+    _act(store, pool, polled.held, queued, report, clock)
 
 
 @dataclass(frozen=True)
 class _Polled:
-    """What the poll step read (:func:`scan`) and the polled jobs' states, by job id."""
+    """What the poll step read (:func:`scan`), the polled jobs' states by job id, and
+    the jobs each backend's scheduler holds on its own (any of the user's, by id)."""
 
     scan: Scan
     statuses: dict[str, JobStatus]
+    held: dict[str, dict[str, JobStatus]]
 
 
 def _poll(store: Store, pool: SchedulerPool, report: TickReport, clock: Clock) -> _Polled:
@@ -120,9 +127,10 @@ def _poll(store: Store, pool: SchedulerPool, report: TickReport, clock: Clock) -
     read = scan(store, clock.now())
     report.experiments = len(read.exp_ids)
     statuses = _poll_jobs(pool, read.jobs, report)
+    held = {b: pool.get(b).system_held() for b in read.jobs}
     _note_no_accounting(store, pool, read.jobs, read.backend_of)
     failpoint("tick.after_poll")
-    return _Polled(read, statuses)
+    return _Polled(read, statuses, held)
 
 
 def _ingest(
@@ -179,13 +187,21 @@ def _decide(
 
 
 def _act(
-    store: Store, pool: SchedulerPool, queued: list[Decided], report: TickReport, clock: Clock
+    store: Store,
+    pool: SchedulerPool,
+    held: dict[str, dict[str, JobStatus]],
+    queued: list[Decided],
+    report: TickReport,
+    clock: Clock,
 ) -> None:
-    """Act, per queued experiment, after its decision committed: stop what it decided
-    to stop (:func:`_stop`), submit its pending trials (:func:`submit_pending`: the
-    pass's one submission step), apply the checkpoint keep policy. The scheduler's
-    errors go into ``report``; a failed stop leaves the experiment's submission and
-    keep policy to the next pass."""
+    """Act, after the decisions committed: release or cancel the jobs the scheduler
+    holds on its own (:func:`settle_held`: a trial whose job could not be released
+    waits for a new one, submitted below); then, per queued experiment, stop what it
+    decided to stop (:func:`_stop`), submit its pending trials
+    (:func:`submit_pending`: the pass's one submission step), apply the checkpoint
+    keep policy. The scheduler's errors go into ``report``; a failed stop leaves the
+    experiment's submission and keep policy to the next pass."""
+    settle_held(store, pool, held, report)
     for d in queued:
         if not _stop(pool, d, report):
             continue

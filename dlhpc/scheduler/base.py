@@ -17,6 +17,9 @@ Contract every backend honours:
   and never hangs (every external command has a timeout).
 * :meth:`BaseScheduler.submit` raises :class:`SubmitLimitError` when the
   scheduler refused for a site limit (too many jobs held): the trials wait.
+* A job the scheduler holds on its own (Slurm: requeued and held after a failed
+  launch) has ``JobStatus.system_hold``; :meth:`BaseScheduler.system_held` lists
+  those the last poll saw, :meth:`BaseScheduler.release` releases them (one query).
 * Job ids are strings; an array task is ``"<array_job_id>_<index>"``.
 * Hyperparameters never reach a shell: a task only receives its trial folder,
   whose ``trial.json`` the job reads.
@@ -61,6 +64,9 @@ class JobStatus:
     end: datetime | None = None
     exit_code: int | None = None
     reason: str = ""  # squeue's pending reason, sacct's reason
+    # queued, and held by the scheduler itself (not by the user or an admin): it
+    # starts only once released (Slurm: "launch failed requeued held")
+    system_hold: bool = False
 
 
 @dataclass(frozen=True)
@@ -148,6 +154,18 @@ class BaseScheduler(ABC):
         once under one id (oldest first: run ``k`` is the job's restart ``k``), for the
         cause of an attempt it requeued; {} when it cannot tell. One query."""
         return {}
+
+    def system_held(self) -> dict[str, JobStatus]:
+        """This user's queued jobs that the scheduler holds on its own
+        (``JobStatus.system_hold``), by id, as the last :meth:`poll` read the queue:
+        also those it was not asked about (an attempt dlhpc no longer follows). No
+        query; {} before a poll, and from a backend without such holds."""
+        return {}
+
+    def release(self, job_ids: Collection[str]) -> list[str]:
+        """Release these held jobs (one query for all); the ids the scheduler refused
+        to release. A backend without holds releases none: every id comes back."""
+        return list(job_ids)
 
     def max_array_size(self) -> int:
         """Largest array (number of tasks) one submission may hold."""

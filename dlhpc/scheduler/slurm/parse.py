@@ -5,6 +5,7 @@
 * :func:`map_state` folds Slurm's state words into :class:`JobState`.
 * :func:`parse_squeue` / :func:`parse_sacct` read the exact formats that
   :data:`SQUEUE_FORMAT` / :data:`SACCT_FORMAT` request.
+* :func:`is_system_hold` tells a hold Slurm set itself from one a person set.
 
 Times are Slurm's local wall-clock times (``SLURM_TIME_FORMAT=standard``) and
 become naive :class:`~datetime.datetime` objects; ``Unknown``/``None``/``N/A``
@@ -16,6 +17,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 
 from dlhpc.scheduler.base import JobState, JobStatus
@@ -24,9 +26,11 @@ __all__ = [
     "SACCT_FORMAT",
     "SACCT_RUNS_FORMAT",
     "SQUEUE_FORMAT",
+    "SYSTEM_HOLD_REASONS",
     "TASK_ID_RE",
     "base_id",
     "expand_job_id",
+    "is_system_hold",
     "map_state",
     "parse_exit_code",
     "parse_max_array_size",
@@ -34,6 +38,7 @@ __all__ = [
     "parse_sacct_runs",
     "parse_squeue",
     "parse_time",
+    "refused_ids",
 ]
 
 log = logging.getLogger(__name__)
@@ -78,6 +83,20 @@ _STATES: dict[str, JobState] = {
     "PREEMPTED": JobState.PREEMPTED,
     "NODE_FAIL": JobState.NODE_FAIL,
 }
+#: squeue's reason (``%r``: the job's state description when it has one, else the
+#: reason code) of a queued job that slurmctld held itself after a failed launch,
+#: which starts only once released: 22.05 to 26.05 (the reason code under the first
+#: is JobHeldUser; 22.05 says JobHoldMaxRequeue after too many launch requeues,
+#: later versions the second text). ``job requeued in held state`` (``scontrol
+#: requeuehold``), JobHeldUser and JobHeldAdmin are holds a person set: not these.
+SYSTEM_HOLD_REASONS = frozenset(
+    {
+        "launch failed requeued held",
+        "launch failure limit exceeded requeued held",
+        "user env retrieval failed requeued held",
+        "JobHoldMaxRequeue",
+    }
+)
 _NO_VALUE = {"", "Unknown", "None", "N/A", "(null)", "None assigned"}
 _warned_states: set[str] = set()
 
@@ -126,6 +145,14 @@ def map_state(raw: str) -> tuple[JobState, str, str]:
             log.warning("unknown Slurm job state %r: reported as UNKNOWN", word)
         state = JobState.UNKNOWN
     return state, word, extra.strip()
+
+
+def is_system_hold(state: JobState, reason: str) -> bool:
+    """Whether a job in ``state`` with squeue's ``reason`` is queued and held by Slurm
+    itself (:data:`SYSTEM_HOLD_REASONS`; pyslurm writes the description's spaces as
+    ``_``)."""
+    queued = state in (JobState.PENDING, JobState.REQUEUED)
+    return queued and reason.replace("_", " ").strip() in SYSTEM_HOLD_REASONS
 
 
 def parse_exit_code(raw: str) -> int | None:
@@ -213,9 +240,13 @@ def parse_squeue(text: str) -> dict[str, JobStatus]:
 
     Start/end are kept only where they are facts (start once running, end once
     terminal); squeue's expected times are dropped. squeue shows no exit code:
-    it is 0 for COMPLETED (Slurm's meaning of the word) and None otherwise.
+    it is 0 for COMPLETED (Slurm's meaning of the word) and None otherwise. A job
+    Slurm holds itself (:func:`is_system_hold`) has ``system_hold``.
     """
-    return _parse_rows(text, "squeue", _SQUEUE_FIELDS, _squeue_facts)
+    return {
+        jid: replace(st, system_hold=True) if is_system_hold(st.state, st.reason) else st
+        for jid, st in _parse_rows(text, "squeue", _SQUEUE_FIELDS, _squeue_facts).items()
+    }
 
 
 def parse_sacct(text: str) -> dict[str, JobStatus]:
@@ -250,3 +281,10 @@ def parse_sacct_runs(text: str) -> dict[str, list[str]]:
         for jid in expand_job_id(fields[0]):
             runs.setdefault(jid, []).append((start, n, word))
     return {jid: [word for *_, word in sorted(rows)] for jid, rows in runs.items()}
+
+
+def refused_ids(text: str, ids: list[str]) -> list[str]:
+    """The ``ids`` that ``scontrol release``'s error output names, in ``ids``' order:
+    it writes ``<error> for job <id>``, or ``<id>: <error>`` for an array's task."""
+    named = {tok for line in text.splitlines() for tok in re.split(r"[\s:]+", line) if tok}
+    return [jid for jid in ids if jid in named]

@@ -11,7 +11,8 @@ Kindness to slurmctld, as a contract:
   --states=all``; or one pyslurm call where a version-matched pyslurm imports,
   see :mod:`dlhpc.scheduler.slurm._pyslurm`) and at most one ``sacct`` (only
   for ids squeue does not show as live) per call, whatever the number of ids.
-* ``cancel``: one ``scancel`` with all ids.
+* ``cancel``: one ``scancel`` with all ids; ``release``: one ``scontrol release``
+  with all ids (the jobs Slurm held itself, which ``poll``'s squeue found).
 * every command has a timeout; ``calls`` counts them by name.
 
 For an id squeue shows as ended, sacct's record wins if it is final too (it has
@@ -62,6 +63,7 @@ from dlhpc.scheduler.slurm.parse import (
     TASK_ID_RE,
     parse_max_array_size,
     parse_squeue,
+    refused_ids,
 )
 from dlhpc.scheduler.slurm.sbatch import build_submission, submit_array
 
@@ -101,6 +103,7 @@ class SlurmScheduler(SlurmCommands, BaseScheduler):
         self._limits: Limits | None = None
         self._limits_read = False
         self._held: int | None = None  # the user's queued+running tasks at the last squeue
+        self._system_held: dict[str, JobStatus] = {}  # of the last squeue: system_held()
 
     def _sbatch(self, script: Path) -> str:
         return self._checked(["sbatch", str(script)], self._submit_timeout)
@@ -214,10 +217,7 @@ class SlurmScheduler(SlurmCommands, BaseScheduler):
 
     def poll(self, job_ids: Collection[str]) -> dict[str, JobStatus]:
         """States of ``job_ids`` (``123_4`` or ``123``): one squeue, at most one sacct."""
-        ids = list(dict.fromkeys(job_ids))
-        for jid in ids:
-            if not TASK_ID_RE.match(jid):
-                raise ValueError(f"not a Slurm job id: {jid!r}")
+        ids = self._checked_ids(job_ids)
         if not ids:
             return {}
         queue = self._queue()
@@ -255,7 +255,29 @@ class SlurmScheduler(SlurmCommands, BaseScheduler):
         else:
             queue = self._squeue()
         self._held = sum(not st.state.is_terminal for st in queue.values())
+        self._system_held = {jid: st for jid, st in queue.items() if st.system_hold}
         return queue
+
+    def system_held(self) -> dict[str, JobStatus]:
+        """The user's tasks that Slurm requeued and held itself (``system_hold``: e.g.
+        ``launch failed requeued held``), as the last squeue of :meth:`poll` showed them."""
+        return dict(self._system_held)
+
+    def release(self, job_ids: Collection[str]) -> list[str]:
+        """One ``scontrol release`` for all ids; the ids Slurm refused (it names each
+        in an error line). SchedulerError when it fails without naming any (the
+        controller unreachable)."""
+        ids = self._checked_ids(job_ids)
+        if not ids:
+            return []
+        proc = self._run(["scontrol", "release", *ids], self._timeout)
+        if proc.returncode == 0:
+            return []
+        refused = refused_ids(proc.stderr or proc.stdout, ids)
+        if not refused:
+            raise SchedulerError(failed("scontrol release", proc))
+        log.warning("scontrol release refused %s: %s", ", ".join(refused), one_line(proc.stderr))
+        return refused
 
     def _squeue(self) -> dict[str, JobStatus]:
         return parse_squeue(
@@ -305,10 +327,7 @@ class SlurmScheduler(SlurmCommands, BaseScheduler):
 
     def cancel(self, job_ids: Collection[str]) -> None:
         """One scancel for all ids; ids Slurm no longer knows or that ended are ignored."""
-        ids = list(dict.fromkeys(job_ids))
-        for jid in ids:
-            if not TASK_ID_RE.match(jid):
-                raise ValueError(f"not a Slurm job id: {jid!r}")
+        ids = self._checked_ids(job_ids)
         if not ids:
             return
         proc = self._run(["scancel", *ids], self._timeout)
@@ -321,6 +340,15 @@ class SlurmScheduler(SlurmCommands, BaseScheduler):
         ]
         if errors:
             raise SchedulerError(failed("scancel", proc, " ".join(errors)))
+
+    @staticmethod
+    def _checked_ids(job_ids: Collection[str]) -> list[str]:
+        """The ids once each, in order; ValueError for one that is not a Slurm job id."""
+        ids = list(dict.fromkeys(job_ids))
+        for jid in ids:
+            if not TASK_ID_RE.match(jid):
+                raise ValueError(f"not a Slurm job id: {jid!r}")
+        return ids
 
     def find_jobs(self, name: str) -> list[str]:
         """One squeue (and, when accounting works, one sacct) by job name. Without
