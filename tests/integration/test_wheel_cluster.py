@@ -212,7 +212,9 @@ def test_pipx_and_a_git_url_install_it_as_an_unprivileged_user(work: Path, wheel
     tools = work / "tools"  # pipx, from the package index, in a throw-away venv
     _run([sys.executable, "-m", "venv", "--without-pip", tools])
     _pip_install(tools / "bin" / "python", "pipx")
-    let_others_pass(Path(sys.base_prefix) / "x")  # the interpreter of every venv here
+    deps = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    for folder in (*deps, sys.base_prefix):  # the user's venvs run this interpreter
+        let_others_pass(Path(folder) / "x")
     home = work / "home"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "DLHPC_", "VIRTUAL"))}
     user = User(env, home)
@@ -239,7 +241,6 @@ def test_pipx_and_a_git_url_install_it_as_an_unprivileged_user(work: Path, wheel
     site = user(
         venv / "bin" / "python", "-c", "import site; print(site.getsitepackages()[0])", cwd=home
     )
-    deps = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
     Path(site.strip(), "dev-deps.pth").write_text("".join(f"{d}\n" for d in deps))
     pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
     user(
