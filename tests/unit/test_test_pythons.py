@@ -109,4 +109,8 @@ def test_every_unit_test_runs_with_fewer_examples_and_without_ci(
     assert args.endswith("|-m|not cluster and not browser|tests/unit|-x|"), args
     assert "--ignore" not in args and "--deselect" not in args  # every unit test, every file
     assert env == "fewer=1 ci=unset"
+    (basetemp,) = [a for a in args.split("|") if a.startswith("--basetemp=")]
+    root = tp.temp_root()  # /dev/shm where it may be written
+    assert root is None or basetemp.startswith(f"--basetemp={root}/dlhpc-test-pythons-"), args
+    assert not Path(basetemp.removeprefix("--basetemp=")).parent.exists()  # removed after
     assert capsys.readouterr().out == out  # passed through as it came
