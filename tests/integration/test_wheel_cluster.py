@@ -7,6 +7,10 @@ sdist, installed into a fresh venv outside the checkout, and used with no checko
   cluster. The venv reuses the test interpreter's installed dependencies (a ``.pth`` line
   naming its site-packages, whose own ``.pth`` files, such as an editable dlhpc's, are not
   read), so torch is not downloaded; dlhpc itself comes from the wheel alone.
+- As that user too, the other two ways the README installs it: ``pipx install`` of the
+  wheel (pipx itself from the package index, in a throw-away venv), and ``pip install``
+  of ``dlhpc @ git+file://`` a clone of the checkout (what ``git+https://`` does, but
+  the fetch), each then run with no checkout on ``sys.path``.
 - On each other supported Python (pyproject.toml's classifiers, found as
   ``scripts/test-pythons`` finds them: pyenv, else ``$PATH``): the wheel
   installed with its dependencies from the package index (no extras), ``dlhpc doctor`` and
@@ -194,6 +198,63 @@ def test_the_wheel_works_outside_the_checkout_as_an_unprivileged_user(
         assert (exp["state"], exp["backend"], exp["user"]) == ("COMPLETED", backend, me), exp
     user("dlhpc", "report", "1", "-o", "digits.html", cwd=home, DLHPC_HOME=str(home / "local"))
     assert "val_accuracy" in (home / "digits.html").read_text()
+
+
+def _no_checkout(user: User, python: Path, under: Path, home: Path) -> None:
+    """``python`` imports dlhpc from under ``under``, with no checkout on ``sys.path``."""
+    probe = "import dlhpc, json, sys; print(json.dumps([dlhpc.__file__, sys.path]))"
+    where, paths = json.loads(user(python, "-c", probe, cwd=home))
+    assert where.startswith(f"{under}/"), where
+    assert REPO not in [Path(p) for p in paths], paths
+
+
+def test_pipx_and_a_git_url_install_it_as_an_unprivileged_user(work: Path, wheel: Path) -> None:
+    tools = work / "tools"  # pipx, from the package index, in a throw-away venv
+    _run([sys.executable, "-m", "venv", "--without-pip", tools])
+    _pip_install(tools / "bin" / "python", "pipx")
+    deps = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    for folder in (*deps, sys.base_prefix):  # the user's venvs run this interpreter
+        let_others_pass(Path(folder) / "x")
+    home = work / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "DLHPC_", "VIRTUAL"))}
+    user = User(env, home)
+    version = f"dlhpc, version {__version__}\n"
+
+    # pipx install of the wheel: its own venv, the dependencies from the package index
+    pipx = {"PIPX_HOME": str(home / "pipx"), "PIPX_BIN_DIR": str(home / "bin")}
+    user(tools / "bin" / "pipx", "install", wheel, cwd=home, **pipx)
+    own = Path(pipx["PIPX_HOME"], "venvs", "dlhpc")
+    _no_checkout(user, own / "bin" / "python", own, home)
+    dlhpc = Path(pipx["PIPX_BIN_DIR"], "dlhpc")
+    assert user(dlhpc, "--version", cwd=home) == version
+    listed = user(dlhpc, "example", "--list", cwd=home).splitlines()
+    assert {"digits", "argparse"} <= {line.split()[0] for line in listed}, listed
+
+    # pip install of a git URL: a clone the user owns, fetched and built by pip (the
+    # dependencies from this interpreter's site-packages, as in the first test)
+    clone = work / "clone"
+    _run(["git", "clone", "-q", "--no-hardlinks", REPO, clone])
+    if user.ids is not None:  # git refuses a repository another user owns
+        _run(["chown", "-R", f"{user.ids.pw_uid}:{user.ids.pw_gid}", clone])
+    venv = home / "venv"
+    user(sys.executable, "-m", "venv", "--without-pip", venv, cwd=home)
+    site = user(
+        venv / "bin" / "python", "-c", "import site; print(site.getsitepackages()[0])", cwd=home
+    )
+    Path(site.strip(), "dev-deps.pth").write_text("".join(f"{d}\n" for d in deps))
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    user(
+        *pip,
+        "--python",
+        venv / "bin" / "python",
+        "install",
+        f"dlhpc @ git+file://{clone}",
+        cwd=home,
+    )
+    _no_checkout(user, venv / "bin" / "python", venv, home)
+    at = {"DLHPC_HOME": str(home / "git-home")}
+    assert user(venv / "bin" / "dlhpc", "--version", cwd=home) == version
+    user(venv / "bin" / "dlhpc", "doctor", "--site", "local", cwd=home, **at)
 
 
 # each supported Python (pyproject.toml's classifiers) but this one, which the first test covers

@@ -315,7 +315,8 @@ def test_proposer_and_budget_settings_from_the_file(env: dict[str, str]) -> None
 
 def test_tpe_with_a_budget_through_the_orchestrator(tmp_path: Path) -> None:
     """``dlhpc simulate``'s real launch and ticks (the state saved and restored on every
-    tick): asha with the tpe proposer and no trial count ends when the budget is spent."""
+    tick, in its own scratch folder): asha with the tpe proposer and no trial count ends
+    when the budget is spent."""
     from dlhpc.config import load_experiment as load
     from dlhpc.simulate import SimSettings, SyntheticCurves, best_reference, simulate_once
 
@@ -332,7 +333,7 @@ def test_tpe_with_a_budget_through_the_orchestrator(tmp_path: Path) -> None:
     src = SyntheticCurves(cfg.hyperparameters, 9, True, 120.0)
     ref = best_reference(src, cfg.hyperparameters, 9, True)
     settings = SimSettings(gpus=4, queue_wait_s=30.0, tick_interval_s=120.0)
-    result = simulate_once(cfg, src, settings, ref, home=tmp_path / "home")
+    result = simulate_once(cfg, src, settings, ref)
     assert result.state == "COMPLETED", result
     assert result.completed >= 1 and result.stopped_early > 0
     # every trial trained at least the first rung (1): 120 epochs hold at most 120 trials,

@@ -69,11 +69,19 @@ def alices(tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch) -> int:
     return int(json.loads(res.output)["experiment_id"])
 
 
+def _first_job_ended(root: Path, timeout: float = 60) -> None:
+    """Wait until the local runner under ``root`` records its first task as ended."""
+    deadline = time.monotonic() + timeout
+    while not any('"COMPLETED"' in p.read_text() for p in root.rglob("status/0.json")):
+        assert time.monotonic() < deadline, "alice's first job never ended"
+        time.sleep(0.1)
+
+
 def test_another_users_tick_leaves_the_experiment_alone(
-    alices: int, monkeypatch: pytest.MonkeyPatch
+    alices: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _as(monkeypatch, "bob")
-    time.sleep(3)  # alice's first trial has long finished: a tick would ingest and submit
+    _first_job_ended(tmp_path)  # alice's first trial has finished: a tick would ingest and submit
     for _ in range(3):
         res = run("tick", "--json")
         assert res.exit_code == 0 and json.loads(res.output)["experiments"] == 0, res.output

@@ -26,6 +26,7 @@ while True:
 BUSY = "sum(range(1000))"  # pure Python: the main thread runs bytecode
 SLEEP = "time.sleep(3600)"  # one long C call: only a real signal interrupts it
 SWALLOW = "try:\n        time.sleep(3600)\n    except SystemExit:\n        pass"
+GRACE_1S = ("dlhpc.init()", "dlhpc.init(poll_grace_s=1.0)")
 
 POLLING = """
 import time, dlhpc
@@ -97,11 +98,13 @@ def _records(attempt: Path) -> list[dict[str, object]]:
     return [r for b in read_event_batches(attempt) for r in b.records]
 
 
-def _assert_ended_for_requeue(code: int, err: str, attempt: Path, what: str) -> None:
+def _assert_ended_for_requeue(
+    code: int, err: str, attempt: Path, what: str, grace: str = "5s"
+) -> None:
     line = (
-        f"[dlhpc] {what} and the script did not poll within 5s: exiting"
+        f"[dlhpc] {what} and the script did not poll within {grace}: exiting"
         if what.startswith("the searcher")
-        else f"[dlhpc] {what} and the script did not poll within 5s: exiting for requeue"
+        else f"[dlhpc] {what} and the script did not poll within {grace}: exiting for requeue"
     )
     assert code == 75, err
     assert line in err and "call ctx.step()/should_stop() to checkpoint first" in err, err
@@ -127,18 +130,20 @@ def test_a_script_asleep_in_one_long_call_ends_too(tmp_path: Path) -> None:
 
 
 def test_a_script_that_swallows_the_exit_is_ended_anyway(tmp_path: Path) -> None:
-    proc, attempt = _start(tmp_path, NON_POLLING.replace("LOOP", SWALLOW))
+    # a grace of 1 s (the default's 5 s is the two tests above): 1 s, then 5 s to exit
+    proc, attempt = _start(tmp_path, NON_POLLING.replace("LOOP", SWALLOW).replace(*GRACE_1S))
     proc.send_signal(signal.SIGTERM)
     code, err, _ = _finish(proc, within_s=25)
-    _assert_ended_for_requeue(code, err, attempt, "received TERM")
+    _assert_ended_for_requeue(code, err, attempt, "received TERM", grace="1s")
     assert "did not exit within 5s: ending the process" in err
 
 
 def test_a_stop_decision_ends_a_script_that_never_polls(tmp_path: Path) -> None:
-    proc, attempt = _start(tmp_path, NON_POLLING.replace("LOOP", BUSY))
+    # busy all the while: a grace of 1 s keeps that short
+    proc, attempt = _start(tmp_path, NON_POLLING.replace("LOOP", BUSY).replace(*GRACE_1S))
     (attempt.parent.parent / STOP_FILE).write_text("{}")
-    code, err, _ = _finish(proc, within_s=20)  # looked for every 2 s, then 5 s of grace
-    _assert_ended_for_requeue(code, err, attempt, "the searcher stopped this trial")
+    code, err, _ = _finish(proc, within_s=20)  # looked for every 2 s, then 1 s of grace
+    _assert_ended_for_requeue(code, err, attempt, "the searcher stopped this trial", grace="1s")
 
 
 def test_a_polling_script_checkpoints_and_exits_itself(tmp_path: Path) -> None:
@@ -157,16 +162,17 @@ def test_a_polling_script_checkpoints_and_exits_itself(tmp_path: Path) -> None:
 
 def test_code_that_replaced_the_handler_handles_stops_itself(tmp_path: Path) -> None:
     # as the plain-script runner does: it reads the stop file and signals its child itself
-    source = NON_POLLING.replace("dlhpc.init()", "dlhpc.init(poll_grace_s=1.0)")
+    source = NON_POLLING.replace(*GRACE_1S)
     source = source.replace(
         'open("ready"',
         'import signal; signal.signal(signal.SIGTERM, lambda *a: None)\nopen("ready"',
     )
     proc, attempt = _start(tmp_path, source.replace("LOOP", BUSY))
     (attempt.parent.parent / STOP_FILE).write_text("{}")
-    time.sleep(6)  # the stop file is looked for every 2 s, then 1 s of grace
+    time.sleep(4.5)  # the stop file is looked for every 2 s, then 1 s of grace
     try:
         assert proc.poll() is None, proc.communicate()[1]
     finally:
         proc.kill()
-        proc.communicate()
+        _, err = proc.communicate()
+    assert "did not poll" not in err, err  # the watchdog stood aside: not a word

@@ -92,10 +92,25 @@ def test_the_versions_are_pyprojects_classifiers() -> None:
     assert want and tp.supported() == want
 
 
-def test_what_it_leaves_to_the_whole_suite_exists() -> None:
-    repo = SCRIPT.parents[1]
-    for path in tp.LEAVES:
-        assert (repo / path).is_file(), path
-    for test in tp.DESELECTED:
-        path, name = test.split("::")
-        assert f"\ndef {name}(" in (repo / path).read_text(), test
+def test_every_unit_test_runs_with_fewer_examples_and_without_ci(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = _python(tmp_path / "bin" / "python")  # says what pytest would get
+    fake.write_text(
+        '#!/bin/sh\nprintf "%s|" "$@"\necho\n'
+        'echo "fewer=${DLHPC_TEST_FEWER-unset} ci=${CI-unset}"\necho "1 passed in 0.01s"\n'
+    )
+    monkeypatch.setenv("CI", "1")
+    monkeypatch.delenv("DLHPC_TEST_FEWER", raising=False)
+    rc, out = tp.run_tests(fake, ["-x"])
+    assert rc == 0 and tp.summary_counts(out) == (1, 0, 0)
+    args, env = out.splitlines()[:2]
+    assert args.startswith("-m|pytest|")
+    assert args.endswith("|-m|not cluster and not browser|tests/unit|-x|"), args
+    assert "--ignore" not in args and "--deselect" not in args  # every unit test, every file
+    assert env == "fewer=1 ci=unset"
+    (basetemp,) = [a for a in args.split("|") if a.startswith("--basetemp=")]
+    root = tp.temp_root()  # /dev/shm where it may be written
+    assert root is None or basetemp.startswith(f"--basetemp={root}/dlhpc-test-pythons-"), args
+    assert not Path(basetemp.removeprefix("--basetemp=")).parent.exists()  # removed after
+    assert capsys.readouterr().out == out  # passed through as it came
