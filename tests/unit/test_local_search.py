@@ -153,13 +153,12 @@ def test_reconciler_killed_at_every_point_of_an_asha_search_loses_and_duplicates
         "{name: asha, metric: loss, max_trials: 9, max_length: 9, divisor: 3, max_rungs: 3,"
         " max_concurrent_trials: 3, seed: 4}",
     )
-    # not submit.after_sbatch: the adopted job of a killed submission that then pauses
-    # at its grant is labelled "requeued" and counted as a restart (the check below)
     points = [
         "ingest.before_mark",
         "tick.after_ingest_batch",
         "tick.after_ingest",
         "tick.after_decide",
+        "submit.after_sbatch",
         "tick.after_poll",
     ]
     env = {**os.environ, "DLHPC_HOME": str(home), "DLHPC_SITE": "local"}

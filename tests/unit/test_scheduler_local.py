@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -181,3 +182,15 @@ def test_unknown_and_bad_ids(sched: LocalScheduler, tmp_path: Path) -> None:
         sched.poll(["123_4"])
     assert sched.submit(request(tmp_path, 0)) == []
     assert isinstance(make_scheduler("local", local_root=tmp_path), LocalScheduler)
+
+
+def test_find_jobs_by_name(sched: LocalScheduler, tmp_path: Path) -> None:
+    """The tasks of every batch submitted under a name, in submission order, as a tick
+    adopting a crashed submission looks them up; none under another name."""
+    first = sched.submit(request(tmp_path / "a", 2))
+    sched.submit(dataclasses.replace(request(tmp_path / "b", 1), name="dlhpc-e2-other"))
+    time.sleep(0.05)  # batches are ordered by their index file's time stamp
+    second = sched.submit(request(tmp_path / "c", 1))
+    assert sched.find_jobs("dlhpc-e1-test") == [t.job_id for t in [*first, *second]]
+    assert sched.find_jobs("dlhpc-e9-none") == []
+    assert LocalScheduler(tmp_path / "no-root").find_jobs("dlhpc-e1-test") == []

@@ -210,6 +210,23 @@ class LocalScheduler(BaseScheduler):
                 continue
             atomic_write_text(paths.cancel(index), "")
 
+    def find_jobs(self, name: str) -> list[str]:
+        """Ids of the tasks of every batch submitted under ``name``, read from the
+        batch index under ``root`` and each batch's ``batch.json``: batches in the
+        order their index was written, tasks in order. A batch whose files cannot be
+        read is not found."""
+        found: list[tuple[int, str, int]] = []
+        for entry in self.root.glob("*.batch") if self.root.is_dir() else []:
+            paths = self._paths(entry.stem)
+            try:
+                spec = Batch.read(paths.spec) if paths is not None else None
+                written = entry.stat().st_mtime_ns
+            except (OSError, ValueError, TypeError):
+                continue
+            if spec is not None and spec.name == name:
+                found.append((written, entry.stem, len(spec.trial_dirs)))
+        return [job_id(batch, i) for _, batch, n in sorted(found) for i in range(n)]
+
     def log_paths(self, folder: Path, job_id: str) -> list[Path]:
         """``<folder>/local-<batch>/logs/<i>.out`` and ``.err``."""
         batch, index = parse_job_id(job_id)
