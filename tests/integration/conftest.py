@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import time
 from collections.abc import Callable
@@ -183,6 +184,14 @@ class Cli:
 
     def json(self, *args: str) -> Any:
         return json.loads(self(*args, "--json").stdout)
+
+    def events(self, kind: str) -> list[str]:
+        """The messages of this home's events of ``kind``, read from its database."""
+        con = sqlite3.connect(self.home / "dlhpc.db")
+        try:
+            return [r[0] for r in con.execute("SELECT message FROM events WHERE kind = ?", (kind,))]
+        finally:
+            con.close()
 
     def experiment(self, exp_id: int) -> dict[str, Any]:
         return self.json("status", str(exp_id))["experiments"][0]  # type: ignore[no-any-return]

@@ -14,7 +14,6 @@ the trial never ends."""
 from __future__ import annotations
 
 import json
-import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -99,14 +98,6 @@ def _wait_held(cli: Cli, job_id: str, timeout: float = 40) -> None:
         time.sleep(0.5)
 
 
-def _events(cli: Cli, kind: str) -> list[str]:
-    con = sqlite3.connect(cli.home / "dlhpc.db")
-    try:
-        return [r[0] for r in con.execute("SELECT message FROM events WHERE kind = ?", (kind,))]
-    finally:
-        con.close()
-
-
 def test_a_task_slurm_held_after_a_failed_launch_is_released_and_its_trial_completes(
     cli: Cli, tmp_path: Path
 ) -> None:
@@ -140,7 +131,7 @@ def test_a_task_slurm_held_after_a_failed_launch_is_released_and_its_trial_compl
     assert trial["steps_completed"] == epochs and trial["crashes"] == 0, trial
     assert {a["job_id"] for a in trial["attempts"]} == {job}  # released, not submitted again
     assert trial["attempts"][-1]["cause"] == "completed", trial["attempts"]
-    [line] = _events(cli, "jobs.held")
+    [line] = cli.events("jobs.held")
     assert f"({HELD}): released {job} (trial {trial['id']})" in line, line
     out, _err = logs_of(cli, trial["id"])
     assert "first run" in out and "resumed at epoch" in out, out

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import getpass
 import os
-import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -69,14 +68,6 @@ def _held(cli: Cli) -> int:
     return len(out.split())
 
 
-def _events(cli: Cli, kind: str) -> list[str]:
-    con = sqlite3.connect(cli.home / "dlhpc.db")
-    try:
-        return [r[0] for r in con.execute("SELECT message FROM events WHERE kind = ?", (kind,))]
-    finally:
-        con.close()
-
-
 @strict_only
 def test_more_trials_than_max_submit_never_hold_more_than_it(cli: Cli, tmp_path: Path) -> None:
     n = 14
@@ -96,8 +87,8 @@ def test_more_trials_than_max_submit_never_hold_more_than_it(cli: Cli, tmp_path:
     assert exp["state"] == "COMPLETED", exp
     assert [t["state"] for t in exp["trials"]] == ["COMPLETED"] * n
     assert all(t["restarts"] == 0 and t["crashes"] == 0 for t in exp["trials"])
-    assert _events(cli, "submit.waiting")  # the rest waited for slots, said so
-    assert not _events(cli, "submit.error")
+    assert cli.events("submit.waiting")  # the rest waited for slots, said so
+    assert not cli.events("submit.error")
 
 
 @strict_only
@@ -105,7 +96,7 @@ def test_time_above_the_qos_max_wall_is_a_config_error(cli: Cli, tmp_path: Path)
     proc = cli("launch", str(_experiment(tmp_path, 2, "03:00:00")), check=False)
     assert proc.returncode == 2, proc.stderr
     assert "resources.time" in proc.stderr and "MaxWall 02:00:00" in proc.stderr
-    assert not (cli.home / "dlhpc.db").exists() or not _events(cli, "submit")
+    assert not (cli.home / "dlhpc.db").exists() or not cli.events("submit")
 
 
 @strict_only
@@ -124,7 +115,7 @@ def test_grid_runs_to_completion_without_accounting(cli: Cli) -> None:
     assert exp["state"] == "COMPLETED", exp
     assert [t["state"] for t in exp["trials"]] == ["COMPLETED"] * 4
     assert all(t["restarts"] == 0 for t in exp["trials"])
-    (told,) = _events(cli, "scheduler.no_accounting")  # recorded once, not every tick
+    (told,) = cli.events("scheduler.no_accounting")  # recorded once, not every tick
     assert "sacct" in told
     doctor = {c["name"]: c for c in cli.json("doctor")["checks"]}
     assert doctor["accounting (sacct)"]["status"] == "warn"
