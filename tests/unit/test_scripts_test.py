@@ -22,6 +22,7 @@ MATRIX = [
     "24.11-default",
     "26.05-default",
     "22.05-strict",
+    "22.05-adapters",
     "22.05-noacct",
     "24.11-strict",
     "24.11-noacct",
@@ -29,6 +30,8 @@ MATRIX = [
     "26.05-noacct",
 ]
 UNSET = "+ env -u SLURM_CONF -u DLHPC_DEV_SLURM -u DLHPC_DEV_PROFILE -u DLHPC_DEV_CHROOT"
+ADAPTERS = "22.05-adapters"  # a second 22.05 default cluster, of its own folder and ports
+SECOND = "DLHPC_DEV_CLUSTER_DIR=/var/tmp/dlhpc-dev-cluster-22.05-adapters"
 SUMMARY = re.compile(r"^(\d+) passed, (\d+) failed, (\d+) skipped in [0-9.]+s$")
 
 DEV_CLUSTER = """\
@@ -77,6 +80,7 @@ echo "lint ${0##*/}" >> "$CALLS"
 # scripts/test-pythons: its last line in pytest's summary format
 PYTHONS = """\
 #!/bin/sh
+[ "$1" = --list ] && { echo 3.10; echo 3.12; exit 0; }
 echo "test-pythons $*" >> "$CALLS"
 echo "12 passed, 0 failed, 2 skipped in 1.00s"
 """
@@ -109,7 +113,17 @@ def test_dry_run_of_the_whole_matrix_lists_every_part_in_order() -> None:
     assert lines.index("+ scripts/setup-browser") < lines.index("+ scripts/dev-cluster up")
     # the whole suite in two parts, which select complementary sets and list their slowest
     whole = "+ python -m pytest -q -p no:cacheprovider --durations=25"
-    clustered, unit = f"{whole} -m cluster -x", f"{whole} -m not\\ cluster -x"
+    clustered = next(ln for ln in lines if ln.startswith(f"{whole} -m cluster "))
+    unit = f"{whole} -m not\\ cluster -x"
+    # the adapters' tests are left to their own part, on a second 22.05 default cluster
+    adapters = [ln for ln in lines if SECOND in ln and "-m pytest" in ln]
+    assert len(adapters) == 1 and " -m cluster tests/integration/test_adapter_" in adapters[0]
+    files = adapters[0].split(" -m cluster ")[1].split()
+    assert files and all((REPO / f).is_file() for f in files), files
+    assert clustered == f"{whole} -m cluster " + " ".join(f"--ignore={f}" for f in files) + " -x"
+    # the unit tests on the other Pythons, one part each, after the unit part here (dry)
+    pythons = [ln for ln in lines if ln.startswith("+ scripts/test-pythons ")]
+    assert len(pythons) >= 1 and min(map(lines.index, pythons)) > lines.index(unit), lines
     assert lines.index("+ scripts/dev-cluster up") < lines.index(clustered), lines
     assert lines.index("+ mypy") < lines.index(unit), lines
     # dry: the whole suite's cluster goes down before the matrix's first part comes up
@@ -117,8 +131,11 @@ def test_dry_run_of_the_whole_matrix_lists_every_part_in_order() -> None:
     down = lines.index("+ scripts/dev-cluster down")
     assert suite < down < min(i for i, ln in enumerate(lines) if "dev-cluster up --slurm" in ln)
     ups = [ln for ln in lines if " scripts/dev-cluster up --slurm" in ln]
-    assert [re.sub(r".*--slurm (\S+) --profile (\S+)$", r"\1-\2", ln) for ln in ups] == MATRIX
+    expected = ["22.05-default" if p == ADAPTERS else p for p in MATRIX]
+    assert [re.sub(r".*--slurm (\S+) --profile (\S+)$", r"\1-\2", ln) for ln in ups] == expected
     for part in MATRIX:
+        if part == ADAPTERS:
+            continue
         v, p = part.split("-")
         flags = f"--slurm {v} --profile {p}"
         runs = [ln for ln in lines if f"exec {flags}" in ln and "-m pytest" in ln]
@@ -256,9 +273,13 @@ def test_the_whole_suite_runs_its_two_parts_side_by_side_and_a_failing_linter_fa
     # the unit part's tests ran after the failing linter; the part counts one failure
     assert any(ln.startswith("22.05-unit     FAILED (exit 1): 6 passed, 1 failed") for ln in lines)
     assert any(ln.startswith("22.05-default  ok: 6 passed, 0 failed, 1 skipped") for ln in lines)
-    # then, after the unit part, the unit tests on the other Pythons
-    assert any(ln.startswith("py-versions    ok: 12 passed, 0 failed, 2 skipped") for ln in lines)
-    assert lines[-1].startswith("30 passed, 1 failed, 5 skipped in "), lines
+    # the unit tests on the other Pythons, one part each, taken once by whichever
+    # stream was done first
+    for version in ("3.10", "3.12"):
+        assert any(
+            ln.startswith(f"py-{version}        ok: 12 passed, 0 failed, 2 skipped") for ln in lines
+        )
+    assert lines[-1].startswith("42 passed, 1 failed, 7 skipped in "), lines
     assert "failed parts: 22.05-unit" in lines
     assert sum(ln.startswith("== part 22.05-default: ") for ln in lines) == 1, lines
     calls = (root / "calls").read_text().splitlines()
@@ -270,7 +291,10 @@ def test_the_whole_suite_runs_its_two_parts_side_by_side_and_a_failing_linter_fa
     up, down = calls.index("dev-cluster up"), calls.index("dev-cluster down")
     assert up < min(calls.index(c) for c in pytests) and down > max(calls.index(c) for c in pytests)
     assert up < calls.index("dev-cluster up --slurm 22.05 --profile noacct")  # the lane, beside
-    assert calls.index("test-pythons ") > max(calls.index(c) for c in pytests if "not cluster" in c)
+    assert sorted(c for c in calls if c.startswith("test-pythons")) == [
+        "test-pythons 3.10",
+        "test-pythons 3.12",
+    ]
 
 
 def test_a_cluster_that_does_not_come_up_is_a_failed_part(
