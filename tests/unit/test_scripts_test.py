@@ -354,3 +354,13 @@ def test_lanes_keep_a_chroot_version_in_one_lane_and_add_up_as_one_after_another
         sum(p["failed"] for p in record["parts"]),
     )
     assert record["cores"] >= 1 and 0 <= record["cpu_busy"] <= 1
+
+
+def test_no_python_to_test_exits_2_before_any_part(stand_in: tuple[Path, dict[str, str]]) -> None:
+    root, env = stand_in
+    (root / "scripts" / "test-pythons").write_text(
+        '#!/bin/sh\necho "test-pythons $*" >> "$CALLS"\n'
+    )
+    proc = _script({**env, "DLHPC_TEST_MATRIX": "22.05-unit"}, root)
+    assert proc.returncode == 2 and "named no Python to test" in proc.stderr, proc.stderr
+    assert not any("-m pytest" in c for c in (root / "calls").read_text().splitlines())
