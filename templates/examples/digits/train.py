@@ -79,6 +79,7 @@ def load_data() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
             )
             os.replace(tmp, DATA_CACHE)
         except OSError as err:
+            tmp.unlink(missing_ok=True)
             print(f"note: the data split is not cached ({err})", flush=True)
     x_train, y_train, x_val, y_val = (torch.from_numpy(arrays[k]) for k in SPLIT_NAMES)
     return x_train, y_train, x_val, y_val
