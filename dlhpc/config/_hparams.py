@@ -203,7 +203,7 @@ def read_searcher(
     max_trials = s["max_trials"]
     if max_trials is None:  # a budget ends the search: no count unless one is given
         max_trials = 1 if s["max_budget"] is None else _MAX_TRIALS
-    proposer, proposer_settings = s["proposer"] or ("random", {})
+    proposer, proposer_settings = s["proposer"] or (None, {})
     config = SearcherConfig(
         name=name,
         metric=s["metric"],

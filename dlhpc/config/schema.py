@@ -75,8 +75,8 @@ class SearcherConfig:
     mode: str | None = None  # hyperband: aggressive|standard|conservative
     min_length: int | None = None  # sha/asha/hyperband: the first rung's length (sets max_rungs)
     stop_once: bool = False  # sha/asha: never pause; stop weak trials while they run
-    # asha/hyperband: what to try (their proposers): "random" or "tpe"
-    proposer: str = "random"
+    # asha/hyperband: what to try (their proposers): "random" or "tpe"; None: their default
+    proposer: str | None = None
     proposer_settings: dict[str, Any] = field(default_factory=dict)  # the proposer's, defaults in
     max_budget: int | None = None  # sha/asha/hyperband: total length over all trials; ends it
 

@@ -128,7 +128,7 @@ def _reproduction_config(
             min_length=None,
             mode=None,
             stop_once=False,
-            proposer="random",
+            proposer=None,
             proposer_settings={},
             max_budget=None,
         ),

@@ -65,9 +65,10 @@ class ASHASearcher(ASHAState, BaseSearcher):
     """ASHA over the rungs of :func:`~dlhpc.search._rungs.rung_lengths` (see the module doc).
 
     Request ids are ``0, 1, 2, ...`` in creation order; the proposer
-    (:mod:`dlhpc.search._proposers`) gives each its hyperparameters: with the
-    default ``random``, trial ``i`` has those of random search's trial ``i`` for
-    the same seed. ``max_budget`` (:mod:`dlhpc.search._budget`) caps what it grants.
+    (:mod:`dlhpc.search._proposers`) gives each its hyperparameters (the default
+    ``tpe``: a model of the rung results; with ``random``, trial ``i`` has those of
+    random search's trial ``i`` for the same seed). ``max_budget``
+    (:mod:`dlhpc.search._budget`) caps what it grants.
     """
 
     kind = "asha"

@@ -63,7 +63,7 @@ class ASHAState(RungState):
             "stop_once": self._stop_once,
             "smaller_is_better": self.config.smaller_is_better,
             "max_budget": self.config.max_budget,
-            "proposer": {"name": self.config.proposer, **self.config.proposer_settings},
+            "proposer": {"name": self._proposer.name, **self.config.proposer_settings},
         }
 
     def _state(self) -> dict[str, Any]:

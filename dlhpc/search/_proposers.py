@@ -1,8 +1,9 @@
 """Proposers: "what to try" for the rung searchers ``asha`` and ``hyperband``.
 
 A rung searcher decides how long each trial trains; its proposer decides each new
-trial's configuration (``searcher: {name: asha, proposer: tpe}``, or with settings
-``proposer: {name: tpe, gamma: 0.2}``). A proposer is pure and seeded:
+trial's configuration (``searcher: {name: asha, proposer: random}``, or with settings
+``proposer: {name: tpe, gamma: 0.2}``; none given: :data:`DEFAULT_PROPOSER`). A
+proposer is pure and seeded:
 
 * ``propose(index, pooled)``: the configuration of trial ``index`` (trials are
   proposed in order ``0, 1, 2, ...``), given the rung results so far, ``pooled``:
@@ -10,9 +11,9 @@ trial's configuration (``searcher: {name: asha, proposer: tpe}``, or with settin
 * ``state()`` / ``load(state, trials)``: the keys it adds to the searcher's state
   (none for ``random``), and their inverse; ``reset()``.
 
-``random`` (the default) is random search's trial ``index``
-(:func:`~dlhpc.search._rungs.sample_config`): the searcher's decisions are those it
-made before proposers existed. ``tpe`` is :mod:`dlhpc.search._tpe`.
+``tpe`` (the default, :mod:`dlhpc.search._tpe`) is a model of the rung results;
+``random`` is random search's trial ``index`` (:func:`~dlhpc.search._rungs.sample_config`).
+The default was chosen on the LCBench benchmark (docs/BENCHMARKS.md, "Search on LCBench").
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ from dlhpc.config.searcher_rules import Report
 from dlhpc.search._rungs import sample_config
 from dlhpc.search._tpe import TPEProposer, check_tpe_settings
 
-__all__ = ["PROPOSERS", "Proposer", "check_proposer", "make_proposer"]
+__all__ = ["DEFAULT_PROPOSER", "PROPOSERS", "Proposer", "check_proposer", "make_proposer"]
 
 PROPOSERS = ("random", "tpe")
+#: What a rung searcher's config without a proposer (``proposer: None``) gets.
+DEFAULT_PROPOSER = "tpe"
 
 
 class Proposer(Protocol):
@@ -69,9 +72,12 @@ class RandomProposer:
 
 
 def check_proposer(config: SearcherConfig, report: Report) -> SearcherConfig:
-    """``config`` with its proposer's defaults; a bad name or setting goes to ``report``
-    at ``searcher.proposer`` (or the setting's key below it)."""
+    """``config`` with its proposer named (:data:`DEFAULT_PROPOSER` when it has none) and
+    the proposer's defaults; a bad name or setting goes to ``report`` at
+    ``searcher.proposer`` (or the setting's key below it)."""
     path = ("searcher", "proposer")
+    if config.proposer is None:
+        config = dataclasses.replace(config, proposer=DEFAULT_PROPOSER)
     if config.proposer not in PROPOSERS:
         report.add(path, f"unknown proposer {config.proposer!r} (known: {', '.join(PROPOSERS)})")
         return config
@@ -86,10 +92,12 @@ def check_proposer(config: SearcherConfig, report: Report) -> SearcherConfig:
 
 
 def make_proposer(space: Mapping[str, HParam], config: SearcherConfig) -> Proposer:
-    """The proposer ``config`` names; :class:`ValueError` for an unknown one or bad settings."""
-    if config.proposer == "random" and not config.proposer_settings:
+    """The proposer ``config`` names (none: :data:`DEFAULT_PROPOSER`); :class:`ValueError`
+    for an unknown one or bad settings."""
+    name = config.proposer or DEFAULT_PROPOSER
+    if name == "random" and not config.proposer_settings:
         return RandomProposer(space, config.seed)
-    if config.proposer == "tpe":
+    if name == "tpe":
         settings, problems = check_tpe_settings(config.proposer_settings)
         if problems:
             raise ValueError("tpe proposer: " + "; ".join(f"{k}: {m}" for k, m in problems))

@@ -1,8 +1,9 @@
 """A TPE proposer for the rung searchers (BOHB-style; Falkner et al., ICML 2018).
 
-"What to try" for ``asha`` and ``hyperband`` (``searcher: {name: asha, proposer:
-tpe}``): each new trial's configuration comes from a model of the rung results
-so far, the rung searcher decides "how long". For trial ``index``:
+"What to try" for ``asha`` and ``hyperband``, their default proposer (settings:
+``searcher: {name: asha, proposer: {name: tpe, gamma: 0.2}}``): each new trial's
+configuration comes from a model of the rung results so far, the rung searcher decides
+"how long". For trial ``index``:
 
 1. a generator seeded with ``(seed, index)`` draws a coin: with probability
    ``random_fraction``, or while no rung has ``min_points`` results, the trial

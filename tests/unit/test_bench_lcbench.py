@@ -289,9 +289,10 @@ def test_shared_curves_change_no_run(tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_method_labels() -> None:
     import bench_search_lcbench as bench
 
-    got = bench.parse_methods("asha,asha-tpe,syne-bohb", ["x={name: sha, divisor: 2}"])
+    got = bench.parse_methods("sha,asha,asha-tpe,syne-bohb", ["x={name: sha, divisor: 2}"])
     assert got == [
-        ("asha", {"name": "asha"}),
+        ("sha", {"name": "sha"}),
+        ("asha", {"name": "asha", "proposer": "random"}),
         ("asha-tpe", {"name": "asha", "proposer": "tpe"}),
         ("syne-bohb", None),
         ("x", {"name": "sha", "divisor": 2}),

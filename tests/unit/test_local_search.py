@@ -62,8 +62,8 @@ def _launch(tmp_path: Path, searcher: str, extra_hp: str = "") -> int:
 def test_asha_pauses_promotes_resumes_and_completes_the_best(tmp_path: Path, home: Path) -> None:
     exp_id = _launch(
         tmp_path,
-        "{name: asha, metric: loss, max_trials: 9, max_length: 9, divisor: 3, max_rungs: 3,"
-        " max_concurrent_trials: 3, seed: 4}",
+        "{name: asha, proposer: random, metric: loss, max_trials: 9, max_length: 9, divisor: 3,"
+        " max_rungs: 3, max_concurrent_trials: 3, seed: 4}",
     )
     exp = until_over(exp_id, timeout=180, pause=0.3)
     assert exp["state"] == "COMPLETED"
@@ -150,8 +150,8 @@ def test_reconciler_killed_at_every_point_of_an_asha_search_loses_and_duplicates
 
     exp_id = _launch(
         tmp_path,
-        "{name: asha, metric: loss, max_trials: 9, max_length: 9, divisor: 3, max_rungs: 3,"
-        " max_concurrent_trials: 3, seed: 4}",
+        "{name: asha, proposer: random, metric: loss, max_trials: 9, max_length: 9, divisor: 3,"
+        " max_rungs: 3, max_concurrent_trials: 3, seed: 4}",
     )
     points = [
         "ingest.before_mark",

@@ -1,8 +1,9 @@
 """The searchers' saved state: plain JSON columns, exact floats, same decisions, refusals.
 
 ``tests/data/searcher-call-logs.json`` holds the calls of seeded random runs of sha and
-asha searchers (``ask`` with its answer, ``tell``, ``tell_exited``) as dlhpc made them
-when they were recorded, and the calls before which a run is saved here and restored.
+asha searchers (``proposer: random``; ``ask`` with its answer, ``tell``, ``tell_exited``)
+as dlhpc made them when they were recorded, and the calls before which a run is saved
+here and restored.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def _op(op: Operation) -> list[Any]:
 
 @pytest.mark.parametrize("case", LOGS, ids=lambda c: "-".join(map(str, c["searcher"].values())))
 def test_saved_and_restored_runs_answer_as_logged(case: dict[str, Any]) -> None:
-    s = make_searcher(SPACE, _cfg(**case["searcher"]))
+    s = make_searcher(SPACE, _cfg(proposer="random", **case["searcher"]))
     assert case["saves"]
     for i, call in enumerate(case["log"]):
         if i in case["saves"]:

@@ -142,19 +142,35 @@ def test_tpe_state_refuses_another_proposer_or_space() -> None:
     simulate(s, until=20)
     state = s.state_dict()
     with pytest.raises(ValueError, match="other rungs or brackets"):
-        make_searcher(SPACE, _cfg(seed=1, max_trials=30)).load_state_dict(state)
+        make_searcher(SPACE, _cfg(seed=1, max_trials=30, proposer="random")).load_state_dict(state)
     fewer = {k: v for k, v in SPACE.items() if k != "act"}
     with pytest.raises(ValueError, match="malformed state: tpe proposer"):
         make_searcher(fewer, _cfg(proposer="tpe", seed=1, max_trials=30)).load_state_dict(state)
 
 
-def test_random_proposer_changes_nothing() -> None:
-    """``proposer: random`` (the default) is random search's trial i, as before."""
-    cfg = _cfg(seed=9, max_trials=40)
+def test_tpe_is_the_default_proposer() -> None:
+    """A rung searcher given no proposer makes the decisions of ``proposer: tpe``; the
+    loader's rules name it in the config."""
+    for name in ("asha", "hyperband"):
+        given = simulate(make_searcher(SPACE, _cfg(name=name, seed=2, max_trials=40)))["ops"]
+        tpe = _cfg(name=name, seed=2, max_trials=40, proposer="tpe")
+        assert given == simulate(make_searcher(SPACE, tpe))["ops"]
+    assert make_searcher(SPACE, _cfg(max_trials=4)).state_dict()["proposer"] == {"name": "tpe"}
+    problems: list[tuple[tuple[str | int, ...], str]] = []
+
+    class _Report:
+        def add(self, path: tuple[str | int, ...], message: str) -> None:
+            problems.append((path, message))
+
+    checked = ASHASearcher.check_settings(_cfg(), SPACE, _Report())
+    assert problems == []
+    assert (checked.proposer, checked.proposer_settings) == ("tpe", dict(TPE_DEFAULTS))
+
+
+def test_random_proposer_is_random_search() -> None:
+    """``proposer: random`` gives trial i random search's trial i."""
+    cfg = _cfg(seed=9, max_trials=40, proposer="random")
     ops = simulate(make_searcher(SPACE, cfg))["ops"]
-    assert (
-        ops == simulate(make_searcher(SPACE, _cfg(seed=9, max_trials=40, proposer="random")))["ops"]
-    )
     rand = make_searcher(SPACE, SearcherConfig(name="random", max_trials=40, seed=9, max_length=27))
     expected = [op.hparams for op in rand.ask(40) if isinstance(op, Create)]
     assert [op.hparams for op in ops if isinstance(op, Create)] == expected
@@ -289,7 +305,9 @@ def test_proposer_and_budget_settings_from_the_file(env: dict[str, str]) -> None
     )
     assert s.proposer_settings["gamma"] == 0.25 and s.max_trials == 1 and s.max_budget is None
     s = _load(env, "searcher: {name: asha, max_length: 27, max_trials: 9}\n")
-    assert (s.proposer, s.proposer_settings, s.max_budget) == ("random", {}, None)
+    assert (s.proposer, s.proposer_settings, s.max_budget) == ("tpe", dict(TPE_DEFAULTS), None)
+    s = _load(env, "searcher: {name: asha, max_length: 27, max_trials: 9, proposer: random}\n")
+    assert (s.proposer, s.proposer_settings) == ("random", {})
     out = _errors(
         env,
         "searcher:\n  name: asha\n  max_length: 27\n  proposer:\n"

@@ -55,6 +55,8 @@ from dlhpc.errors import DlhpcError  # noqa: E402
 
 DLHPC_METHODS = ("random", "grid", "sha", "asha", "hyperband", "asha-tpe", "hyperband-tpe")
 PRESETS: dict[str, dict[str, Any]] = {  # method labels that are not a searcher's bare name
+    "asha": {"name": "asha", "proposer": "random"},  # a rung searcher's proposer, named
+    "hyperband": {"name": "hyperband", "proposer": "random"},
     "asha-tpe": {"name": "asha", "proposer": "tpe"},
     "hyperband-tpe": {"name": "hyperband", "proposer": "tpe"},
 }

@@ -37,6 +37,7 @@ hyperparameters:
   x: {{type: double, minval: 0.0, maxval: 1.0}}
 searcher:
   name: asha
+  proposer: random
   stop_once: true
   metric: val_loss
   max_trials: {max_trials}

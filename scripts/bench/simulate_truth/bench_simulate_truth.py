@@ -1,8 +1,9 @@
 """Does ``dlhpc simulate`` tell the truth? (protocol: docs/BENCHMARKS.md)
 
-Runs the digits ASHA example, shrunk to the ASHA smoke test's shape, on the dev
-cluster (``dlhpc launch``, then ``dlhpc tick -q`` every ``--tick`` seconds until
-the experiment ends), measures its compute (slot-hours, trial-epochs) and wall
+Runs the digits example under the default search (``hyperband``, its proposer the
+default ``tpe``), shrunk to the search smoke test's shape, on the dev cluster
+(``dlhpc launch``, then ``dlhpc tick -q`` every ``--tick`` seconds until the
+experiment ends), measures its compute (slot-hours, trial-epochs) and wall
 time, then runs ``dlhpc simulate --curves experiment:ID`` on the same state folder
 with the cluster's measured queue wait and start-up, and prints measured,
 predicted and their ratio. Run it inside the dev cluster's world::
@@ -35,8 +36,8 @@ from _result import write_result  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
 DIGITS = REPO / "templates" / "examples" / "digits"
-SEARCHER = (
-    "{name: asha, metric: val_accuracy, smaller_is_better: false, max_trials: 9,"
+SEARCHER = (  # test_search_cluster.py's DEFAULT_SEARCH
+    "{name: hyperband, metric: val_accuracy, smaller_is_better: false, max_trials: 9,"
     " max_length: 9, divisor: 3, max_rungs: 3, max_concurrent_trials: 4, seed: 3}"
 )
 METRIC = "val_accuracy"
@@ -45,7 +46,7 @@ SLOTS = 16  # the dev cluster's CPUs (2 nodes x 8); one slot per 1-CPU trial
 
 
 def write_experiment(folder: Path) -> Path:
-    """The example's train.py and its asha.yaml with the smoke test's searcher."""
+    """The example's train.py and its asha.yaml with :data:`SEARCHER`."""
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copy(DIGITS / "train.py", folder / "train.py")
     text = (DIGITS / "asha.yaml").read_text()
