@@ -52,9 +52,9 @@ DEFAULT_SEARCH = (
 )
 
 
-def _deep(exp: dict[str, Any]) -> bool:
-    """A trial runs part-way through the longest grant (past the 3-epoch rung)."""
-    return any(t["state"] == "RUNNING" and t["steps_completed"] >= 4 for t in exp["trials"])
+def _deep(exp: dict[str, Any]) -> list[int]:
+    """The trials part-way through the longest grant (past the 3-epoch rung)."""
+    return [t["id"] for t in exp["trials"] if t["state"] == "RUNNING" and t["steps_completed"] >= 4]
 
 
 @pytest.mark.smoke
@@ -63,13 +63,15 @@ def test_default_search_promotes_from_checkpoints_stops_and_survives_preemption(
 ) -> None:
     """The default search on the digits example: weak trials end STOPPED_EARLY, promoted
     ones resume from their checkpoints in new array tasks; a high-priority job preempts
-    the running trials once one is past its second rung, and the search goes on from
-    their checkpoints, each metric recorded once."""
-    exp_id = cli.json("launch", str(_example(tmp_path, DEFAULT_SEARCH, step_sleep=0.05)))[
+    the running trials once one is past its second rung (about 1.8 s an epoch: seconds
+    before it ends), and the search goes on from their checkpoints, each metric
+    recorded once."""
+    exp_id = cli.json("launch", str(_example(tmp_path, DEFAULT_SEARCH, step_sleep=0.08)))[
         "experiment_id"
     ]
-    exp = cli.tick_until(exp_id, lambda e: _done(e) or _deep(e), timeout=600, poll_s=1)
+    exp = cli.tick_until(exp_id, lambda e: _done(e) or bool(_deep(e)), timeout=600, poll_s=1)
     assert exp["state"] == "ACTIVE", exp
+    deep = _deep(exp)
     hog = subprocess.run(
         hog_argv(5), env=cli.env, capture_output=True, text=True, check=True
     ).stdout.strip()
@@ -82,15 +84,19 @@ def test_default_search_promotes_from_checkpoints_stops_and_survives_preemption(
     assert len(states) == 9 and set(states) == {"COMPLETED", "STOPPED_EARLY"}, states
     assert all(t["steps_completed"] == 9 for t in exp["trials"] if t["state"] == "COMPLETED")
     causes = {t["id"]: [a["cause"] for a in t["attempts"]] for t in exp["trials"]}
-    preempted = [tid for tid, c in causes.items() if "preempted" in c]
+    # the preemption caught the trials seen past their second rung
+    caught = [tid for tid in deep if "preempted" in causes[tid]]
     promoted = [tid for tid, c in causes.items() if "paused" in c[:-1]]
-    assert preempted and promoted, causes
+    assert caught and promoted, (deep, causes)
 
     con = sqlite3.connect(cli.home / "dlhpc.db")
     try:
         (state,) = con.execute("SELECT searcher_state FROM experiments").fetchone()
         rows = con.execute("SELECT kind, result_time, acted_at FROM decisions").fetchall()
-        logs = con.execute("SELECT trial_id, log_path FROM attempts ORDER BY id").fetchall()
+        logs = con.execute(
+            "SELECT a.trial_id, a.log_path, COUNT(m.step) FROM attempts a"
+            " LEFT JOIN metrics m ON m.attempt_id = a.id GROUP BY a.id ORDER BY a.id"
+        ).fetchall()
         twice = con.execute(
             "SELECT trial_id, step, name FROM metrics GROUP BY trial_id, step, name"
             " HAVING COUNT(*) > 1"
@@ -101,10 +107,13 @@ def test_default_search_promotes_from_checkpoints_stops_and_survives_preemption(
     assert {kind for kind, _, _ in rows} >= {"promote"}, rows
     assert all(result is not None and acted is not None for _, result, acted in rows)
     assert twice == []
-    # every attempt after a pause or a preemption resumed from the trial's checkpoint
-    for tid in {*preempted, *promoted}:
-        later = [path for t, path in logs if t == tid][1:]
-        assert later and all("resumed at epoch" in Path(p).read_text() for p in later), tid
+    # every attempt that trained after a pause, or after the preemption of a trial past
+    # its second rung, resumed from the trial's checkpoint (an attempt preempted as it
+    # started trained nothing)
+    for tid in {*caught, *promoted}:
+        attempts = [(path, reports) for t, path, reports in logs if t == tid]
+        trained = [path for path, reports in attempts[1:] if reports]
+        assert trained and all("resumed at epoch" in Path(p).read_text() for p in trained), tid
     text = cli("status", str(exp_id)).stdout
     assert "STOPPED_EARLY" in text and "decision" in text.lower()
 
