@@ -9,11 +9,11 @@ configuration comes from a model of the rung results so far, the rung searcher d
    ``random_fraction``, or while no rung has ``min_points`` results, the trial
    is random search's trial ``index`` (:func:`~dlhpc.search._rungs.sample_config`);
 2. otherwise the trials are ranked (results of every bracket at a length
-   pooled; NaN last, ties by request id). ``fidelity: all`` (the default, as
-   Optuna's TPE ranks pruned trials): every trial with a result, those with a
-   result at a longer rung first, then by their result at their longest rung.
-   ``fidelity: highest`` (BOHB's): the results of the longest rung that has
-   ``min_points`` of them. With fewer than ``min_points`` ranked trials the
+   pooled; NaN last, ties by request id). ``fidelity: highest`` (the default,
+   BOHB's): the results of the longest rung that has ``min_points`` of them.
+   ``fidelity: all`` (as Optuna's TPE ranks pruned trials): every trial with a
+   result, those with a result at a longer rung first, then by their result at
+   their longest rung. With fewer than ``min_points`` ranked trials the
    trial is random (as in 1); past :data:`MODEL_POINTS` the ranking is thinned
    evenly. The best ``max(1, ceil(gamma * n))`` (at most ``n - 1``) are
    *good*, the rest *bad*;
@@ -49,10 +49,11 @@ from dlhpc.search._space import _bounds, _int_bounds, _log_base, _plain, _pow, _
 
 __all__ = ["FIDELITIES", "MODEL_POINTS", "TPE_DEFAULTS", "TPEProposer", "check_tpe_settings"]
 
-#: The settings and their defaults: BOHB's gamma (top 15 %), random fraction (1/3) and
-#: bandwidth factor (3); Optuna's 24 candidates; ``min_points`` None: free dims + 1 (BOHB).
+#: The settings and their defaults: BOHB's fidelity (the highest rung with enough
+#: results), gamma (top 15 %), random fraction (1/3) and bandwidth factor (3); Optuna's 24
+#: candidates; ``min_points`` None: free dims + 1 (BOHB).
 TPE_DEFAULTS: Mapping[str, Any] = {
-    "fidelity": "all",
+    "fidelity": "highest",
     "gamma": 0.15,
     "random_fraction": 1 / 3,
     "min_points": None,
@@ -274,16 +275,18 @@ class TPEProposer:
 
     def _split(self, pooled: Pooled) -> tuple[list[int], list[int]] | None:
         """The good and bad request ids (None: too few results for a model)."""
-        ranked = self._ranked_all(pooled) if self.settings["fidelity"] == "all" else None
-        if self.settings["fidelity"] == "highest":
-            ranked = self._ranked_highest(pooled)
+        highest = self.settings["fidelity"] == "highest"
+        ranked = self._ranked_highest(pooled) if highest else self._ranked_all(pooled)
         if ranked is None or len(ranked) < max(self.min_points, 2):
             return None
         if len(ranked) > MODEL_POINTS:  # every step-th, the best kept: the same quantiles
             step = math.ceil(len(ranked) / MODEL_POINTS)
             ranked = ranked[::step]
         n = len(ranked)
-        k = min(max(1, math.ceil(self.settings["gamma"] * n)), n - 1)
+        k = max(1, math.ceil(self.settings["gamma"] * n))
+        if highest:  # BOHB's: each set has at least min_points (see _ranked_highest)
+            k = max(k, self.min_points)
+        k = min(k, n - 1)
         return ranked[:k], ranked[k:]
 
     def _ranked_all(self, pooled: Pooled) -> list[int]:
@@ -297,9 +300,10 @@ class TPEProposer:
         return sorted(keys, key=keys.__getitem__)
 
     def _ranked_highest(self, pooled: Pooled) -> list[int] | None:
-        """BOHB's: the results of the longest rung with ``min_points`` of them, best first."""
+        """BOHB's: the results of the longest rung with ``2 * min_points`` of them (enough
+        for a good and a bad set of ``min_points`` each), best first."""
         for length in sorted(pooled, reverse=True):
-            if sum(map(len, pooled[length])) >= max(self.min_points, 2):
+            if sum(map(len, pooled[length])) >= 2 * self.min_points:
                 results = {rid: v for r in pooled[length] for rid, v in r.items()}
                 sib = self.smaller_is_better
                 return sorted(results, key=lambda rid: rank_key(results[rid], rid, sib))

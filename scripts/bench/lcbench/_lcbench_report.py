@@ -149,9 +149,9 @@ def is_peer(method: str) -> bool:
 
 
 def verdicts(result: dict[str, Any], workers: int) -> list[str]:
-    """Issue 17's target per dlhpc method at ``workers``: its median epochs to target
-    against random's (<= 1/10) and the best peer's, and the share of the regret
-    checkpoints where its mean curve is at or below every peer's."""
+    """The targets per dlhpc method at ``workers``: its median epochs to target against
+    random's expectation and the best peer's, and the share of the regret checkpoints
+    where its mean curve is at or below every peer's."""
     runs = [r for r in result["runs"] if r["workers"] == workers]
     methods = list(dict.fromkeys(r["method"] for r in runs))
     peers = [m for m in methods if is_peer(m)]
@@ -182,7 +182,8 @@ def verdicts(result: dict[str, Any], workers: int) -> list[str]:
 
 
 def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Shards of one run (the same arguments but ``--shard``) as one result."""
+    """Shards of one run (the same arguments but ``--shard``), or runs of other methods
+    on the same tasks and budget, as one result (the first one's arguments)."""
     first = dict(results[0])
     first["runs"] = [r for res in results for r in res["runs"]]
     first["references"] = {k: v for res in results for k, v in res["references"].items()}

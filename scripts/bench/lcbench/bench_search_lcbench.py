@@ -53,12 +53,25 @@ from _lcbench_surrogate import MAX_LENGTH, Surrogate, TaskReference, reference  
 
 from dlhpc.errors import DlhpcError  # noqa: E402
 
-DLHPC_METHODS = ("random", "grid", "sha", "asha", "hyperband", "asha-tpe", "hyperband-tpe")
+# ``-tpe``: the default proposer; ``-tpe-all``: it with ``fidelity: all``
+DLHPC_METHODS = (
+    "random",
+    "grid",
+    "sha",
+    "asha",
+    "hyperband",
+    "asha-tpe",
+    "hyperband-tpe",
+    "asha-tpe-all",
+    "hyperband-tpe-all",
+)
 PRESETS: dict[str, dict[str, Any]] = {  # method labels that are not a searcher's bare name
     "asha": {"name": "asha", "proposer": "random"},  # a rung searcher's proposer, named
     "hyperband": {"name": "hyperband", "proposer": "random"},
     "asha-tpe": {"name": "asha", "proposer": "tpe"},
     "hyperband-tpe": {"name": "hyperband", "proposer": "tpe"},
+    "asha-tpe-all": {"name": "asha", "proposer": {"name": "tpe", "fidelity": "all"}},
+    "hyperband-tpe-all": {"name": "hyperband", "proposer": {"name": "tpe", "fidelity": "all"}},
 }
 # the declared protocol's methods; ``bayes`` (its GP fits take minutes a run) runs when named
 DEFAULT_METHODS = ",".join((*DLHPC_METHODS, *PEERS))

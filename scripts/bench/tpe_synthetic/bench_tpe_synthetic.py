@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Benchmark: the ``tpe`` proposer against ``random`` on a synthetic objective, no clock.
 
-Drives ``asha`` and ``hyperband`` with ``proposer: random``, ``tpe`` and ``tpe`` with
-``fidelity: highest`` through the pure simulation of ``tests/unit/test_search_tpe.py``
-(4 workers, a budget of 40 full trials, its objective and space) for seeds
-``0..--seeds-1``, and prints the median over the seeds of the best full-length loss
-(``--json PATH``: also writes it there). The optimum of the objective is ``OPTIMUM``.
+Drives ``asha`` and ``hyperband`` with ``proposer: random``, ``tpe`` (its default
+``fidelity: highest``) and ``tpe`` with ``fidelity: all`` through the pure simulation of
+``tests/unit/test_search_tpe.py`` (4 workers, a budget of 40 full trials, its objective
+and space) for seeds ``0..--seeds-1``, and prints the median over the seeds of the best
+full-length loss (``--json PATH``: also writes it there). The optimum of the objective is
+``OPTIMUM``.
 
     . .venv/bin/activate
     python scripts/bench/tpe_synthetic/bench_tpe_synthetic.py --seeds 12
@@ -32,7 +33,7 @@ OPTIMUM = 0.3 / 27  # f(x) = 0 at the best point, plus 0.3 / max_length
 PROPOSERS: dict[str, tuple[str, dict[str, Any]]] = {  # label: (proposer, its settings)
     "random": ("random", {}),
     "tpe": ("tpe", {}),
-    "tpe-highest": ("tpe", {"fidelity": "highest"}),
+    "tpe-all": ("tpe", {"fidelity": "all"}),
 }
 
 
