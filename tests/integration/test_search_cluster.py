@@ -47,7 +47,7 @@ def _done(exp: dict[str, Any]) -> bool:
 
 #: The search the README recommends, as a user writes it: no proposer (the default, tpe).
 DEFAULT_SEARCH = (
-    "{name: hyperband, metric: val_accuracy, smaller_is_better: false, max_trials: 9,"
+    "{name: asha, metric: val_accuracy, smaller_is_better: false, max_trials: 9,"
     " max_length: 9, divisor: 3, max_rungs: 3, max_concurrent_trials: 4, seed: 3}"
 )
 

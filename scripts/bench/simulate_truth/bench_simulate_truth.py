@@ -1,6 +1,6 @@
 """Does ``dlhpc simulate`` tell the truth? (protocol: docs/BENCHMARKS.md)
 
-Runs the digits example under the default search (``hyperband``, its proposer the
+Runs the digits example under the default search (``asha``, its proposer the
 default ``tpe``), shrunk to the search smoke test's shape, on the dev cluster
 (``dlhpc launch``, then ``dlhpc tick -q`` every ``--tick`` seconds until the
 experiment ends), measures its compute (slot-hours, trial-epochs) and wall
@@ -37,7 +37,7 @@ from _result import write_result  # noqa: E402
 REPO = Path(__file__).resolve().parents[3]
 DIGITS = REPO / "templates" / "examples" / "digits"
 SEARCHER = (  # test_search_cluster.py's DEFAULT_SEARCH
-    "{name: hyperband, metric: val_accuracy, smaller_is_better: false, max_trials: 9,"
+    "{name: asha, metric: val_accuracy, smaller_is_better: false, max_trials: 9,"
     " max_length: 9, divisor: 3, max_rungs: 3, max_concurrent_trials: 4, seed: 3}"
 )
 METRIC = "val_accuracy"
