@@ -6,17 +6,19 @@ configuration comes from a model of the rung results so far, the rung searcher d
 "how long". For trial ``index``:
 
 1. a generator seeded with ``(seed, index)`` draws a coin: with probability
-   ``random_fraction``, or while no rung has ``min_points`` results, the trial
-   is random search's trial ``index`` (:func:`~dlhpc.search._rungs.sample_config`);
+   ``random_fraction``, or while there are too few results for a model (below),
+   the trial is random search's trial ``index``
+   (:func:`~dlhpc.search._rungs.sample_config`);
 2. otherwise the trials are ranked (results of every bracket at a length
    pooled; NaN last, ties by request id). ``fidelity: highest`` (the default,
-   BOHB's): the results of the longest rung that has ``min_points`` of them.
-   ``fidelity: all`` (as Optuna's TPE ranks pruned trials): every trial with a
-   result, those with a result at a longer rung first, then by their result at
-   their longest rung. With fewer than ``min_points`` ranked trials the
-   trial is random (as in 1); past :data:`MODEL_POINTS` the ranking is thinned
-   evenly. The best ``max(1, ceil(gamma * n))`` (at most ``n - 1``) are
-   *good*, the rest *bad*;
+   BOHB's as hpbandster runs it): the results of the longest rung that has
+   ``2 * min_points`` of them, the best ``max(min_points, ceil(gamma * n))``
+   of its ``n`` *good*. ``fidelity: all`` (as Optuna's TPE ranks pruned
+   trials): every trial with a result (at least ``min_points`` of them), those
+   with a result at a longer rung first, then by their result at their longest
+   rung, the best ``max(1, ceil(gamma * n))`` *good*. Either way at most
+   ``n - 1`` are good, the rest *bad*, and past :data:`MODEL_POINTS` the
+   ranking is thinned evenly first;
 3. each set is a product-kernel density (a mixture with one uniform component)
    over the free hyperparameters in the unit cube: ``double`` linearly, ``log``
    by exponent, ``int`` as cells of width ``1/(hi - lo + 1)``; truncated
