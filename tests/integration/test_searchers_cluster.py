@@ -44,9 +44,10 @@ SEARCHERS = {  # rungs of 1 and 3 epochs; the longest chains of jobs are launche
     # 1 initial (random) point of 3, then the GP; one trial at a time
     "bayes": "{name: bayes, metric: val_accuracy, smaller_is_better: false, max_trials: 3,"
     " max_length: 2, max_concurrent_trials: 1, seed: 8}",
-    # the model proposes once two trials have a result (no random fraction)
+    # the model proposes once two trials have a result (no random fraction; fidelity: all,
+    # since the default's model needs twice min_points results at one rung)
     "tpe": f"{{name: asha, {RUNG}, max_trials: 4, max_concurrent_trials: 2, seed: 7,"
-    " proposer: {name: tpe, min_points: 2, random_fraction: 0.0}}",
+    " proposer: {name: tpe, min_points: 2, random_fraction: 0.0, fidelity: all}}",
     # brackets: 3 trials at 1 epoch (one promoted to 3), 2 trials straight to 3 epochs
     "hyperband": f"{{name: hyperband, {RUNG}, mode: conservative, max_trials: 5,"
     " max_concurrent_trials: 3, seed: 6}",
