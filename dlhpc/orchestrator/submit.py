@@ -25,6 +25,7 @@ from dlhpc._failpoints import failpoint
 from dlhpc.config.schema import ExperimentConfig
 from dlhpc.errors import SchedulerError
 from dlhpc.orchestrator.clock import SYSTEM_CLOCK, Clock, not_before, trial_time
+from dlhpc.orchestrator.decide import pending_promotion, pending_promotions
 from dlhpc.orchestrator.eventlog import log_event
 from dlhpc.orchestrator.pool import SchedulerPool
 from dlhpc.orchestrator.request import job_request, new_uid
@@ -146,6 +147,7 @@ def _record_submission(
             trials = trials[:slots]
             if not trials:
                 return None
+        _take_pending_promotions(session, exp_id, trials)
         slug = recorded_slug(exp_id, exp.run_dir)  # "" for folders named before slugs
         dirs = [trial_dir(store.runs_root, exp_id, t.id, slug) for t in trials]  # as specs
         request = job_request(cfg, exp_id, Path(exp.run_dir), dirs, new_uid())
@@ -172,6 +174,18 @@ def _record_submission(
             for t in trials
         ]
     return _Batch(sub.id, trials, request, specs, scheduler)
+
+
+def _take_pending_promotions(session: Session, exp_id: int, trials: list[Trial]) -> None:
+    """A trial promoted while its job was ending, whose next job comes for any reason
+    (that job's exit, a preemption, a held job cancelled), gets the promoted length:
+    this submission marks the promotion acted on (:func:`mark_promotions_acted`), and a
+    job with the old grant would train nothing and leave the searcher waiting."""
+    pending = pending_promotions(session, exp_id)
+    for t in trials:
+        promotion = pending_promotion(t, pending)
+        if promotion is not None:
+            t.max_length = promotion.length
 
 
 _WAIT_KINDS = ("submit", "submit.waiting", "submit.deferred")

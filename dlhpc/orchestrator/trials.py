@@ -295,8 +295,8 @@ def _resubmit(
 ) -> None:
     """The current attempt is over and the trial needs a new job: its job is cancelled
     (after the commit: ``p.cancels``); the trial ends FAILED once a counted crash
-    exceeds ``max_restarts``, else waits PENDING for a new job, with the grant of a
-    promotion still pending (:func:`~dlhpc.orchestrator.decide.pending_promotion`)."""
+    exceeds ``max_restarts``, else waits PENDING for a new job (whose submission applies
+    a promotion still pending: :mod:`~dlhpc.orchestrator.submit`)."""
     # Cancel the old job whatever Slurm last said of it: if Slurm requeued it
     # meanwhile, two runs of one trial would share its checkpoint folder.
     p.cancels.append(current.job_id)
@@ -315,11 +315,6 @@ def _resubmit(
         )
         return
     t.crashes += int(verdict.counted)
-    # promoted while its job was ending, then that job was preempted: the new job
-    # carries the longer grant (its submission marks the promotion acted on)
-    promotion = pending_promotion(t, p.promotions)
-    if promotion is not None:
-        t.max_length = promotion.length
     t.needs_job = True
     t.state = TrialState.PENDING.value
     log_event(
