@@ -162,10 +162,36 @@ ensure_chroot() {
 }
 
 install_debootstrap() {
-    log "installing debootstrap (apt-get)"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q >&2 || die "apt-get update failed"
-    apt-get install -y -q --no-install-recommends debootstrap >&2 || die "apt-get install debootstrap failed"
+    host_apt_install debootstrap
+}
+
+# missing_packages PKG...: those of the host's Debian packages not installed, one a line.
+missing_packages() {
+    local p
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || echo "$p"
+    done
+}
+
+# host_apt_install PKG...: install those of the host's packages that are missing, one apt-get
+# at a time: two `up`s at once (CI's lanes on a fresh machine) would otherwise both run apt-get
+# and the second would fail on apt's lock.
+host_apt_install() {
+    local -a missing=()
+    mapfile -t missing < <(missing_packages "$@")
+    ((${#missing[@]} == 0)) && return 0
+    install -d -m 0755 "$CHROOT_CACHE"
+    exec 7>"$CHROOT_CACHE/.lock-apt"
+    flock -w 1800 7 || die "could not lock $CHROOT_CACHE/.lock-apt"
+    mapfile -t missing < <(missing_packages "$@")  # another up may have installed them meanwhile
+    if ((${#missing[@]})); then
+        log "installing ${missing[*]} (apt-get)"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -q >&2 7>&- || die "apt-get update failed"
+        apt-get install -y -q --no-install-recommends "${missing[@]}" >&2 7>&- \
+            || die "apt-get install ${missing[*]} failed"
+    fi
+    exec 7>&-
 }
 
 # chroot_mount_world ROOT PATH...: the kernel file systems, /tmp and /var/tmp (the clusters'

@@ -2,8 +2,8 @@
 with the stress tests' scheduler backend registered under ``stress`` (as the
 simulator registers ``sim``).
 
-Once imported it creates ``$STRESS_READY_DIR/<pid>`` (so a killer can aim at its
-passes rather than at its start-up) and, given ``$STRESS_GATE_FD``, blocks reading
+Once imported it creates ``$STRESS_READY_DIR/<pid>`` (the writers start once every
+reconciler is up) and, given ``$STRESS_GATE_FD``, blocks reading
 one byte from that pipe: processes released together start at the same moment.
 """
 

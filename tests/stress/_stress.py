@@ -158,6 +158,7 @@ def run_stress(
     res = StressResult(writers=writers, reconcilers=reconcilers)
     recs = [start_reconciler(home, logs, i, loop_s) for i in range(reconcilers)]
     res.reconciler_starts = reconcilers
+    report_of = {r.pid: logs / f"reconciler-{i}.log" for i, r in enumerate(recs)}
     gate, release = os.pipe()
     ctx = multiprocessing.get_context("fork")
     procs = [
@@ -178,7 +179,10 @@ def run_stress(
         i: t_writers + rng.uniform(0.0, events * 0.15)
         for i in rng.sample(range(writers), int(writers * kill_writers))
     }
-    kill_at: dict[int, float] = {}  # reconciler pid -> when (once it is past its start-up)
+    # reconciler pid -> when: a random moment once its first pass has ended (its first
+    # report), so that each one ingests while the writers write however loaded the machine
+    # is; later kills land anywhere in a pass
+    kill_at: dict[int, float] = {}
     while any(p.is_alive() for p in procs):
         now = time.monotonic()
         for i in [i for i, at in doomed.items() if now >= at]:
@@ -187,13 +191,14 @@ def run_stress(
                 os.kill(procs[i].pid, signal.SIGKILL)
                 res.writers_killed += 1
         for k, r in enumerate(recs):
-            if r.pid not in kill_at and (logs / str(r.pid)).exists():
+            if r.pid not in kill_at and report_of[r.pid].stat().st_size > 0:
                 kill_at[r.pid] = now + rng.uniform(0.0, reconciler_life_s)
             if now >= kill_at.get(r.pid, math.inf):
                 r.kill()
                 r.wait()  # reaped: a zombie would still look alive to the lease
                 res.reconcilers_killed += 1
                 recs[k] = start_reconciler(home, logs, res.reconciler_starts, loop_s)
+                report_of[recs[k].pid] = logs / f"reconciler-{res.reconciler_starts}.log"
                 res.reconciler_starts += 1
         time.sleep(0.02)
     res.writer_phase_s = time.monotonic() - t_writers
