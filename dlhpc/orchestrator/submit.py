@@ -87,7 +87,9 @@ def submit_pending(
 
     The submission row (with its unique job name) is committed before ``sbatch``
     runs and the attempt rows right after, so a crash in between leaves a
-    SUBMITTING row whose jobs a later tick can find by name.
+    SUBMITTING row whose jobs a later tick can find by name. A trial with a promotion
+    still pending (decided while its job was ending) is submitted with the promoted
+    length, and the promotion counts as acted on.
 
     Site limits: only as many trials as the scheduler's ``submit_slots`` allows
     are submitted (the others wait, with one ``submit.waiting`` event per wait); a
