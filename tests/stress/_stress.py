@@ -92,8 +92,13 @@ def _writer_entry(run: TrialRun, events: int, ckpt_every: int, seed: int, gate: 
 # --- reconcilers ---------------------------------------------------------------
 
 
+def report_file(logs: Path, n: int) -> Path:
+    """Where the ``n``-th reconciler started writes its reports."""
+    return logs / f"reconciler-{n}.log"
+
+
 def start_reconciler(home: Path, logs: Path, n: int, loop_s: float) -> subprocess.Popen[bytes]:
-    """``dlhpc tick --json --loop LOOP_S`` (its reports go to ``logs/reconciler-N.log``)."""
+    """``dlhpc tick --json --loop LOOP_S`` (its reports go to :func:`report_file`)."""
     env = {
         **os.environ,
         "DLHPC_HOME": str(home),
@@ -102,7 +107,7 @@ def start_reconciler(home: Path, logs: Path, n: int, loop_s: float) -> subproces
         "STRESS_READY_DIR": str(logs),
     }
     args = ["tick", "--json", "--loop", str(loop_s)]
-    with open(logs / f"reconciler-{n}.log", "wb") as out:
+    with open(report_file(logs, n), "wb") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "tests.stress._reconciler", *args],
             cwd=REPO,
@@ -158,7 +163,7 @@ def run_stress(
     res = StressResult(writers=writers, reconcilers=reconcilers)
     recs = [start_reconciler(home, logs, i, loop_s) for i in range(reconcilers)]
     res.reconciler_starts = reconcilers
-    report_of = {r.pid: logs / f"reconciler-{i}.log" for i, r in enumerate(recs)}
+    report_of = {r.pid: report_file(logs, i) for i, r in enumerate(recs)}
     gate, release = os.pipe()
     ctx = multiprocessing.get_context("fork")
     procs = [
@@ -198,7 +203,7 @@ def run_stress(
                 r.wait()  # reaped: a zombie would still look alive to the lease
                 res.reconcilers_killed += 1
                 recs[k] = start_reconciler(home, logs, res.reconciler_starts, loop_s)
-                report_of[recs[k].pid] = logs / f"reconciler-{res.reconciler_starts}.log"
+                report_of[recs[k].pid] = report_file(logs, res.reconciler_starts)
                 res.reconciler_starts += 1
         time.sleep(0.02)
     res.writer_phase_s = time.monotonic() - t_writers
