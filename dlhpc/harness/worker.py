@@ -265,6 +265,12 @@ def _record_exit(
 
 def run_entrypoint(trial_dir: Path) -> int:
     """Run the trial once; returns the entrypoint's exit code (signals as 128+n)."""
+    return _run_once(trial_dir)[0]
+
+
+def _run_once(trial_dir: Path) -> tuple[int, str | None]:
+    """Run the trial once; returns the entrypoint's exit code (signals as 128+n) and the
+    signal that ended it, as its exit record says (:func:`exit_reason`)."""
     spec = TrialSpec.read(trial_file(trial_dir))
     if spec.umask is not None:  # the site's policy, before this job creates anything
         os.umask(spec.umask)
@@ -296,17 +302,21 @@ def run_entrypoint(trial_dir: Path) -> int:
         # the step kills it, and srun reports that kill in the trial's log
         request = {"time": time.time(), "job_id": job_id, "restart": restart}
         atomic_write_text(attempt_dir / REQUEUE_REQUEST_FILE, json.dumps(request))
-    return code
+    return code, first
 
 
 def run_trial(trial_dir: str) -> None:
     """submitit entry point: run the trial; raise TrialFailed on a non-zero exit other
-    than :data:`REQUEUE_EXIT_CODE`. That planned exit (checkpointed for a requeue, or
-    stopped at the searcher's request) returns quietly: no traceback in the job's log,
-    no failed task; its exit record says what happened, and neither a scheduler's
-    requeue nor the reconciler's verdict depends on the task's exit status."""
-    code = run_entrypoint(Path(trial_dir))
-    if code not in (0, REQUEUE_EXIT_CODE):
+    than :data:`REQUEUE_EXIT_CODE`, unless TERM's default action ended the entrypoint.
+    Those return quietly: no traceback in the job's log, no failed task. The planned exit
+    checkpointed for a requeue or stopped at the searcher's request; a script dead of
+    TERM was ended by the scheduler (a preemption or cancellation that came before it
+    could checkpoint: during its imports, say). Its exit record says what happened, and
+    neither a scheduler's requeue nor the reconciler's verdict depends on the task's exit
+    status."""
+    code, first = _run_once(Path(trial_dir))
+    ended_by_term = code == 128 + signal.SIGTERM and first == "TERM"
+    if code not in (0, REQUEUE_EXIT_CODE) and not ended_by_term:
         raise TrialFailed(f"entrypoint exited with code {code}")
 
 

@@ -111,21 +111,25 @@ def test_script_dead_of_a_forwarded_signal_the_worker_never_got_ended_by_it(
     assert (exit_rec["code"], exit_rec["reason"], exit_rec["signal"]) == (143, "signal", "TERM")
 
 
-@pytest.mark.parametrize("code", [0, 75, 3])
+@pytest.mark.parametrize("code", [0, 75, 3, 143, 137])
 def test_submitit_entry_raises_for_a_failure_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
 ) -> None:
     """A planned exit (75: checkpointed for a requeue, or stopped by the searcher) ends
-    the task quietly, as a completion does; a failure raises, for its traceback in the
-    job's log and a FAILED job. The exit record holds the code either way."""
+    the task quietly, as a completion does, and so does a script dead of TERM (143: the
+    scheduler's preemption or cancellation came before it could checkpoint); a failure
+    (KILL is no scheduler's planned end) raises, for its traceback in the job's log and
+    a FAILED job. The exit record holds the code either way."""
     from dlhpc.harness.worker import TrialFailed, run_trial
 
-    tdir = _trial(tmp_path, f"#!/bin/bash\nexit {code}\n", {})
+    kill_self = f"import os; os.kill(os.getpid(), {code - 128})"
+    body = f"python -c '{kill_self}'" if code > 128 else f"exit {code}"
+    tdir = _trial(tmp_path, f"#!/bin/bash\n{body}\n", {})
     for key in [k for k in os.environ if k.startswith("SLURM_")]:
         monkeypatch.delenv(key)
     monkeypatch.setenv("DLHPC_JOB_ID", "local-q_0")
-    if code == 3:
-        with pytest.raises(TrialFailed, match="entrypoint exited with code 3"):
+    if code in (3, 137):
+        with pytest.raises(TrialFailed, match=f"entrypoint exited with code {code}"):
             run_trial(str(tdir))
     else:
         run_trial(str(tdir))
