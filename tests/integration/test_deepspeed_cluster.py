@@ -87,12 +87,12 @@ def _start_reference(tmp_path: Path, spec: TrialSpec) -> tuple[list[subprocess.P
 
 def _finish_reference(procs: list[subprocess.Popen[str]], ckpt: Path) -> dict[str, Any]:
     for p in procs:
-        _, err = p.communicate(timeout=240)
+        _, err = p.communicate(timeout=400)
         assert p.returncode == 0, err[-3000:]
     return json.loads((ckpt / "final.json").read_text())  # type: ignore[no-any-return]
 
 
-def _wait_for_checkpoint(cli: Cli, exp_id: int, ckpt_dir: Path, timeout: float = 150) -> None:
+def _wait_for_checkpoint(cli: Cli, exp_id: int, ckpt_dir: Path, timeout: float = 400) -> None:
     deadline = time.monotonic() + timeout
     while not any(ckpt_dir.glob("ckpt-*/MANIFEST.json")):
         assert time.monotonic() < deadline, json.dumps(cli.experiment(exp_id), indent=1)
@@ -127,7 +127,7 @@ def test_two_nodes_by_two_tasks_preempted_and_resumed_end_bitwise_equal(
     _wait_for_checkpoint(cli, exp_id, ckpt_dir)  # step 20 of 60 is published: mid-run
     hog = _preempt(cli)
     try:
-        exp = cli.tick_until(exp_id, lambda e: e["state"] in TERMINAL, timeout=220)
+        exp = cli.tick_until(exp_id, lambda e: e["state"] in TERMINAL, timeout=400)
     finally:
         subprocess.run(["scancel", hog], env=cli.env, check=False)
     reference = _finish_reference(procs, ref_ckpt)
