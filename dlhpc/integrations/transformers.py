@@ -53,7 +53,10 @@ What the callback does in a dlhpc job:
 * **Stopping.** A preemption (TERM), time limit (USR2) or the searcher's stop
   is seen at the next step end (all ranks agree through one all-reduce): the
   callback sets ``control.should_save`` and ``control.should_training_stop``;
-  once the Trainer's save is published it exits with code 75 for requeue.
+  once the Trainer's save is published it exits with code 75 for requeue. Seen
+  at an epoch's last step, the save waits for the epoch's end (its log and
+  evaluation first, as in an uninterrupted run): the evaluation draws from the
+  RNG, whose state the checkpoint holds and a resume at an epoch start restores.
 
 Outside a dlhpc job the callback only prints the metrics it would report and
 changes no argument. ``load_best_model_at_end`` is refused (the best folder is
@@ -232,8 +235,14 @@ class DlhpcCallback(TrainerCallback):
         self.ctx.progress(int(state.global_step))
         if not self._stopping and self._stop_agreed(args):
             self._stopping = True
-            control.should_save = True
             control.should_training_stop = True
+            # the epoch's last step (state.epoch whole): saved at the epoch end (on_epoch_end)
+            if not float(state.epoch or 0).is_integer():
+                control.should_save = True
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._stopping:  # after the epoch's log and evaluation, as without the stop
+            control.should_save = True
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         spec = self.ctx.spec

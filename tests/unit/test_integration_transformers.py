@@ -63,11 +63,40 @@ def _deterministic(metrics: dict[int, dict[str, float]]) -> dict[int, dict[str, 
     }
 
 
-def test_preempted_mid_epoch_trial_ends_bitwise_as_one_run(tmp_path: Path) -> None:
+def term_at_step_ends(folder: Path, steps: tuple[int, ...]) -> Path:
+    """A copy of the example whose process sends itself TERM at the end of each of
+    ``steps``, just before the callback looks: a preemption landing exactly there."""
+    example = Path(__file__).resolve().parents[2] / "templates/examples/hf-trainer"
+    shutil.copytree(example, folder)
+    (folder / "train.py").rename(folder / "example.py")
+    (folder / "train.py").write_text(
+        "import os, runpy, signal\n"
+        "from dlhpc.integrations.transformers import DlhpcCallback\n"
+        "step_end = DlhpcCallback.on_step_end\n"
+        "def term_first(self, args, state, control, **kw):\n"
+        f"    if state.global_step in {steps!r}:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    step_end(self, args, state, control, **kw)\n"
+        "DlhpcCallback.on_step_end = term_first\n"
+        "runpy.run_path('example.py', run_name='__main__')\n"
+    )
+    return folder
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Trial:
+    """The example trained 3 epochs in one go (``HP``, seed 7): what preempted runs end as."""
     require("transformers", "transformers", "accelerate", "tokenizers")
-    ref = Trial(tmp_path / "ref", "hf-trainer", HP)
+    ref = Trial(tmp_path_factory.mktemp("ref"), "hf-trainer", HP)
     code, out = ref.run(3)
     assert code == 0, out
+    return ref
+
+
+def test_preempted_mid_epoch_trial_ends_bitwise_as_one_run(
+    tmp_path: Path, reference: Trial
+) -> None:
+    ref = reference
     assert ref.checkpoints() == [f"ckpt-{STEPS_PER_EPOCH * e:010d}" for e in (1, 2, 3)]
     expected = ref.metrics()
     assert sorted(expected) == [1, 2, 3]
@@ -90,6 +119,27 @@ def test_preempted_mid_epoch_trial_ends_bitwise_as_one_run(tmp_path: Path) -> No
     assert got[2]["loss"] != expected[2]["loss"]  # the window the resume cut (see RUNNING)
     assert sorted(e["step"] for e in t.events("checkpoint")) == [16, step, 32, 48]
     assert not list((t.checkpoint_dir / "hf-output").glob("checkpoint-*"))  # all moved
+
+
+def test_preempted_at_epoch_ends_saves_after_the_evaluation_and_ends_bitwise(
+    tmp_path: Path, reference: Trial
+) -> None:
+    """TERM seen at an epoch's last step: the save waits for the epoch's log and
+    evaluation, as in one run. The evaluation draws from the RNG whose state the
+    checkpoint holds (a save before it resumed the next epoch with other dropout
+    masks), and the last epoch's evaluation is not skipped."""
+    last = 3 * STEPS_PER_EPOCH
+    t = Trial(tmp_path, str(term_at_step_ends(tmp_path / "ex", (STEPS_PER_EPOCH, last))), HP)
+    code, out = t.run(3)
+    assert code == 75 and t.checkpoints() == [f"ckpt-{STEPS_PER_EPOCH:010d}"], out
+    code, out = t.run(3)  # TERM again, at the last step
+    assert code == 75 and t.checkpoints()[-1] == f"ckpt-{last:010d}", out
+    code, out = t.run(3)
+    assert code == 0 and f"resumed at step {last} from ckpt-{last:010d}" in out, out
+    assert _weights_sha(t.checkpoint_dir) == _weights_sha(reference.checkpoint_dir)
+    got, expected = t.metrics(), reference.metrics()
+    assert _deterministic(got) == _deterministic(expected)  # eval metrics of every epoch
+    assert [got[e]["loss"] for e in (1, 2, 3)] == [expected[e]["loss"] for e in (1, 2, 3)]
 
 
 def test_bare_train_is_not_reported_as_resumed_and_says_which_line_to_add(
