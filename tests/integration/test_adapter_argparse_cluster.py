@@ -87,8 +87,9 @@ def _requeue_a_promoted_trial(
 
 
 def _start_reference(tmp_path: Path, hparams: dict[str, Any], seed: int) -> subprocess.Popen[str]:
-    """The example run in one go by hand (no dlhpc), started now at a lower priority, so
-    that it runs beside the trial's jobs: :func:`_reference_shas` reads its result."""
+    """The example run in one go by hand (no dlhpc), started now beside the trial's jobs
+    (at their priority: a niced one starves on a loaded machine): :func:`_reference_shas`
+    reads its result."""
     argv = [sys.executable, str(EXAMPLE / "train.py"), "--epochs", str(EPOCHS)]
     argv += ["--seed", str(seed), "--ckpt-dir", str(tmp_path / "ref-ckpt")]
     for name in ("lr", "hidden", "dropout", "batch_size"):
@@ -100,13 +101,12 @@ def _start_reference(tmp_path: Path, hparams: dict[str, Any], seed: int) -> subp
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=lambda: os.nice(10),
     )
 
 
 def _reference_shas(proc: subprocess.Popen[str]) -> dict[int, str]:
     """The example's weights after each epoch, from :func:`_start_reference`'s run."""
-    out, err = proc.communicate(timeout=300)
+    out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err
     return {int(n): sha for n, sha in _SHA.findall(out)}
 
