@@ -97,8 +97,9 @@ def test_slurmctld_stopped_for_two_ticks_then_started_with_jobs_running(
     cli: Cli, tmp_path: Path
 ) -> None:
     """Each tick while slurmctld is down waits out squeue's retries (about 10 s), so
-    two ticks are an outage of about 20 s; the jobs outlive it and its restart."""
-    epochs = 16
+    two ticks are an outage of about 20 s; the jobs (60 s of epochs: the outage and the
+    restart take twice as long on a loaded machine) outlive it and its restart."""
+    epochs = 30
     exp_id = _launch(cli, tmp_path, "ctld", epochs, pause=2.0)
     jobs = _job_ids(_wait(cli, exp_id, _running))
     stop_daemon(cli.env, "slurmctld", signal.SIGTERM)
