@@ -92,6 +92,17 @@ def test_the_versions_are_pyprojects_classifiers() -> None:
     assert want and tp.supported() == want
 
 
+def test_a_bare_run_tests_the_ends_of_the_range_but_the_whole_suites_version(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(tp, "supported", lambda: ["3.9", "3.10", "3.11", "3.12", "3.13"])
+    assert tp.default_versions("3.11") == ["3.9", "3.13"]
+    assert tp.default_versions("3.13") == ["3.9", "3.12"]
+    assert tp.default_versions(None) == ["3.9", "3.13"]
+    monkeypatch.setattr(tp, "supported", lambda: ["3.10", "3.11"])
+    assert tp.default_versions("3.11") == ["3.10"]
+
+
 def test_every_unit_test_runs_with_fewer_examples_and_without_ci(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
