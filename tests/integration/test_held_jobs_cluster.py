@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.needs("root")]
 
 # an epoch every half second, a checkpoint file per epoch; told TERM, it exits 75
 # (checkpointed for a requeue) once the test has seen the task held (the file ``seen``),
-# at most 90 s later: Slurm launches the requeued task again after 10 s (cred_expire),
+# at most 180 s later: Slurm launches the requeued task again after 10 s (cred_expire),
 # later on a loaded machine
 SCRIPT = """\
 import os, signal, sys, time
@@ -42,7 +42,7 @@ for epoch in range(start + 1, epochs + 1):
     time.sleep(pause)
     if told:
         print("TERM: checkpointing slowly", flush=True)
-        while not os.path.exists(seen) and time.time() < told[0] + 90:
+        while not os.path.exists(seen) and time.time() < told[0] + 180:
             time.sleep(0.2)
         sys.exit(75)
     with open(os.path.join(ckpt, f".epoch-{epoch}"), "w") as f:
@@ -90,7 +90,7 @@ def _queue_line(cli: Cli, job_id: str) -> str:
     return out.stdout.strip()
 
 
-def _wait_held(cli: Cli, job_id: str, timeout: float = 40) -> None:
+def _wait_held(cli: Cli, job_id: str, timeout: float = 150) -> None:
     """Until squeue shows ``job_id`` queued and held by Slurm after its failed launch."""
     deadline = time.monotonic() + timeout
     while (line := _queue_line(cli, job_id)) != f"PENDING|{HELD}":
@@ -112,7 +112,7 @@ def test_a_task_slurm_held_after_a_failed_launch_is_released_and_its_trial_compl
             _scontrol_node(cli, node, "DRAIN")
         seen = tmp_path / "seen"
         exp_id = _launch(cli, tmp_path, epochs, seen)
-        exp = cli.tick_until(exp_id, lambda e: e["trials"][0]["steps_completed"] >= 1, 60, 0.5)
+        exp = cli.tick_until(exp_id, lambda e: e["trials"][0]["steps_completed"] >= 1, 180, 0.5)
         [attempt] = exp["trials"][0]["attempts"]
         job = attempt["job_id"]
         assert attempt["node_list"] == first, attempt
@@ -121,7 +121,7 @@ def test_a_task_slurm_held_after_a_failed_launch_is_released_and_its_trial_compl
         seen.touch()  # the old copy may end now
         for node in others:  # somewhere to run once released (the first node is drained)
             _scontrol_node(cli, node, "RESUME")
-        exp = cli.tick_until(exp_id, lambda e: e["state"] != "ACTIVE", 60, 0.5)
+        exp = cli.tick_until(exp_id, lambda e: e["state"] != "ACTIVE", 180, 0.5)
     finally:
         if job:  # a task left held (the release failed) must not outlive the test
             subprocess.run(["scancel", job], env=cli.env, capture_output=True, check=False)
