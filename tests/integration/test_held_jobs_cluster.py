@@ -101,7 +101,8 @@ def _wait_held(cli: Cli, job_id: str, timeout: float = 150) -> None:
 def test_a_task_slurm_held_after_a_failed_launch_is_released_and_its_trial_completes(
     cli: Cli, tmp_path: Path
 ) -> None:
-    epochs = 8
+    epochs = 60  # 30 s: the node goes down while it trains, even when a loaded machine's
+    # ticks see its first epoch late
     nodes = subprocess.run(
         ["sinfo", "-h", "-N", "-o", "%N"], env=cli.env, capture_output=True, text=True, check=True
     ).stdout.split()
