@@ -15,11 +15,12 @@ import pytest
 from dlhpc.errors import DlhpcError
 from dlhpc.protocol import request_stop
 from dlhpc.protocol.checkpoint import publish_checkpoint
-from tests.unit._adapters import Trial, rank_outputs, require, state_dict_sha
+from tests.unit._adapters import EXAMPLES, Trial, rank_outputs, require, state_dict_sha
 from tests.unit.test_integration_lightning import added_lines
 
 HP = {"lr": 0.003, "hidden": 16, "batch_size": 32, "step_sleep": 0.0}
 STEPS_PER_EPOCH = 16  # 512 examples, batches of 32
+EXAMPLE = EXAMPLES / "hf-trainer"
 # The Trainer logs the mean training loss since its last log; that running sum is not
 # in its checkpoint, so after a resume the first log covers only the steps since then.
 RUNNING = {"loss", "train_loss"}
@@ -30,8 +31,7 @@ RESUME_LINE = "trainer.train(resume_from_checkpoint=targs.resume_from_checkpoint
 def bare_train_example(folder: Path) -> Path:
     """A copy of the example whose ``train.py`` calls ``trainer.train()`` bare: the
     three lines of ``train_plain_bare.py`` -> ``train.py`` without the fourth."""
-    example = Path(__file__).resolve().parents[2] / "templates/examples/hf-trainer"
-    shutil.copytree(example, folder)
+    shutil.copytree(EXAMPLE, folder)
     script = folder / "train.py"
     text = script.read_text()
     assert text.count(RESUME_LINE) == 1
@@ -66,8 +66,7 @@ def _deterministic(metrics: dict[int, dict[str, float]]) -> dict[int, dict[str, 
 def term_at_step_ends(folder: Path, steps: tuple[int, ...]) -> Path:
     """A copy of the example whose process sends itself TERM at the end of each of
     ``steps``, just before the callback looks: a preemption landing exactly there."""
-    example = Path(__file__).resolve().parents[2] / "templates/examples/hf-trainer"
-    shutil.copytree(example, folder)
+    shutil.copytree(EXAMPLE, folder)
     (folder / "train.py").rename(folder / "example.py")
     (folder / "train.py").write_text(
         "import os, runpy, signal\n"
@@ -235,7 +234,7 @@ def test_training_args_owns_length_output_save_and_resume(
 def test_example_adds_at_most_three_lines_as_its_readme_says() -> None:
     added = added_lines("hf-trainer")
     assert added <= 3
-    readme = Path(__file__).resolve().parents[2] / "templates/examples/hf-trainer/README.md"
+    readme = EXAMPLE / "README.md"
     assert f"**Lines you add: {added}**" in readme.read_text()
 
 

@@ -122,8 +122,12 @@ def test_submitit_entry_raises_for_a_failure_only(
     a FAILED job. The exit record holds the code either way."""
     from dlhpc.harness.worker import TrialFailed, run_trial
 
-    kill_self = f"import os; os.kill(os.getpid(), {code - 128})"
-    body = f"python -c '{kill_self}'" if code > 128 else f"exit {code}"
+    # above 128: the script dies of signal code - 128, as the shell reports it
+    body = (
+        f"python -c 'import os; os.kill(os.getpid(), {code - 128})'"
+        if code > 128
+        else f"exit {code}"
+    )
     tdir = _trial(tmp_path, f"#!/bin/bash\n{body}\n", {})
     for key in [k for k in os.environ if k.startswith("SLURM_")]:
         monkeypatch.delenv(key)
