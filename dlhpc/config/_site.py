@@ -68,6 +68,11 @@ class Backends(Protocol):
         """Every registered backend name."""
         ...
 
+    def knows(self, name: str) -> bool:
+        """Whether ``name`` is registered (the installed plugins are read only for a
+        name that is not built-in)."""
+        ...
+
     def auto(self, environ: Mapping[str, str]) -> str:
         """The backend ``auto`` means in ``environ``."""
         ...
@@ -213,6 +218,18 @@ def load_site_ref(
     return load_site_file(sites[spec], str(sites[spec]), environ, backends)
 
 
+def _backend(backends: Backends) -> Check:
+    """``auto`` or a name ``backends`` knows; the valid names are listed only for an
+    unknown one (listing them reads every installed plugin)."""
+
+    def check(value: Any) -> str:
+        if isinstance(value, str) and (value == "auto" or backends.knows(value)):
+            return value
+        return str(choice("auto", *backends.names())(value))  # raises, naming them
+
+    return check
+
+
 def load_site_file(
     file: Path, label: str, environ: Mapping[str, str], backends: Backends | None = None
 ) -> SiteConfig:
@@ -224,9 +241,7 @@ def load_site_file(
     path = F.path(base, environ)
     fields = {
         "name": Field(string(pattern=_SITE_NAME, what="must be a site name"), default=file.stem),
-        "backend": Field(
-            choice("auto", *backends.names()) if backends is not None else F.TOKEN, default="auto"
-        ),
+        "backend": Field(F.TOKEN if backends is None else _backend(backends), default="auto"),
         "partition": Field(F.TOKEN, nullable=True),
         "account": Field(F.TOKEN, nullable=True),
         "qos": Field(F.TOKEN, nullable=True),

@@ -166,6 +166,11 @@ class BackendTable:
         """Every backend name, built-ins first (no plugin is imported)."""
         return list(self._all())
 
+    def knows(self, name: str) -> bool:
+        """Whether ``name`` is a backend; the entry points are read only for a name
+        that is neither built-in nor an override."""
+        return name in self._refs or name in self._all()
+
     def get(self, name: str) -> Backend:
         """The backend ``name``; ValueError naming the valid ones for an unknown name."""
         if name not in self._loaded:

@@ -128,6 +128,31 @@ def test_entry_points_are_scanned_only_when_a_name_is_not_built_in(
     assert scans == [GROUP]
 
 
+def test_a_site_naming_a_builtin_backend_reads_no_entry_points(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Every command loads its site: a built-in backend's name costs no scan of the
+    installed distributions; a name that is not built-in is looked for among them."""
+    scans: list[str] = []
+
+    def entry_points(*, group: str) -> list[metadata.EntryPoint]:
+        scans.append(group)
+        return [metadata.EntryPoint("toy", f"{__name__}:TOY", group)]
+
+    monkeypatch.setattr(metadata, "entry_points", entry_points)
+    env = {"HOME": str(tmp_path), "PATH": str(tmp_path)}
+    site_file = tmp_path / "s.yaml"
+    site_file.write_text("name: s\nbackend: slurm\n")
+    assert load_site(str(site_file), env, backends=BackendTable()).backend == "slurm"
+    assert scans == []
+    site_file.write_text("name: s\nbackend: toy\n")
+    assert load_site(str(site_file), env, backends=BackendTable()).backend == "toy"
+    assert scans == [GROUP]
+    site_file.write_text("name: s\nbackend: toi\n")
+    with pytest.raises(ConfigError, match="backend: must be one of auto, slurm, local, toy, got"):
+        load_site(str(site_file), env, backends=BackendTable())
+
+
 def test_the_environment_hook_adds_or_replaces_a_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DLHPC_SCHEDULERS", f"toy={__name__}:TOY")
     assert BackendTable().get("toy") is TOY
