@@ -50,6 +50,14 @@ def long_run(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--long")) or os.environ.get("DLHPC_LONG") == "1"
 
 
+@pytest.fixture
+def fewer() -> bool:
+    """True under DLHPC_TEST_FEWER=1 (``scripts/test-pythons`` sets it: the Pythons besides
+    the whole suite's): a test that runs one check at a scale, or on many examples, runs a
+    smaller scale or fewer of them, and says so."""
+    return os.environ.get("DLHPC_TEST_FEWER") == "1"
+
+
 def in_ci() -> bool:
     return bool(os.environ.get("CI"))
 

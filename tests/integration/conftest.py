@@ -201,8 +201,12 @@ class Cli:
         exp_id: int,
         done: Callable[[dict[str, Any]], bool],
         timeout: float = 300,
-        poll_s: float = 2,
+        poll_s: float = 4,
     ) -> dict[str, Any]:
+        """Tick every ``poll_s`` until ``done(experiment)``; the experiment. A pass and
+        its status read cost the test's process a fraction of a CPU-second, which several
+        cluster parts side by side on a 2-core machine feel: poll faster only where a
+        test must catch a short-lived state."""
         deadline = time.monotonic() + timeout
         while True:
             self("tick", "-q")

@@ -76,7 +76,7 @@ def _tick_all(cli: Cli, ids: list[int], timeout: float) -> dict[int, dict[str, A
             return {i: cli.experiment(i) for i in ids}
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out; states {states}")
-        time.sleep(2)
+        time.sleep(4)  # as Cli.tick_until
 
 
 @dataclasses.dataclass(frozen=True)

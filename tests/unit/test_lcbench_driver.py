@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import sys
 import tempfile
@@ -119,10 +118,10 @@ def scratch(tmp_path: Path) -> Iterator[Path]:
     ("section", "budget", "kinds_made"), [s[1:] for s in SEARCHERS], ids=[s[0] for s in SEARCHERS]
 )
 def test_driver_decides_as_the_product(
-    section: dict[str, Any], budget: int, kinds_made: set[str], scratch: Path
+    section: dict[str, Any], budget: int, kinds_made: set[str], scratch: Path, fewer: bool
 ) -> None:
     kinds: set[str] = set()
-    for task, seed in FEWER_RUNS if os.environ.get("DLHPC_TEST_FEWER") == "1" else RUNS:
+    for task, seed in FEWER_RUNS if fewer else RUNS:
         product, told, trace, driven = _both(section, task, seed, budget, scratch)
         assert product == _canonical(driven), (task, seed)
         assert told == driven.told, (task, seed)

@@ -139,9 +139,9 @@ def test_dry_run_of_the_whole_matrix_lists_every_part_in_order() -> None:
         v, p = part.split("-")
         flags = f"--slurm {v} --profile {p}"
         runs = [ln for ln in lines if f"exec {flags}" in ln and "-m pytest" in ln]
-        # the smoke set on each version (default) and as the unprivileged user (22.05
-        # strict); every other profile part runs the profile's own tests and every_part
-        full = (v, p) == ("22.05", "strict") or p == "default"
+        # the smoke set on the newest version (default) and as the unprivileged user
+        # (22.05 strict); every other part runs the profile's own tests and every_part
+        full = (v, p) in {("22.05", "strict"), ("26.05", "default")}
         selection = "smoke\\ or\\ profile" if full else "profile\\ or\\ every_part"
         assert len(runs) == 1 and f" -m {selection} tests/integration" in runs[0], runs
         assert " --durations=10 " in runs[0]
