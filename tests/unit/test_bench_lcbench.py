@@ -242,6 +242,12 @@ def test_report_table_ratios_and_shard_merge() -> None:
     (line,) = verdicts(merged, 4)
     assert line.startswith("W=4 asha: median epochs to target 60 (random's expectation 2600)")
     assert "best peer syne-asha 400" in line and "every peer's at 1/2 checkpoints" in line
+    # a side-by-side on a subset: task a only; W = 4 keeps all, W = 16 none
+    from bench_search_lcbench import subset
+
+    only_a = subset(merged, "a", "4,64")
+    assert {r["task"] for r in only_a["runs"]} == {"a"} and len(only_a["runs"]) == 9
+    assert subset(merged, "all", "16")["runs"] == [] and merged["runs"]
 
 
 def test_sim_cost_same_trace_in_every_scratch_folder(

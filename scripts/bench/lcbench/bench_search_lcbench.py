@@ -312,6 +312,14 @@ def done_tasks_only(result: dict[str, Any]) -> dict[str, Any]:
     return {**result, "runs": [r for r in result["runs"] if r["task"] in done]}
 
 
+def subset(result: dict[str, Any], tasks: str, workers: str) -> dict[str, Any]:
+    """The runs of ``result`` on ``tasks`` ('all' or ids) at the W values of ``workers``."""
+    ws = {int(w) for w in workers.split(",")}
+    keep = None if tasks == "all" else set(tasks.split(","))
+    runs = [r for r in result["runs"] if r["workers"] in ws and (keep is None or r["task"] in keep)]
+    return {**result, "runs": runs}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tasks", default="all", help="'all' or comma-separated OpenML task ids")
@@ -350,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--report",
         default=None,
-        help="only the tables of these JSON files (shards); with --json, merged into it",
+        help="only the tables of these JSON files (shards); with --json, merged into it;"
+        " with --tasks or --workers, of those tasks or W only (a side-by-side on a subset)",
     )
     p.add_argument(
         "--partial-tasks",
@@ -368,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json is not None:
             write_json(args.json, result)  # the shards as one file, every run kept
         result = done_tasks_only(result) if not args.partial_tasks else result
+        result = subset(result, args.tasks, args.workers)
     else:
         result = run_all(args)
         if args.json is not None:
