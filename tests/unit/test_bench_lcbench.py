@@ -248,6 +248,7 @@ def test_report_table_ratios_and_shard_merge() -> None:
     only_a = subset(merged, "a", "4,64")
     assert {r["task"] for r in only_a["runs"]} == {"a"} and len(only_a["runs"]) == 9
     assert subset(merged, "all", "16")["runs"] == [] and merged["runs"]
+    assert subset(merged, "all", None)["runs"] == merged["runs"]  # no --workers: every W
 
 
 def test_sim_cost_same_trace_in_every_scratch_folder(

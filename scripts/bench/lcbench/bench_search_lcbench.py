@@ -75,6 +75,7 @@ PRESETS: dict[str, dict[str, Any]] = {  # method labels that are not a searcher'
 }
 # the declared protocol's methods; ``bayes`` (its GP fits take minutes a run) runs when named
 DEFAULT_METHODS = ",".join((*DLHPC_METHODS, *PEERS))
+DEFAULT_WORKERS = "1,4,16,64"
 QUICK_TASKS = "7593,167168,167200,168329,168331,168910,189905,189909"  # fewest reach the target
 QUICK_SEEDS = 3  # --quick: seeds 0-2, so that it fits the inner loop on two cores
 
@@ -312,11 +313,16 @@ def done_tasks_only(result: dict[str, Any]) -> dict[str, Any]:
     return {**result, "runs": [r for r in result["runs"] if r["task"] in done]}
 
 
-def subset(result: dict[str, Any], tasks: str, workers: str) -> dict[str, Any]:
-    """The runs of ``result`` on ``tasks`` ('all' or ids) at the W values of ``workers``."""
-    ws = {int(w) for w in workers.split(",")}
+def subset(result: dict[str, Any], tasks: str, workers: str | None) -> dict[str, Any]:
+    """The runs of ``result`` on ``tasks`` ('all' or ids) at the W values of ``workers``
+    (None: every W)."""
+    ws = None if workers is None else {int(w) for w in workers.split(",")}
     keep = None if tasks == "all" else set(tasks.split(","))
-    runs = [r for r in result["runs"] if r["workers"] in ws and (keep is None or r["task"] in keep)]
+    runs = [
+        r
+        for r in result["runs"]
+        if (ws is None or r["workers"] in ws) and (keep is None or r["task"] in keep)
+    ]
     return {**result, "runs": runs}
 
 
@@ -324,7 +330,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tasks", default="all", help="'all' or comma-separated OpenML task ids")
     p.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1")
-    p.add_argument("--workers", default="1,4,16,64", help="W values (GPUs), comma-separated")
+    p.add_argument(
+        "--workers",
+        default=None,
+        help=f"W values (GPUs), comma-separated (default {DEFAULT_WORKERS};"
+        " with --report: every W)",
+    )
     p.add_argument("--budget", type=int, default=200 * MAX_LENGTH, help="trial-epochs per run")
     p.add_argument("--methods", default=DEFAULT_METHODS, help="dlhpc searcher names and peers")
     p.add_argument("--searcher", action="append", default=[], help="LABEL={YAML mapping}")
@@ -379,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         result = done_tasks_only(result) if not args.partial_tasks else result
         result = subset(result, args.tasks, args.workers)
     else:
+        args.workers = args.workers or DEFAULT_WORKERS
         result = run_all(args)
         if args.json is not None:
             write_json(args.json, result)
