@@ -149,6 +149,12 @@ def slurm_env() -> dict[str, str]:
     return env
 
 
+#: Seconds between a cluster test's ticks. A pass and its status read cost the test's
+#: process a fraction of a CPU-second, which several cluster parts side by side on a 2-core
+#: machine feel: a test polls faster only where it must catch a short-lived state.
+POLL_S = 4.0
+
+
 class Cli:
     """Runs the real ``dlhpc`` command as a user would, with a private DLHPC_HOME:
     in the test's process (``tests/integration/_invoke.py``: the same environment,
@@ -201,12 +207,9 @@ class Cli:
         exp_id: int,
         done: Callable[[dict[str, Any]], bool],
         timeout: float = 300,
-        poll_s: float = 4,
+        poll_s: float = POLL_S,
     ) -> dict[str, Any]:
-        """Tick every ``poll_s`` until ``done(experiment)``; the experiment. A pass and
-        its status read cost the test's process a fraction of a CPU-second, which several
-        cluster parts side by side on a 2-core machine feel: poll faster only where a
-        test must catch a short-lived state."""
+        """Tick every ``poll_s`` until ``done(experiment)``; the experiment."""
         deadline = time.monotonic() + timeout
         while True:
             self("tick", "-q")

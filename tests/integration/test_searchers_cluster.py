@@ -34,7 +34,7 @@ import pytest
 from dlhpc.config import ExperimentConfig
 from dlhpc.config.serde import from_jsonable
 from dlhpc.search import BaseSearcher, Create, RandomSearcher, make_searcher
-from tests.integration.conftest import REPO, Cli
+from tests.integration.conftest import POLL_S, REPO, Cli
 
 pytestmark = pytest.mark.cluster
 
@@ -76,7 +76,7 @@ def _tick_all(cli: Cli, ids: list[int], timeout: float) -> dict[int, dict[str, A
             return {i: cli.experiment(i) for i in ids}
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out; states {states}")
-        time.sleep(4)  # as Cli.tick_until
+        time.sleep(POLL_S)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from dlhpc.states import TERMINAL_EXPERIMENT_STATES as TERMINAL
-from tests.integration.conftest import REPO, Cli
+from tests.integration.conftest import POLL_S, REPO, Cli
 
 pytestmark = pytest.mark.cluster
 
@@ -83,7 +83,7 @@ def test_more_trials_than_max_submit_never_hold_more_than_it(cli: Cli, tmp_path:
         if exp["state"] in TERMINAL:
             break
         assert time.monotonic() < deadline, exp
-        time.sleep(4)  # as Cli.tick_until
+        time.sleep(POLL_S)
     assert exp["state"] == "COMPLETED", exp
     assert [t["state"] for t in exp["trials"]] == ["COMPLETED"] * n
     assert all(t["restarts"] == 0 and t["crashes"] == 0 for t in exp["trials"])
